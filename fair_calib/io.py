@@ -1,0 +1,136 @@
+"""Files between stages: atomic writes, Parquet with explicit schemas, safetensors, provenance.
+
+Every stage meets the next only through files written here. A file is written to a temporary
+name in the same folder and renamed into place, so an interrupted job never leaves a partial
+output that Snakemake (or a resumed run) could take as complete.
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import platform
+import tempfile
+from pathlib import Path
+from typing import Any, Iterator, Mapping
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+PROVENANCE_KEY = b"fair_calib.provenance"
+
+
+def config_hash(obj: Any) -> str:
+    """Stable short hash of a JSON-serialisable config section (key order does not matter)."""
+    blob = json.dumps(obj, sort_keys=True, default=str, separators=(",", ":"))
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def package_versions() -> dict[str, str]:
+    """Versions of the packages whose behaviour changes numbers."""
+    from importlib import metadata
+
+    out = {"python": platform.python_version()}
+    for name in ("torch", "transformers", "tokenizers", "lm-eval", "fair-calib", "numpy", "pandas"):
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            pass
+    return out
+
+
+def provenance(config: Any, seed: int | None = None, **extra: Any) -> dict[str, Any]:
+    """Provenance record stored in every output: config hash, the config itself, seed, versions."""
+    rec = {
+        "config_hash": config_hash(config),
+        "config": config,
+        "seed": seed,
+        "versions": package_versions(),
+    }
+    rec.update(extra)
+    return rec
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike, suffix: str | None = None) -> Iterator[Path]:
+    """Yield a temporary path beside ``path``; rename it onto ``path`` only on success."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=suffix or path.suffix + ".tmp",
+                               dir=path.parent)
+    os.close(fd)
+    tmp_path = Path(tmp)
+    try:
+        yield tmp_path
+        os.replace(tmp_path, path)
+    finally:
+        if tmp_path.exists():
+            tmp_path.unlink()
+
+
+def write_text(path: str | os.PathLike, text: str) -> None:
+    with atomic_path(path) as tmp:
+        tmp.write_text(text)
+
+
+def write_json(path: str | os.PathLike, obj: Any) -> None:
+    write_text(path, json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
+
+
+def read_json(path: str | os.PathLike) -> Any:
+    return json.loads(Path(path).read_text())
+
+
+def write_parquet(df, path: str | os.PathLike, schema: pa.Schema,
+                  provenance: Mapping[str, Any] | None = None) -> None:
+    """Write a pandas DataFrame with an explicit Arrow schema and provenance metadata.
+
+    Columns missing from ``df`` or of a type that cannot be cast to the schema raise an error
+    naming the column, instead of silently writing a differently-typed file.
+    """
+    missing = [f.name for f in schema if f.name not in df.columns]
+    if missing:
+        raise ValueError(f"{path}: DataFrame lacks schema columns {missing}")
+    try:
+        table = pa.Table.from_pandas(df[[f.name for f in schema]], schema=schema,
+                                     preserve_index=False)
+    except (pa.ArrowInvalid, pa.ArrowTypeError) as err:
+        raise ValueError(f"{path}: data does not match schema: {err}") from err
+    meta = dict(table.schema.metadata or {})
+    meta[PROVENANCE_KEY] = json.dumps(provenance or {}, sort_keys=True, default=str).encode()
+    table = table.replace_schema_metadata(meta)
+    with atomic_path(path) as tmp:
+        pq.write_table(table, tmp)
+
+
+def read_parquet(path: str | os.PathLike):
+    """Read a Parquet file written by :func:`write_parquet`; returns (DataFrame, provenance)."""
+    table = pq.read_table(path)
+    meta = table.schema.metadata or {}
+    prov = json.loads(meta[PROVENANCE_KEY]) if PROVENANCE_KEY in meta else {}
+    return table.to_pandas(), prov
+
+
+def save_tensors(tensors: Mapping[str, Any], path: str | os.PathLike,
+                 provenance: Mapping[str, Any] | None = None) -> None:
+    """Save tensors to safetensors atomically, with provenance as JSON in the header metadata."""
+    from safetensors.torch import save_file
+
+    tensors = {k: v.detach().contiguous().cpu() for k, v in tensors.items()}
+    meta = {"provenance": json.dumps(provenance or {}, sort_keys=True, default=str)}
+    with atomic_path(path) as tmp:
+        save_file(tensors, str(tmp), metadata=meta)
+
+
+def load_tensors(path: str | os.PathLike, device: str = "cpu"):
+    """Load a safetensors file; returns (dict of tensors, provenance)."""
+    from safetensors import safe_open
+
+    out = {}
+    with safe_open(str(path), framework="pt", device=device) as f:
+        meta = f.metadata() or {}
+        for key in f.keys():
+            out[key] = f.get_tensor(key)
+    prov = json.loads(meta.get("provenance", "{}"))
+    return out, prov
