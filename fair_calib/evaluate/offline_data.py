@@ -1,0 +1,240 @@
+"""Offline benchmark data: parse the local copies in ``data_dir`` and write lm-eval task YAMLs.
+
+The data directory (``/work/shared/data`` style, see its README) holds plain copies of public
+data sets in their original or lightly converted formats. Formats that lm-eval's ``json``
+loader cannot read as they are (PIQA's separate label file, HellaSwag's 6-line bz2 text,
+TruthfulQA's ``mc_task.json``, MMLU's headerless CSVs, gzipped HumanEval) are converted here to
+jsonl in a cache folder *outside* the repository's tracked files. Formats that are already jsonl
+(BoolQ, ARC, WinoGrande, GSM8K) are read in place.
+
+:func:`write_offline_tasks` then renders the packaged YAML templates
+(``fair_calib/evaluate/tasks/*.yaml.in``) into an include folder with ABSOLUTE ``data_files``
+paths, for ``TaskManager(include_path=..., include_defaults=False)``.
+"""
+from __future__ import annotations
+
+import bz2
+import csv
+import gzip
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+from typing import Any, Iterable
+
+TEMPLATE_DIR = Path(__file__).resolve().parent / "tasks"
+
+# The ten benchmarks of the paper, under lm-eval's standard task names.
+OFFLINE_TASKS = ("piqa", "boolq", "winogrande", "arc_easy", "arc_challenge", "hellaswag",
+                 "truthfulqa_mc2", "mmlu", "humaneval", "gsm8k_cot")
+
+MMLU_CATEGORIES_FILE = "mmlu_subjects.json"
+
+
+def default_data_dir() -> Path:
+    """``$FAIR_CALIB_DATA_DIR`` or ``../shared/data`` relative to the repository root."""
+    env = os.environ.get("FAIR_CALIB_DATA_DIR")
+    if env:
+        return Path(env).resolve()
+    repo_root = Path(__file__).resolve().parents[2]
+    return (repo_root.parent / "shared" / "data").resolve()
+
+
+# ----------------------------------------------------------------------------- readers
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    opener = gzip.open if str(path).endswith(".gz") else open
+    with opener(path, "rt", encoding="utf-8") as fh:
+        return [json.loads(line) for line in fh if line.strip()]
+
+
+def read_piqa(data_dir: Path) -> list[dict[str, Any]]:
+    rows = _read_jsonl(Path(data_dir) / "piqa" / "valid.jsonl")
+    labels = [int(x) for x in (Path(data_dir) / "piqa" / "valid-labels.lst").read_text().split()]
+    if len(labels) != len(rows):
+        raise ValueError(f"piqa: {len(rows)} rows but {len(labels)} labels")
+    return [{"goal": r["goal"], "sol1": r["sol1"], "sol2": r["sol2"], "label": lab}
+            for r, lab in zip(rows, labels)]
+
+
+def read_boolq(data_dir: Path) -> list[dict[str, Any]]:
+    return _read_jsonl(Path(data_dir) / "boolq" / "validation.jsonl")
+
+
+def read_winogrande(data_dir: Path) -> list[dict[str, Any]]:
+    return _read_jsonl(Path(data_dir) / "winogrande" / "dev.jsonl")
+
+
+def read_arc(data_dir: Path, subset: str) -> list[dict[str, Any]]:
+    if subset not in ("easy", "challenge"):
+        raise ValueError(f"arc subset must be easy|challenge, got {subset!r}")
+    return _read_jsonl(Path(data_dir) / "arc" / f"arc_{subset}_test.jsonl")
+
+
+def read_hellaswag(data_dir: Path) -> list[dict[str, Any]]:
+    """6 lines an item: ``label: ctx`` (the cleaned query), the gold index, 4 endings."""
+    path = Path(data_dir) / "hellaswag" / "hellaswag_val_full.txt.bz2"
+    with bz2.open(path, "rt", encoding="utf-8") as fh:
+        lines = fh.read().split("\n")
+    if lines and lines[-1] == "":
+        lines = lines[:-1]
+    if len(lines) % 6:
+        raise ValueError(f"hellaswag: {len(lines)} lines is not a multiple of 6")
+    out = []
+    for i in range(0, len(lines), 6):
+        query, gold, endings = lines[i], lines[i + 1], lines[i + 2:i + 6]
+        out.append({"query": query, "label": int(gold.strip()), "choices": endings})
+    return out
+
+
+def read_truthfulqa(data_dir: Path) -> list[dict[str, Any]]:
+    """``mc_task.json`` -> the HF ``truthful_qa/multiple_choice`` row layout."""
+    items = json.loads((Path(data_dir) / "truthfulqa" / "mc_task.json").read_text())
+
+    def targets(d: dict[str, int]) -> dict[str, list]:
+        return {"choices": list(d.keys()), "labels": [int(v) for v in d.values()]}
+
+    return [{"question": it["question"], "mc1_targets": targets(it["mc1_targets"]),
+             "mc2_targets": targets(it["mc2_targets"])} for it in items]
+
+
+def mmlu_subjects(data_dir: Path) -> list[str]:
+    return sorted(p.name[: -len("_test.csv")] for p in (Path(data_dir) / "mmlu" / "test").glob("*_test.csv"))
+
+
+def read_mmlu(data_dir: Path, subject: str, split: str = "test") -> list[dict[str, Any]]:
+    """Headerless CSV (question, A, B, C, D, answer letter) -> cais/mmlu rows."""
+    path = Path(data_dir) / "mmlu" / split / f"{subject}_{split}.csv"
+    out = []
+    with open(path, newline="", encoding="utf-8") as fh:
+        for rec in csv.reader(fh):
+            if len(rec) != 6:
+                raise ValueError(f"{path}: expected 6 columns, got {len(rec)}")
+            out.append({"question": rec[0], "subject": subject, "choices": rec[1:5],
+                        "answer": "ABCD".index(rec[5].strip())})
+    return out
+
+
+def read_humaneval(data_dir: Path) -> list[dict[str, Any]]:
+    return _read_jsonl(Path(data_dir) / "humaneval" / "HumanEval.jsonl.gz")
+
+
+def read_gsm8k(data_dir: Path, split: str = "test") -> list[dict[str, Any]]:
+    return _read_jsonl(Path(data_dir) / "gsm8k" / f"{split}.jsonl")
+
+
+# ----------------------------------------------------------------------------- cache
+def _write_jsonl(path: Path, rows: Iterable[dict[str, Any]]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        for r in rows:
+            fh.write(json.dumps(r, ensure_ascii=False) + "\n")
+    os.replace(tmp, path)
+
+
+def _cached(cache_dir: Path, rel: str, make) -> Path:
+    path = Path(cache_dir) / rel
+    if not path.exists():
+        _write_jsonl(path, make())
+    return path.resolve()
+
+
+def prepare_offline_data(data_dir: str | os.PathLike, cache_dir: str | os.PathLike,
+                         tasks: Iterable[str] = OFFLINE_TASKS) -> dict[str, str]:
+    """Convert what needs converting into ``cache_dir``; return template substitutions
+    (``@NAME@`` -> absolute path) for the requested tasks."""
+    data_dir = Path(data_dir).resolve()
+    cache_dir = Path(cache_dir).resolve()
+    if not data_dir.is_dir():
+        raise FileNotFoundError(f"offline data directory {data_dir} does not exist "
+                                f"(set data_dir in the config or FAIR_CALIB_DATA_DIR)")
+    subs: dict[str, str] = {}
+    tasks = set(tasks)
+    if "piqa" in tasks:
+        subs["PIQA"] = str(_cached(cache_dir, "piqa/validation.jsonl", lambda: read_piqa(data_dir)))
+    if "boolq" in tasks:
+        subs["BOOLQ"] = str(data_dir / "boolq" / "validation.jsonl")
+    if "winogrande" in tasks:
+        subs["WINOGRANDE"] = str(data_dir / "winogrande" / "dev.jsonl")
+    if "arc_easy" in tasks:
+        subs["ARC_EASY"] = str(data_dir / "arc" / "arc_easy_test.jsonl")
+    if "arc_challenge" in tasks:
+        subs["ARC_CHALLENGE"] = str(data_dir / "arc" / "arc_challenge_test.jsonl")
+    if "hellaswag" in tasks:
+        subs["HELLASWAG"] = str(_cached(cache_dir, "hellaswag/validation.jsonl",
+                                        lambda: read_hellaswag(data_dir)))
+    if "truthfulqa_mc2" in tasks:
+        subs["TRUTHFULQA"] = str(_cached(cache_dir, "truthfulqa/validation.jsonl",
+                                         lambda: read_truthfulqa(data_dir)))
+    if "mmlu" in tasks:
+        for subject in mmlu_subjects(data_dir):
+            for split in ("test", "dev"):
+                _cached(cache_dir, f"mmlu/{split}/{subject}.jsonl",
+                        lambda s=subject, sp=split: read_mmlu(data_dir, s, sp))
+        subs["MMLU"] = str(cache_dir / "mmlu")
+    if "humaneval" in tasks:
+        subs["HUMANEVAL"] = str(_cached(cache_dir, "humaneval/test.jsonl",
+                                        lambda: read_humaneval(data_dir)))
+    if "gsm8k_cot" in tasks or "gsm8k" in tasks:
+        subs["GSM8K_TEST"] = str(data_dir / "gsm8k" / "test.jsonl")
+        subs["GSM8K_TRAIN"] = str(data_dir / "gsm8k" / "train.jsonl")
+    return subs
+
+
+def _lm_eval_tasks_dir() -> Path:
+    import lm_eval.tasks
+
+    return Path(lm_eval.tasks.__file__).resolve().parent
+
+
+def _render(template: str, subs: dict[str, str]) -> str:
+    for key, val in subs.items():
+        template = template.replace(f"@{key}@", json.dumps(val))  # quoted, YAML-safe
+    leftovers = sorted(set(re.findall(r"@([A-Z_]+)@", template)))
+    if leftovers:
+        raise KeyError(f"unsubstituted template placeholders: {leftovers}")
+    return template
+
+
+def write_offline_tasks(data_dir: str | os.PathLike, cache_dir: str | os.PathLike,
+                        include_dir: str | os.PathLike,
+                        tasks: Iterable[str] = OFFLINE_TASKS) -> Path:
+    """Render offline YAMLs for ``tasks`` (standard lm-eval names) into ``include_dir``."""
+    tasks = list(tasks)
+    unknown = [t for t in tasks if t not in OFFLINE_TASKS]
+    if unknown:
+        raise KeyError(f"no offline definition for tasks {unknown}; offline tasks: {list(OFFLINE_TASKS)}")
+    include_dir = Path(include_dir).resolve()
+    include_dir.mkdir(parents=True, exist_ok=True)
+    subs = prepare_offline_data(data_dir, cache_dir, tasks)
+    subs["LMEVAL_TASKS"] = str(_lm_eval_tasks_dir())
+    shutil.copy(TEMPLATE_DIR / "fc_task_utils.py", include_dir / "fc_task_utils.py")
+    for task in tasks:
+        if task == "mmlu":
+            _write_mmlu(Path(data_dir), Path(subs["MMLU"]), include_dir)
+            continue
+        text = (TEMPLATE_DIR / f"{task}.yaml.in").read_text()
+        (include_dir / f"{task}.yaml").write_text(_render(text, subs))
+    return include_dir
+
+
+def _write_mmlu(data_dir: Path, mmlu_cache: Path, include_dir: Path) -> None:
+    """57 subject tasks ``mmlu_{subject}`` (lm-eval's prompt, 5-shot from dev) + group ``mmlu``."""
+    template = (TEMPLATE_DIR / "mmlu_subject.yaml.in").read_text()
+    subjects = mmlu_subjects(data_dir)
+    if not subjects:
+        raise FileNotFoundError(f"no MMLU subjects under {data_dir / 'mmlu' / 'test'}")
+    sub_dir = include_dir / "mmlu"
+    sub_dir.mkdir(exist_ok=True)
+    for s in subjects:
+        subs = {"SUBJECT_TASK": f"mmlu_{s}", "SUBJECT_ALIAS": s,
+                "DESCRIPTION": f"The following are multiple choice questions (with answers) about "
+                               f"{s.replace('_', ' ')}.\n\n",
+                "TEST": str(mmlu_cache / "test" / f"{s}.jsonl"),
+                "DEV": str(mmlu_cache / "dev" / f"{s}.jsonl")}
+        (sub_dir / f"mmlu_{s}.yaml").write_text(_render(template, subs))
+    group = {"group": "mmlu", "task": [f"mmlu_{s}" for s in subjects],
+             "aggregate_metric_list": [{"metric": "acc", "weight_by_size": True}],
+             "metadata": {"version": 2}}
+    (include_dir / "mmlu_group.yaml").write_text(json.dumps(group, indent=1))

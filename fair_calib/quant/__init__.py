@@ -1,0 +1,8 @@
+"""Fake-quantization building blocks shared by all calibration methods.
+
+``quantizers``: symmetric uniform quantizers with straight-through rounding and learnable clipping.
+``transforms``: FlatQuant-style learnable invertible transforms (diagonal scale + Kronecker affine).
+``qlinear``: the quantized linear layer and the per-input-group quantizer it shares with siblings.
+``discovery``: find the linears of a transformer block and group those that read the same input.
+``blockio``: capture the inputs of block 0 and call a block with captured args/kwargs.
+"""

@@ -1,0 +1,167 @@
+"""FlatQuant-style learnable invertible transforms.
+
+A transform T acts on a layer input x (last dim ``n``): T x = K (d * x), with
+- d > 0 a per-channel diagonal scale (``exp(log_d)``), SmoothQuant-initialised
+  ``d_j = max|W_:,j|^(1-a) / max|X_j|^a`` (a = 0.3), and
+- K = P1 (x) P2 a Kronecker product of two small factors with n1 * n2 = n, (n1, n2) the closest
+  factor pair (4096 = 64 x 64, 12288 = 96 x 128, 3584 = 56 x 64, 18944 = 128 x 148).
+Each factor is P = R0 exp(A - A^T) diag(exp(sigma)) exp(B - B^T)^T, with R0 a fixed random
+orthogonal start (identity if ``init='identity'``): an SVD-like parametrisation whose inverse,
+exp(B - B^T) diag(exp(-sigma)) exp(A - A^T)^T R0^T, needs no matrix inversion and is exact up to
+the orthogonality of the matrix exponential. Matrices are built in float32 during calibration and
+in float64 for folding, never in half precision.
+
+For a linear y = W x the layer computes W T^{-1} (T x); with the (row-major) identity
+(P1 (x) P2) vec(X) = vec(P1 X P2^T) neither T nor T^{-1} is ever materialised at n x n.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+
+def closest_factor_pair(n: int) -> tuple[int, int]:
+    """(n1, n2) with n1 * n2 = n, n1 <= n2, n2 - n1 minimal."""
+    if n < 1:
+        raise ValueError(f"dimension must be positive, got {n}")
+    for a in range(int(math.isqrt(n)), 0, -1):
+        if n % a == 0:
+            return a, n // a
+    return 1, n
+
+
+def random_orthogonal(n: int, generator: torch.Generator | None = None,
+                      dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    """Haar-random orthogonal matrix (QR of a Gaussian with the sign fix)."""
+    g = torch.randn(n, n, generator=generator, dtype=torch.float64)
+    q, r = torch.linalg.qr(g)
+    q = q * torch.sign(torch.diagonal(r)).unsqueeze(0)
+    return q.to(dtype)
+
+
+class InvertibleFactor(nn.Module):
+    """One n x n factor P = R0 U diag(exp(sigma)) V^T with U, V = matrix_exp(skew)."""
+
+    def __init__(self, n: int, init: str = "orthogonal", generator: torch.Generator | None = None):
+        super().__init__()
+        self.n = n
+        self.a = nn.Parameter(torch.zeros(n, n))
+        self.b = nn.Parameter(torch.zeros(n, n))
+        self.sigma = nn.Parameter(torch.zeros(n))
+        if init == "identity":
+            r0 = torch.eye(n, dtype=torch.float64)
+        elif init == "orthogonal":
+            r0 = random_orthogonal(n, generator)
+        else:
+            raise ValueError(f"unknown factor init {init!r} (identity | orthogonal)")
+        self.register_buffer("r0", r0.float())
+
+    def _parts(self, dtype: torch.dtype):
+        a = self.a.to(dtype)
+        b = self.b.to(dtype)
+        u = torch.linalg.matrix_exp(a - a.T)
+        v = torch.linalg.matrix_exp(b - b.T)
+        return self.r0.to(dtype), u, self.sigma.to(dtype), v
+
+    def matrices(self, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+        """(P, P^{-1}) in ``dtype`` (float32 or float64)."""
+        if dtype not in (torch.float32, torch.float64):
+            raise ValueError("transform matrices are built in float32/float64 only")
+        r0, u, sigma, v = self._parts(dtype)
+        p = r0 @ u @ torch.diag(torch.exp(sigma)) @ v.T
+        p_inv = v @ torch.diag(torch.exp(-sigma)) @ u.T @ r0.T
+        return p, p_inv
+
+
+class AffineTransform(nn.Module):
+    """T x = K (d * x), K = P1 (x) P2 (``kron``), d = exp(log_d) (``smooth``)."""
+
+    def __init__(self, dim: int, kron: bool = True, smooth: bool = True,
+                 init: str = "orthogonal", generator: torch.Generator | None = None):
+        super().__init__()
+        self.dim = dim
+        self.n1, self.n2 = closest_factor_pair(dim)
+        self.f1 = InvertibleFactor(self.n1, init, generator) if kron else None
+        self.f2 = InvertibleFactor(self.n2, init, generator) if kron else None
+        self.log_d = nn.Parameter(torch.zeros(dim)) if smooth else None
+        self._folded: dict[str, torch.Tensor] | None = None
+
+    @torch.no_grad()
+    def init_smooth(self, w_absmax: torch.Tensor, x_absmax: torch.Tensor, alpha: float = 0.3) -> None:
+        """SmoothQuant init: d = max|W|^(1-a) / max|X|^a per input channel."""
+        if self.log_d is None:
+            return
+        w = w_absmax.double().clamp(min=1e-5)
+        x = x_absmax.double().clamp(min=1e-5)
+        d = w.pow(1.0 - alpha) / x.pow(alpha)
+        self.log_d.copy_(torch.log(d).to(self.log_d.dtype))
+
+    def _mats(self, dtype: torch.dtype):
+        if self._folded is not None:
+            f = self._folded
+            return (f.get("p1"), f.get("p2"), f.get("p1_inv"), f.get("p2_inv"), f.get("d"))
+        p1 = p2 = p1i = p2i = d = None
+        if self.f1 is not None:
+            p1, p1i = self.f1.matrices(dtype)
+            p2, p2i = self.f2.matrices(dtype)
+        if self.log_d is not None:
+            d = torch.exp(self.log_d.to(dtype))
+        return p1, p2, p1i, p2i, d
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """T x over the last dimension (x in float32 or float64)."""
+        p1, p2, _, _, d = self._mats(x.dtype)
+        if d is not None:
+            x = x * d.to(x.dtype)
+        if p1 is not None:
+            shape = x.shape
+            xr = x.reshape(*shape[:-1], self.n1, self.n2)
+            xr = torch.matmul(torch.matmul(p1.to(x.dtype), xr), p2.to(x.dtype).T)
+            x = xr.reshape(shape)
+        return x
+
+    def inverse(self, y: torch.Tensor) -> torch.Tensor:
+        """T^{-1} y over the last dimension."""
+        _, _, p1i, p2i, d = self._mats(y.dtype)
+        if p1i is not None:
+            shape = y.shape
+            yr = y.reshape(*shape[:-1], self.n1, self.n2)
+            y = torch.matmul(torch.matmul(p1i.to(y.dtype), yr), p2i.to(y.dtype).T).reshape(shape)
+        if d is not None:
+            y = y / d.to(y.dtype)
+        return y
+
+    def weight_times_inverse(self, w: torch.Tensor) -> torch.Tensor:
+        """W T^{-1} for W of shape [out, dim], with T^{-1} = diag(1/d) K^{-1}.
+
+        Columns are first divided by d, then every row r becomes r K^{-1} = (K^{-T} r^T)^T with
+        K^{-T} = P1^{-T} (x) P2^{-T}, i.e. reshaped row R -> P1^{-T} R P2^{-1}."""
+        _, _, p1i, p2i, d = self._mats(w.dtype)
+        if d is not None:
+            w = w / d.to(w.dtype)
+        if p1i is not None:
+            wr = w.reshape(w.shape[0], self.n1, self.n2)
+            w = torch.matmul(torch.matmul(p1i.to(w.dtype).T, wr), p2i.to(w.dtype)).reshape(w.shape)
+        return w
+
+    @torch.no_grad()
+    def fold(self, dtype: torch.dtype = torch.float32) -> None:
+        """Precompute the matrices (in float64, stored as ``dtype``); later calls reuse them."""
+        self._folded = None
+        p1, p2, p1i, p2i, d = self._mats(torch.float64)
+        self._folded = {k: v.to(dtype) for k, v in
+                        dict(p1=p1, p2=p2, p1_inv=p1i, p2_inv=p2i, d=d).items() if v is not None}
+
+    def unfold(self) -> None:
+        self._folded = None
+
+    def _apply(self, fn, recurse=True):
+        # Folded matrices follow the module's device but keep their own (float32/64) dtype, so a
+        # model-wide ``.to(bfloat16)`` never turns them into half precision.
+        super()._apply(fn, recurse)
+        if self._folded is not None:
+            dev = fn(torch.empty(0)).device
+            self._folded = {k: v.to(dev) for k, v in self._folded.items()}
+        return self

@@ -1,0 +1,179 @@
+"""Diagnostics on hand-made trajectories with hand-computed values."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from fair_calib import diagnostics as D
+
+T = 4  # steps 4..1, window of 2 positions
+
+
+def frame(rows):
+    """rows: (sample, step, pos, committed, token, top1, p_commit, p_ref, margin)"""
+    df = pd.DataFrame(rows, columns=["sample_id", "step", "position", "committed", "token",
+                                     "top1", "p_commit", "p_ref", "margin"])
+    df["entropy"] = 0.5
+    return df
+
+
+# Teacher, sample 0: pos0 commits token 7 at step 4, pos1 commits 9 at step 2.
+# Teacher, sample 1: pos0 commits 5 at step 3, pos1 commits 6 at step 1.
+TEACHER = frame([
+    # s  t  i  c      tok top1 p_commit p_ref margin
+    (0, 4, 0, True, 7, 7, 0.6, 0.6, 0.3),
+    (0, 4, 1, False, -1, 3, 0.2, 0.2, 0.1),
+    (0, 3, 0, False, -1, 7, 0.9, 0.9, 0.5),
+    (0, 3, 1, False, -1, 9, 0.4, 0.4, 0.1),
+    (0, 2, 0, False, -1, 7, 0.9, 0.9, 0.5),
+    (0, 2, 1, True, 9, 9, 0.7, 0.7, 0.4),
+    (0, 1, 0, False, -1, 7, 1.0, 1.0, 0.9),
+    (0, 1, 1, False, -1, 9, 0.8, 0.8, 0.6),
+    (1, 4, 0, False, -1, 5, 0.5, 0.5, 0.2),
+    (1, 4, 1, False, -1, 6, 0.3, 0.3, 0.1),
+    (1, 3, 0, True, 5, 5, 0.6, 0.6, 0.2),
+    (1, 3, 1, False, -1, 6, 0.3, 0.3, 0.1),
+    (1, 2, 0, False, -1, 5, 0.7, 0.7, 0.4),
+    (1, 2, 1, False, -1, 6, 0.5, 0.5, 0.2),
+    (1, 1, 0, False, -1, 5, 0.8, 0.8, 0.6),
+    (1, 1, 1, True, 6, 6, 0.6, 0.6, 0.3),
+])
+
+# Student (free-running), sample 0: pos0 commits 7 at step 4 but top1 oscillates:
+#   top1 at steps 4,3,2,1 = 7, 2, 7, 7  -> lag 2 (last disagreement at step 3, j=1 -> k=2)
+#   post-commit steps 3,2,1: disagree 1/3, not never.
+# pos1 commits 8 (false: teacher has 9) at step 3; top1 at 3,2,1 = 8, 9, 9
+#   -> lag: disagree at steps 2 and 1 -> never stable, lag = t_c = 3; post-commit 2/2 disagree,
+#      never_agree.
+# Student sample 1: pos0 commits 5 at step 4, top1 5,5,5,5 -> lag 0, disagree 0.
+# pos1 commits 6 at step 1 -> lag 0 (top1 6 at step 1), no post-commit steps (excluded).
+STUDENT = frame([
+    (0, 4, 0, True, 7, 7, 0.5, 0.5, 0.1),
+    (0, 4, 1, False, -1, 3, 0.1, 0.1, 0.1),
+    (0, 3, 0, False, -1, 2, 0.4, 0.4, 0.1),
+    (0, 3, 1, True, 8, 8, 0.6, 0.2, 0.2),
+    (0, 2, 0, False, -1, 7, 0.7, 0.7, 0.3),
+    (0, 2, 1, False, -1, 9, 0.3, 0.5, 0.1),
+    (0, 1, 0, False, -1, 7, 0.8, 0.8, 0.5),
+    (0, 1, 1, False, -1, 9, 0.2, 0.6, 0.3),
+    (1, 4, 0, True, 5, 5, 0.5, 0.5, 0.2),
+    (1, 4, 1, False, -1, 6, 0.3, 0.3, 0.1),
+    (1, 3, 0, False, -1, 5, 0.6, 0.6, 0.2),
+    (1, 3, 1, False, -1, 6, 0.3, 0.3, 0.1),
+    (1, 2, 0, False, -1, 5, 0.7, 0.7, 0.4),
+    (1, 2, 1, False, -1, 6, 0.5, 0.5, 0.2),
+    (1, 1, 0, False, -1, 5, 0.8, 0.8, 0.6),
+    (1, 1, 1, True, 6, 6, 0.6, 0.6, 0.3),
+])
+
+# Teacher-forced student frame on the teacher's states: only rows at teacher commits matter.
+# Sample 0: at (4,0) top1 7 (ok, margin +0.3), at (2,1) top1 4 (flip, margin -0.2 -> -0.2)
+# Sample 1: at (3,0) top1 1 (flip, margin -0.1), at (1,1) top1 1 (flip, margin -0.05)
+FORCED = frame([
+    (0, 4, 0, True, 7, 7, 0.6, 0.6, 0.3),
+    (0, 4, 1, False, -1, 3, 0.2, 0.2, 0.1),
+    (0, 2, 1, True, 9, 4, 0.3, 0.3, 0.2),
+    (1, 3, 0, True, 5, 1, 0.2, 0.2, 0.1),
+    (1, 1, 1, True, 6, 1, 0.2, 0.2, 0.05),
+])
+
+
+def test_stability_lag_values():
+    lag = D.stability_lag(STUDENT).set_index(["sample_id", "position"])
+    assert lag.loc[(0, 0), "lag"] == 2 and lag.loc[(0, 0), "stable"]
+    assert lag.loc[(0, 1), "lag"] == 3 and not lag.loc[(0, 1), "stable"]
+    assert lag.loc[(1, 0), "lag"] == 0 and lag.loc[(1, 1), "lag"] == 0
+    assert lag.loc[(1, 1), "stable"]
+    # teacher: every top1 equals its final token -> all lags 0
+    assert (D.stability_lag(TEACHER)["lag"] == 0).all()
+
+
+def test_ccdf():
+    xs, cc = D.ccdf([2, 3, 0, 0])
+    assert xs.tolist() == [0, 1, 2, 3]
+    assert cc.tolist() == [0.5, 0.5, 0.25, 0.0]
+
+
+def test_mse_prob_trace_and_first_false_commit():
+    tr = D.mse_prob_trace(STUDENT, TEACHER).set_index(["sample_id", "step"])["mse_prob"]
+    # sample 0, step 3: pos0 (0.4-0.9)^2=0.25, pos1 (0.2-0.4)^2=0.04 -> 0.145
+    assert tr.loc[(0, 3)] == pytest.approx(0.145)
+    # sample 0, step 1: (0.8-1.0)^2=0.04, (0.6-0.8)^2=0.04 -> 0.04
+    assert tr.loc[(0, 1)] == pytest.approx(0.04)
+    # sample 1, step 4: (0.5-0.5)^2=0 and (0.3-0.3)^2=0
+    assert tr.loc[(1, 4)] == pytest.approx(0.0)
+    ffc = D.first_false_commit(STUDENT, TEACHER)
+    assert ffc.loc[0] == 3 and math.isnan(ffc.loc[1])
+
+
+def test_commit_step_flips():
+    flips = D.commit_step_flips(FORCED, TEACHER)
+    assert flips.to_dict() == {0: 1, 1: 2}
+    with pytest.raises(ValueError, match="misses"):
+        D.commit_step_flips(FORCED.iloc[:-1], TEACHER)
+
+
+def test_post_commit_mismatch():
+    pcm = D.post_commit_mismatch(STUDENT).set_index("sample_id")
+    # sample 0: pos0 1/3, pos1 2/2 -> mean (1/3+1)/2; never: pos1 only -> 0.5
+    assert pcm.loc[0, "mean_disagree_rate"] == pytest.approx((1 / 3 + 1) / 2)
+    assert pcm.loc[0, "never_agree_rate"] == pytest.approx(0.5)
+    # sample 1: only pos0 has post-commit steps, all agree
+    assert pcm.loc[1, "mean_disagree_rate"] == 0.0 and pcm.loc[1, "n_positions"] == 1
+
+
+def test_frontier_margin():
+    fm = D.frontier_margin(FORCED, TEACHER).set_index("sample_id")["frontier_margin"]
+    assert fm.loc[0] == pytest.approx((0.3 - 0.2) / 2)
+    assert fm.loc[1] == pytest.approx((-0.1 - 0.05) / 2)
+    exact = FORCED.assign(margin_ref=[1.0, 0.0, -1.0, -2.0, -4.0])
+    fm2 = D.frontier_margin(exact, TEACHER).set_index("sample_id")["frontier_margin"]
+    assert fm2.loc[0] == pytest.approx(0.0) and fm2.loc[1] == pytest.approx(-3.0)
+
+
+def test_curve_correlation():
+    a = [1.0, 2.0, 3.0, 4.0]
+    sp, pe = D.curve_correlation(a, [1.0, 4.0, 9.0, 16.0])
+    assert sp == pytest.approx(1.0) and pe < 1.0 and pe > 0.9
+    sp, pe = D.curve_correlation(a, [4.0, 3.0, 2.0, 1.0])
+    assert sp == pytest.approx(-1.0) and pe == pytest.approx(-1.0)
+    pa_ = pd.DataFrame({"position": [0, 1, 2, 3], "w_bar": a})
+    pb_ = pd.DataFrame({"position": [3, 2, 1, 0], "w_bar": [4.0, 3.0, 2.0, 1.0]})
+    assert D.prior_correlation(pa_, pb_)[0] == pytest.approx(1.0)
+
+
+def test_double_commit_rejected():
+    bad = STUDENT.copy()
+    bad.loc[(bad.sample_id == 1) & (bad.step == 2) & (bad.position == 0), "committed"] = True
+    with pytest.raises(ValueError, match="more than once"):
+        D.stability_lag(bad)
+
+
+def test_diagnose_cli(tmp_path):
+    from fair_calib.io import read_parquet, write_parquet
+
+    t = TEACHER.assign(mode="free")
+    s = pd.concat([STUDENT.assign(mode="free"), FORCED.assign(mode="forced")])
+    tp = tmp_path / "traj" / "m" / "fp" / "fp.parquet"
+    sp = tmp_path / "traj" / "m" / "rtn" / "w4a4.parquet"
+    write_parquet(t, tp, D.TRAJECTORY_SCHEMA)
+    write_parquet(s, sp, D.TRAJECTORY_SCHEMA)
+    out = tmp_path / "diag.parquet"
+    D.run_cli(["diagnose", "--inputs", str(tp), str(sp), "--teacher", str(tp), "--out", str(out)])
+    df, prov = read_parquet(out)
+    assert set(df.columns) == {"model", "method", "bits", "metric", "x", "value", "std", "n"}
+    r = df[(df.method == "rtn") & (df.bits == "w4a4")].set_index("metric")
+    flips = r.loc["commit_flips"]
+    assert flips["value"] == pytest.approx(1.5) and flips["std"] == pytest.approx(np.std([1, 2], ddof=1))
+    assert flips["n"] == 2
+    assert r.loc["stability_lag", "value"] == pytest.approx(5 / 4)
+    assert r.loc["false_commit_rate", "value"] == pytest.approx(0.5)
+    ccdf = df[(df.method == "rtn") & (df.metric == "stability_lag_ccdf")].sort_values("x")
+    assert ccdf["value"].tolist() == [0.5, 0.5, 0.25, 0.0]
+    f = df[df.method == "fp"].set_index("metric")
+    assert f.loc["mse_prob_mean", "value"] == 0.0
+    assert "commit_flips" not in f.index  # teacher file has no forced rows
+    assert prov["teacher"] == str(tp)

@@ -1,0 +1,190 @@
+# Input functions, settings and resources shared by every stage's rules.
+import json
+import os
+import re
+
+from fair_calib import registry
+
+PY = "python -m fair_calib.cli"
+
+
+# ---------------------------------------------------------------- validation (before any job)
+def _fail(key, value, valid):
+    raise ValueError(f"config: {key} = {value!r} is not valid; choose one of {sorted(valid)}")
+
+
+def check_config(cfg):
+    """Cross-reference checks the JSON schema cannot express. Every error names the key."""
+    for name, m in cfg["models"].items():
+        if m["family"] not in registry.FAMILIES:
+            _fail(f"models.{name}.family", m["family"], registry.FAMILIES)
+        if m["source"] == "train" and not m["family"].startswith("tiny-"):
+            raise ValueError(f"config: models.{name}.source = 'train' is only valid for tiny families")
+    for name in cfg["bits"]:
+        if not re.fullmatch(r"w\d+a\d+", name):
+            raise ValueError(f"config: bits.{name}: names must look like w4a4 (weights/activations)")
+    for name, m in cfg["methods"].items():
+        if m["type"] not in registry.METHOD_TYPES:
+            _fail(f"methods.{name}.type", m["type"], registry.METHOD_TYPES)
+        if "prior" in m and m["prior"] not in cfg["priors"]:
+            _fail(f"methods.{name}.prior", m["prior"], cfg["priors"])
+        if m["type"] == "fair_calib" and "prior" not in m:
+            raise ValueError(f"config: methods.{name} (type fair_calib) needs a `prior` key; "
+                             f"choose one of {sorted(cfg['priors'])}")
+    for name, p in cfg["priors"].items():
+        if p["probe"] not in cfg["probes"]:
+            _fail(f"priors.{name}.probe", p["probe"], cfg["probes"])
+    for name, t in cfg["tasks"].items():
+        if t["kind"] == "lm_eval" and "lm_eval_task" not in t:
+            raise ValueError(f"config: tasks.{name} (kind lm_eval) needs `lm_eval_task`")
+    for tname, t in cfg["tables"].items():
+        for key, section in (("models", "models"), ("methods", "methods"), ("tasks", "tasks")):
+            for item in t[key]:
+                if item not in cfg[section]:
+                    _fail(f"tables.{tname}.{key}", item, cfg[section])
+        if t["bits"] not in cfg["bits"]:
+            _fail(f"tables.{tname}.bits", t["bits"], cfg["bits"])
+    diag = cfg.get("diagnostics", {})
+    if diag.get("enabled", True) and diag:
+        for item in diag.get("models", []):
+            if item not in cfg["models"]:
+                _fail("diagnostics.models", item, cfg["models"])
+        for item in diag.get("methods", []):
+            if item not in cfg["methods"]:
+                _fail("diagnostics.methods", item, cfg["methods"])
+        if diag.get("bits") and diag["bits"] not in cfg["bits"]:
+            _fail("diagnostics.bits", diag["bits"], cfg["bits"])
+        if diag.get("probe") and diag["probe"] not in cfg["probes"]:
+            _fail("diagnostics.probe", diag["probe"], cfg["probes"])
+    for name in cfg.get("resources", {}):
+        if name != "default" and name not in RULES_WITH_RESOURCES:
+            _fail(f"resources.{name}", name, ("default",) + RULES_WITH_RESOURCES)
+
+
+RULES_WITH_RESOURCES = ("make_data", "train_tiny", "probe_shard", "prior", "calibrate",
+                        "evaluate_shard", "gather_eval", "trajectories", "diagnose", "figures",
+                        "table")
+check_config(config)
+
+
+# ---------------------------------------------------------------- grid
+def is_fp(method):
+    return config["methods"][method]["type"] == "fp"
+
+
+def bits_for(method, bits):
+    """FP is a method like the others; its bits wildcard is the literal `fp`."""
+    return "fp" if is_fp(method) else bits
+
+
+def table_cells(table):
+    t = config["tables"][table]
+    for model in t["models"]:
+        for method in t["methods"]:
+            for task in t["tasks"]:
+                yield model, method, bits_for(method, t["bits"]), task
+
+
+def eval_files(table):
+    return sorted({f"results/eval/{m}/{x}/{b}/{t}.parquet" for m, x, b, t in table_cells(table)})
+
+
+# ---------------------------------------------------------------- paths of stage inputs
+def trained(model):
+    return config["models"][model]["source"] == "train"
+
+
+def model_dir(model):
+    src = config["models"][model]["source"]
+    return f"resources/models/{model}" if src == "train" else src
+
+
+def model_input(wc):
+    """A trained tiny model is a file input; a hub id or external folder is not tracked."""
+    return [f"resources/models/{wc.model}"] if trained(wc.model) else []
+
+
+SYNTHETIC_FILES = ["train.txt", "calib.jsonl", "probe.jsonl", "facts.jsonl", "synth_mc.jsonl",
+                   "synth_arith.jsonl", "manifest.json"]
+
+
+def uses_synthetic_data():
+    """The synthetic corpus feeds the tiny models and any stage configured to read it."""
+    datasets = [p["dataset"] for p in config["probes"].values()] + [config["calibration"]["dataset"]]
+    kinds = [t["kind"] for t in config["tasks"].values()]
+    return (any(d in ("synthetic", "facts") for d in datasets)
+            or any(k.startswith("synthetic") for k in kinds))
+
+
+def synthetic_inputs(wc=None):
+    model = getattr(wc, "model", None)
+    needed = uses_synthetic_data() or (model is not None and trained(model))
+    return [os.path.join(config["synthetic_dir"], f) for f in SYNTHETIC_FILES] if needed else []
+
+
+def calib_dir(model, method, bits):
+    return f"results/calib/{model}/{method}/{bits}"
+
+
+def prior_of(method):
+    return config["methods"][method].get("prior")
+
+
+# ---------------------------------------------------------------- settings passed to a stage
+COMMON_KEYS = ("seed", "device", "dtype", "data_dir", "data_source", "synthetic_dir")
+
+
+def settings(**sections):
+    """The exact config a job depends on, as JSON. A change here reruns that job only."""
+    out = {k: config.get(k) for k in COMMON_KEYS}
+    out.update(sections)
+    return json.dumps(out, sort_keys=True)
+
+
+def model_entry(model):
+    return {"name": model, **config["models"][model]}
+
+
+def method_entry(method):
+    return {"name": method, **config["methods"][method]}
+
+
+def bits_entry(bits):
+    return {"name": bits, **config["bits"][bits]} if bits != "fp" else {"name": "fp"}
+
+
+def probe_entry(probe):
+    return {"name": probe, **config["probes"][probe]}
+
+
+def calibration_entry(method):
+    return {**config["calibration"], **config["methods"][method].get("calibration", {})}
+
+
+# ---------------------------------------------------------------- resources from config
+def _res(rule, key, default=None):
+    table = config.get("resources", {})
+    return table.get(rule, {}).get(key, table.get("default", {}).get(key, default))
+
+
+def resources_for(rule):
+    """Resource table of a rule; memory grows with `attempt` on retry."""
+    base = _res(rule, "mem_mb", 2000)
+    step = _res(rule, "mem_mb_per_attempt", 0)
+    res = {
+        "mem_mb": lambda wc, attempt: base + step * (attempt - 1),
+        "runtime": _res(rule, "runtime", 30),
+    }
+    for key in ("gpu", "cpus_per_gpu", "slurm_partition", "slurm_extra"):
+        val = _res(rule, key)
+        if val is not None:
+            res[key] = val
+    return res
+
+
+def threads_for(rule):
+    return _res(rule, "threads", 1)
+
+
+def log_path(rule, pattern):
+    return f"logs/{rule}/{pattern}.log"

@@ -1,0 +1,58 @@
+# Benchmark evaluation through lm-eval, split into document shards (independent jobs) and
+# gathered per task.
+
+
+def eval_inputs(wc):
+    inputs = {"model": model_input(wc), "data": synthetic_inputs(wc)}
+    if not is_fp(wc.method):
+        inputs["calib"] = f"{calib_dir(wc.model, wc.method, wc.bits)}/meta.json"
+    return inputs
+
+
+def task_entry(task):
+    return {"name": task, **config["tasks"][task]}
+
+
+rule evaluate_shard:
+    input:
+        unpack(eval_inputs),
+    output:
+        "results/eval/{model}/{method}/{bits}/{task}/shard-{k}.parquet",
+    params:
+        settings=lambda wc: settings(
+            model=model_entry(wc.model),
+            method=method_entry(wc.method),
+            bits=bits_entry(wc.bits),
+            task=task_entry(wc.task),
+        ),
+        model_dir=lambda wc: model_dir(wc.model),
+        calib=lambda wc: "" if is_fp(wc.method) else f"--calib-dir {calib_dir(wc.model, wc.method, wc.bits)}",
+        shards=lambda wc: config["tasks"][wc.task].get("shards", 1),
+    log:
+        "logs/evaluate/{model}/{method}/{bits}/{task}/shard-{k}.log",
+    benchmark:
+        "results/benchmarks/evaluate/{model}/{method}/{bits}/{task}/shard-{k}.tsv"
+    threads: threads_for("evaluate_shard")
+    resources:
+        **resources_for("evaluate_shard"),
+    shell:
+        "OMP_NUM_THREADS={threads} {PY} evaluate --settings {params.settings:q}"
+        " --model-dir {params.model_dir} {params.calib}"
+        " --shard {wildcards.k} --num-shards {params.shards} --out {output} > {log} 2>&1"
+
+
+rule gather_eval:
+    input:
+        lambda wc: [
+            f"results/eval/{wc.model}/{wc.method}/{wc.bits}/{wc.task}/shard-{k}.parquet"
+            for k in range(config["tasks"][wc.task].get("shards", 1))
+        ],
+    output:
+        "results/eval/{model}/{method}/{bits}/{task}.parquet",
+    log:
+        "logs/gather_eval/{model}/{method}/{bits}/{task}.log",
+    threads: threads_for("gather_eval")
+    resources:
+        **resources_for("gather_eval"),
+    shell:
+        "{PY} evaluate --gather --inputs {input} --out {output} > {log} 2>&1"

@@ -1,0 +1,36 @@
+# The embedded default's data and models: a deterministic synthetic corpus and two tiny
+# diffusion LMs trained on it (skipped entirely when every model comes from the hub or disk).
+
+rule make_data:
+    output:
+        [os.path.join(config["synthetic_dir"], f) for f in SYNTHETIC_FILES],
+    params:
+        settings=settings(corpus=config.get("corpus", {})),
+        out=config["synthetic_dir"],
+    log:
+        "logs/make_data/make_data.log",
+    threads: threads_for("make_data")
+    resources:
+        **resources_for("make_data"),
+    shell:
+        "{PY} make-data --settings {params.settings:q} --out {params.out} > {log} 2>&1"
+
+
+rule train_tiny:
+    input:
+        synthetic_inputs,
+    output:
+        directory("resources/models/{model}"),
+    params:
+        settings=lambda wc: settings(model=model_entry(wc.model)),
+        data=config["synthetic_dir"],
+    log:
+        "logs/train_tiny/{model}.log",
+    benchmark:
+        "results/benchmarks/train_tiny/{model}.tsv"
+    threads: threads_for("train_tiny")
+    resources:
+        **resources_for("train_tiny"),
+    shell:
+        "OMP_NUM_THREADS={threads} {PY} train-tiny --settings {params.settings:q}"
+        " --data {params.data} --out {output} > {log} 2>&1"

@@ -1,0 +1,30 @@
+# Tables (LaTeX, booktabs, laid out like the paper's) and figures (PDF + PNG), generated from
+# the Parquet files alone.
+
+
+def labels():
+    return {
+        "models": {k: v.get("label", k) for k, v in config["models"].items()},
+        "groups": {k: v.get("group", v.get("label", k)) for k, v in config["models"].items()},
+        "methods": {k: v.get("label", k) for k, v in config["methods"].items()},
+        "tasks": {k: v.get("label", k) for k, v in config["tasks"].items()},
+    }
+
+
+rule table:
+    input:
+        lambda wc: eval_files(wc.table),
+    output:
+        "results/tables/{table}.tex",
+    params:
+        settings=lambda wc: json.dumps(
+            {"table": {"name": wc.table, **config["tables"][wc.table]}, "labels": labels()},
+            sort_keys=True,
+        ),
+    log:
+        "logs/table/{table}.log",
+    threads: threads_for("table")
+    resources:
+        **resources_for("table"),
+    shell:
+        "{PY} report --settings {params.settings:q} --inputs {input} --out {output} > {log} 2>&1"
