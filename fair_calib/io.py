@@ -15,8 +15,8 @@ import tempfile
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
-import pyarrow as pa
-import pyarrow.parquet as pq
+# pyarrow is imported inside the Parquet functions: GPU benchmark scripts import stage code on
+# machines that have torch but no pyarrow.
 
 PROVENANCE_KEY = b"fair_calib.provenance"
 
@@ -82,13 +82,16 @@ def read_json(path: str | os.PathLike) -> Any:
     return json.loads(Path(path).read_text())
 
 
-def write_parquet(df, path: str | os.PathLike, schema: pa.Schema,
+def write_parquet(df, path: str | os.PathLike, schema,
                   provenance: Mapping[str, Any] | None = None) -> None:
     """Write a pandas DataFrame with an explicit Arrow schema and provenance metadata.
 
     Columns missing from ``df`` or of a type that cannot be cast to the schema raise an error
     naming the column, instead of silently writing a differently-typed file.
     """
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
     missing = [f.name for f in schema if f.name not in df.columns]
     if missing:
         raise ValueError(f"{path}: DataFrame lacks schema columns {missing}")
@@ -106,6 +109,8 @@ def write_parquet(df, path: str | os.PathLike, schema: pa.Schema,
 
 def read_parquet(path: str | os.PathLike):
     """Read a Parquet file written by :func:`write_parquet`; returns (DataFrame, provenance)."""
+    import pyarrow.parquet as pq
+
     table = pq.read_table(path)
     meta = table.schema.metadata or {}
     prov = json.loads(meta[PROVENANCE_KEY]) if PROVENANCE_KEY in meta else {}

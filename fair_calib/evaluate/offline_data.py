@@ -8,7 +8,7 @@ jsonl in a cache folder *outside* the repository's tracked files. Formats that a
 (BoolQ, ARC, WinoGrande, GSM8K) are read in place.
 
 :func:`write_offline_tasks` then renders the packaged YAML templates
-(``fair_calib/evaluate/tasks/*.yaml.in``) into an include folder with ABSOLUTE ``data_files``
+(``fair_calib/evaluate/tasks/*.yaml``, with ``@NAME@`` placeholders) into an include folder with ABSOLUTE ``data_files``
 paths, for ``TaskManager(include_path=..., include_defaults=False)``.
 """
 from __future__ import annotations
@@ -208,20 +208,20 @@ def write_offline_tasks(data_dir: str | os.PathLike, cache_dir: str | os.PathLik
     include_dir = Path(include_dir).resolve()
     include_dir.mkdir(parents=True, exist_ok=True)
     subs = prepare_offline_data(data_dir, cache_dir, tasks)
-    subs["LMEVAL_TASKS"] = str(_lm_eval_tasks_dir())
+    subs["GSM8K_COT_YAML"] = str(_lm_eval_tasks_dir() / "gsm8k" / "gsm8k-cot.yaml")
     shutil.copy(TEMPLATE_DIR / "fc_task_utils.py", include_dir / "fc_task_utils.py")
     for task in tasks:
         if task == "mmlu":
             _write_mmlu(Path(data_dir), Path(subs["MMLU"]), include_dir)
             continue
-        text = (TEMPLATE_DIR / f"{task}.yaml.in").read_text()
+        text = (TEMPLATE_DIR / f"{task}.yaml").read_text()
         (include_dir / f"{task}.yaml").write_text(_render(text, subs))
     return include_dir
 
 
 def _write_mmlu(data_dir: Path, mmlu_cache: Path, include_dir: Path) -> None:
     """57 subject tasks ``mmlu_{subject}`` (lm-eval's prompt, 5-shot from dev) + group ``mmlu``."""
-    template = (TEMPLATE_DIR / "mmlu_subject.yaml.in").read_text()
+    template = (TEMPLATE_DIR / "mmlu_subject.yaml").read_text()
     subjects = mmlu_subjects(data_dir)
     if not subjects:
         raise FileNotFoundError(f"no MMLU subjects under {data_dir / 'mmlu' / 'test'}")
@@ -238,3 +238,22 @@ def _write_mmlu(data_dir: Path, mmlu_cache: Path, include_dir: Path) -> None:
              "aggregate_metric_list": [{"metric": "acc", "weight_by_size": True}],
              "metadata": {"version": 2}}
     (include_dir / "mmlu_group.yaml").write_text(json.dumps(group, indent=1))
+
+
+SYNTHETIC_TASKS = {"synth_mc": "synth_mc.jsonl", "synth_arith": "synth_arith.jsonl"}
+
+
+def write_synthetic_tasks(synthetic_dir: str | os.PathLike, include_dir: str | os.PathLike,
+                          tasks: Iterable[str] = tuple(SYNTHETIC_TASKS)) -> Path:
+    """Render the embedded synthetic tasks (``{synthetic_dir}/synth_*.jsonl``) into ``include_dir``."""
+    include_dir = Path(include_dir).resolve()
+    include_dir.mkdir(parents=True, exist_ok=True)
+    for task in tasks:
+        if task not in SYNTHETIC_TASKS:
+            raise KeyError(f"unknown synthetic task {task!r}; known: {sorted(SYNTHETIC_TASKS)}")
+        data = (Path(synthetic_dir) / SYNTHETIC_TASKS[task]).resolve()
+        if not data.exists():
+            raise FileNotFoundError(f"{data} missing: run `fair-calib make-data` first")
+        text = (TEMPLATE_DIR / f"{task}.yaml").read_text()
+        (include_dir / f"{task}.yaml").write_text(_render(text, {task.upper(): str(data)}))
+    return include_dir

@@ -1,0 +1,252 @@
+"""Masked-diffusion decoding for any family, batched with left padding.
+
+Every family is driven through ``LoadedModel.logits(ids, attention_mask)`` (logit shift already
+applied) and the model's ``mask_id`` / ``pad_id``; the commit rule comes from the policy name.
+
+Steps are numbered ``t = T`` (first step, window fully masked) down to ``1`` (last step). A
+recorder, when given, sees every step: ``recorder.start(batch, gen_length, steps)``, then
+``recorder.step(t, logits, masked, committed, window)`` with the window logits ``[B, K, V]`` the
+commit decision used (after classifier-free guidance, before temperature), the positions masked
+at the start of the step, the positions committed during it and the window after it, and
+finally ``recorder.finish(tokens)``.
+
+Randomness: ``generator`` is ``None`` (torch's global RNG), one ``torch.Generator`` (draws for
+the whole batch at once) or a sequence of generators, one per row; with per-row generators a
+row's random stream does not depend on the other rows in the batch.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any, Sequence
+
+import torch
+
+from fair_calib.decoding.policy import (BLOCK_POLICIES, RANDOM_COMMIT_POLICIES, DecodePolicy,
+                                        block_commit_counts)
+
+log = logging.getLogger(__name__)
+
+Generators = torch.Generator | Sequence[torch.Generator] | None
+
+
+def model_context(model: Any) -> int | None:
+    """Longest sequence the model accepts (from its config), or None if it does not say."""
+    cfg = getattr(getattr(model, "model", model), "config", None)
+    for key in ("max_position_embeddings", "max_sequence_length", "n_positions"):
+        val = getattr(cfg, key, None)
+        if isinstance(val, int) and val > 0:
+            return val
+    return None
+
+
+def uniform(batch: int, shape: tuple[int, ...], generator: Generators,
+            device: torch.device | str) -> torch.Tensor:
+    """float64 uniforms in [0, 1) of shape ``[batch, *shape]`` drawn from ``generator``."""
+    if generator is None:
+        return torch.rand((batch, *shape), dtype=torch.float64, device=device)
+    if isinstance(generator, torch.Generator):
+        out = torch.rand((batch, *shape), dtype=torch.float64, generator=generator,
+                         device=generator.device)
+        return out.to(device)
+    gens = list(generator)
+    if len(gens) != batch:
+        raise ValueError(f"got {len(gens)} generators for a batch of {batch} rows")
+    return torch.stack([torch.rand(shape, dtype=torch.float64, generator=g, device=g.device)
+                        for g in gens]).to(device)
+
+
+def pad_left(prompts: Sequence[Sequence[int]], gen_length: int, mask_id: int, pad_id: int,
+             device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """``[pad.. prompt | mask * gen_length]`` and its attention mask; returns (ids, attn, Lp)."""
+    lp = max((len(p) for p in prompts), default=0)
+    rows, attn = [], []
+    for p in prompts:
+        n_pad = lp - len(p)
+        rows.append([pad_id] * n_pad + [int(v) for v in p] + [mask_id] * gen_length)
+        attn.append([0] * n_pad + [1] * (len(p) + gen_length))
+    ids = torch.tensor(rows, dtype=torch.long, device=device)
+    am = torch.tensor(attn, dtype=torch.long, device=device)
+    return ids, am, lp
+
+
+def window_logits(model: Any, ids: torch.Tensor, attn: torch.Tensor, lp: int,
+                  cfg_scale: float = 0.0) -> torch.Tensor:
+    """Logits ``[B, K, V]`` of the generation window (float32), with classifier-free guidance
+    when ``cfg_scale > 0`` (second forward with the prompt masked:
+    ``un + (cfg + 1) * (cond - un)``)."""
+    if cfg_scale > 0:
+        un = ids.clone()
+        prompt_part = torch.zeros_like(ids, dtype=torch.bool)
+        prompt_part[:, :lp] = attn[:, :lp].bool()
+        un[prompt_part] = model.mask_id
+        both = model.logits(torch.cat([ids, un]), torch.cat([attn, attn]))[:, lp:].float()
+        cond, unc = both.chunk(2, dim=0)
+        return unc + (cfg_scale + 1.0) * (cond - unc)
+    return model.logits(ids, attn)[:, lp:].float()
+
+
+def _select_top(conf: torch.Tensor, counts: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+    """Per row, the ``counts[row]`` highest-confidence allowed positions (ties: lowest index)."""
+    conf = conf.masked_fill(~allowed, float("-inf"))
+    order = torch.argsort(conf, dim=-1, descending=True, stable=True)
+    rank = torch.empty_like(order)
+    rank.scatter_(-1, order, torch.arange(conf.shape[-1], device=conf.device).expand_as(order))
+    return (rank < counts[:, None]) & allowed
+
+
+def _gumbel_argmax(logits: torch.Tensor, temperature: float, generator: Generators) -> torch.Tensor:
+    """Gumbel-max in float64: argmax of ``exp(l) / (-log U)^temperature`` (log form)."""
+    b = logits.shape[0]
+    u = uniform(b, tuple(logits.shape[1:]), generator, logits.device)
+    noisy = logits.double() - temperature * torch.log(-torch.log(u))
+    return noisy.argmax(-1)
+
+
+def _filter_top_p_top_k(logits: torch.Tensor, top_p: float | None, top_k: int | None) -> torch.Tensor:
+    if top_k is not None and top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p is not None and top_p < 1:
+        sorted_l, idx = torch.sort(logits, dim=-1, descending=True)
+        cum = torch.softmax(sorted_l, dim=-1).cumsum(-1)
+        drop_sorted = cum > top_p
+        drop_sorted[..., 1:] = drop_sorted[..., :-1].clone()
+        drop_sorted[..., 0] = False
+        drop = torch.zeros_like(drop_sorted).scatter(-1, idx, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits
+
+
+def _schedule_tokens(logits: torch.Tensor, policy: DecodePolicy,
+                     generator: Generators) -> tuple[torch.Tensor, torch.Tensor]:
+    """Tokens and confidences for the schedule policies (Dream's token step)."""
+    lg = logits.float()
+    if policy.temperature > 0:
+        lg = lg / policy.temperature
+    lg = _filter_top_p_top_k(lg, policy.top_p, policy.top_k)
+    probs = torch.softmax(lg, dim=-1)
+    if policy.temperature > 0:
+        x0 = _gumbel_argmax(torch.log(probs), 1.0, generator)
+        conf = probs.gather(-1, x0[..., None]).squeeze(-1)
+    else:
+        conf, x0 = probs.max(-1)
+    if policy.name == "topk_margin":
+        top2 = torch.topk(probs, 2, dim=-1).values
+        conf = top2[..., 0] - top2[..., 1]
+    elif policy.name == "entropy":
+        conf = (probs * torch.log(probs + 1e-10)).sum(-1)
+    return x0, conf
+
+
+@torch.no_grad()
+def generate(model: Any, prompts: Sequence[Sequence[int]], policy: DecodePolicy,
+             generator: Generators = None, recorder: Any = None) -> torch.LongTensor:
+    """Decode ``policy.gen_length`` tokens after each prompt; returns ``LongTensor[B, K]``.
+
+    ``model`` is a :class:`~fair_calib.models.adapters.LoadedModel` (``.logits``, ``.mask_id``,
+    ``.pad_id``). Prompts are token-id lists of any lengths (left-padded inside).
+    """
+    if not isinstance(policy, DecodePolicy):
+        raise TypeError(f"policy must be a DecodePolicy, got {type(policy).__name__}")
+    policy.validate()
+    prompts = [list(p) for p in prompts]
+    if not prompts:
+        raise ValueError("generate() needs at least one prompt")
+    policy.check_context(max(len(p) for p in prompts), model_context(model))
+    mask_id = int(model.mask_id)
+    if any(mask_id in p for p in prompts):
+        raise ValueError(f"a prompt contains the mask token id {mask_id}")
+    device = model.device
+    ids, attn, lp = pad_left(prompts, policy.gen_length, mask_id, int(model.pad_id), device)
+    b, k, T = len(prompts), policy.gen_length, policy.steps
+    if recorder is not None:
+        recorder.start(b, k, T)
+
+    if policy.name in BLOCK_POLICIES or policy.name in RANDOM_COMMIT_POLICIES:
+        _decode_blocks(model, ids, attn, lp, policy, generator, recorder)
+    else:
+        _decode_schedule(model, ids, attn, lp, policy, generator, recorder)
+
+    out = ids[:, lp:].clone()
+    if bool((out == mask_id).any()):
+        raise RuntimeError("decoding left masked positions in the window")  # a bug, not input
+    if recorder is not None:
+        recorder.finish(out)
+    return out
+
+
+def _decode_blocks(model, ids, attn, lp, policy: DecodePolicy, generator, recorder) -> None:
+    """LLaDA-style semi-autoregressive blocks; ``random_commit`` is one block with uniform
+    confidences (positions uniformly at random among masked)."""
+    mask_id = int(model.mask_id)
+    b, k, T = ids.shape[0], policy.gen_length, policy.steps
+    bl = policy.block_len if policy.name in BLOCK_POLICIES else k
+    n_blocks = k // bl
+    spb = T // n_blocks
+    uniform_conf = policy.name in ("random", "random_commit")
+    win = ids[:, lp:]                                   # view: commits write into ids
+    step_index = 0
+    for blk in range(n_blocks):
+        lo, hi = blk * bl, (blk + 1) * bl
+        n_masked = (win[:, lo:hi] == mask_id).sum(-1).tolist()
+        counts = torch.tensor([block_commit_counts(n, spb) for n in n_masked],
+                              dtype=torch.long, device=ids.device)       # [B, spb]
+        for s in range(spb):
+            t = T - step_index
+            step_index += 1
+            logits = window_logits(model, ids, attn, lp, policy.cfg_scale)   # [B, K, V]
+            masked_before = win == mask_id
+            span = logits[:, lo:hi].double()
+            if policy.temperature > 0:
+                x0 = _gumbel_argmax(span, policy.temperature, generator)
+            else:
+                x0 = span.argmax(-1)
+            if uniform_conf:
+                conf = uniform(b, (hi - lo,), generator, ids.device)
+            else:
+                conf = torch.softmax(span, dim=-1).gather(-1, x0[..., None]).squeeze(-1)
+            chosen = _select_top(conf, counts[:, s], masked_before[:, lo:hi])
+            block = win[:, lo:hi]
+            block[chosen] = x0[chosen]
+            if recorder is not None:
+                committed = torch.zeros_like(masked_before)
+                committed[:, lo:hi] = chosen
+                recorder.step(t, logits, masked_before, committed, win.clone())
+
+
+def _decode_schedule(model, ids, attn, lp, policy: DecodePolicy, generator, recorder) -> None:
+    """Dream-style decoding over the timestep schedule ``linspace(1, eps, steps + 1)``."""
+    mask_id = int(model.mask_id)
+    b, k, T = ids.shape[0], policy.gen_length, policy.steps
+    timesteps = torch.linspace(1, policy.eps, T + 1)
+    win = ids[:, lp:]
+    for i in range(T):
+        t_step = T - i
+        last = i == T - 1
+        t, s = timesteps[i], timesteps[i + 1]
+        logits = window_logits(model, ids, attn, lp, 0.0)
+        masked = win == mask_id
+        x0, conf = _schedule_tokens(logits, policy, generator)
+        if last:
+            chosen = masked.clone()
+        elif policy.name == "origin":
+            p_transfer = float(1 - s / t)
+            u = uniform(b, (k,), generator, ids.device)
+            chosen = masked & (u < p_transfer)
+        else:
+            mean_masked = masked.sum().float() / b
+            n = int(mean_masked * (1 - s / t))
+            counts = torch.full((b,), n, dtype=torch.long, device=ids.device)
+            if n <= 0:
+                chosen = torch.zeros_like(masked)
+            elif policy.alg_temp > 0:
+                scores = torch.log_softmax(
+                    conf.double().masked_fill(~masked, float("-inf")) / policy.alg_temp, dim=-1)
+                u = uniform(b, (k,), generator, ids.device)
+                scores = scores - torch.log(-torch.log(u))   # Gumbel-top-k = sampling w/o replacement
+                chosen = _select_top(scores, counts, masked)
+            else:
+                chosen = _select_top(conf.double(), counts, masked)
+        win[chosen] = x0[chosen]
+        if recorder is not None:
+            recorder.step(t_step, logits, masked, chosen, win.clone())

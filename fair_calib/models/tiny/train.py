@@ -1,0 +1,273 @@
+"""Train an embedded tiny diffusion LM on the synthetic corpus.
+
+Two family styles, both plain transformers classes with bidirectional attention
+(``is_causal=False``) and an untied LM head:
+
+* ``tiny-llada``: ``LlamaForCausalLM`` without biases; the logits at position ``i`` predict
+  token ``i`` (no shift).
+* ``tiny-dream``: ``Qwen2ForCausalLM`` (q/k/v projections carry a bias); trained so that the
+  logits at ``i-1`` predict token ``i``, exactly the alignment ``LoadedModel.logits`` undoes.
+
+Objective (masked diffusion): per sequence draw ``t ~ U(eps, 1)`` (stratified over the batch),
+mask each maskable token independently with probability ``t`` and minimise
+``sum_masked CE / t / n_maskable``, averaged over sequences. Position 0 (``[BOS]``) is never
+masked. Every document is followed by a random number of ``[EOS]`` tokens that are part of the
+sequence and of the loss (LLaDA-style end padding), so a fixed-length generation window ends in
+``[EOS]``; the rest of the row is ``[PAD]`` with attention mask 0 and no loss. For
+question-answer documents a share ``sft_frac`` of rows masks only the answer and its ``[EOS]``
+tail (the SFT form of the same objective).
+
+The result is a Hugging Face folder (``save_pretrained`` + tokenizer) plus ``fair_calib.json``
+and ``train_log.parquet``; it is written under a temporary name and renamed into place.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fair_calib import io
+from fair_calib.models.tiny.tokenizer import BOS, EOS, MASK, PAD, build_tokenizer
+
+FAMILIES = {
+    # family -> (architecture, logit_shift)
+    "tiny-llada": ("llama", False),
+    "tiny-dream": ("qwen2", True),
+}
+
+DEFAULT_TRAIN: dict[str, Any] = {
+    "hidden": 128, "layers": 4, "heads": 4, "intermediate": 384,
+    "steps": 600, "batch_size": 64, "lr": 3e-3, "seq_len": 64,
+    "warmup": 0.05, "min_lr_ratio": 0.1, "weight_decay": 0.01, "grad_clip": 1.0,
+    "eps": 1e-3, "sft_frac": 0.5, "no_bos_frac": 0.1, "no_eos_frac": 0.15,
+    "threads": 2,
+}
+
+TRAIN_LOG_SCHEMA = None  # built lazily (pyarrow import)
+
+
+def _log_schema():
+    import pyarrow as pa
+    return pa.schema([("step", pa.int64()), ("loss", pa.float64()), ("lr", pa.float64()),
+                      ("seconds", pa.float64())])
+
+
+def build_model(family: str, vocab_size: int, train: dict, special_ids: dict[str, int]):
+    """A freshly initialised bidirectional Llama / Qwen2 model for ``family``."""
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    arch, _ = FAMILIES[family]
+    hidden, heads = int(train["hidden"]), int(train["heads"])
+    if hidden % heads:
+        raise ValueError(f"hidden {hidden} is not divisible by heads {heads}")
+    common = dict(
+        vocab_size=vocab_size, hidden_size=hidden, intermediate_size=int(train["intermediate"]),
+        num_hidden_layers=int(train["layers"]), num_attention_heads=heads,
+        num_key_value_heads=heads, max_position_embeddings=max(256, 2 * int(train["seq_len"])),
+        rms_norm_eps=1e-5, tie_word_embeddings=False, use_cache=False, is_causal=False,
+        pad_token_id=special_ids[PAD], bos_token_id=special_ids[BOS],
+        eos_token_id=special_ids[EOS], initializer_range=0.02,
+    )
+    if arch == "llama":
+        cfg = LlamaConfig(attention_bias=False, mlp_bias=False, **common)
+        model = LlamaForCausalLM(cfg)
+    else:
+        cfg = Qwen2Config(use_sliding_window=False, **common)
+        model = Qwen2ForCausalLM(cfg)
+    return model
+
+
+def aligned_logits(logits: torch.Tensor, shift: bool) -> torch.Tensor:
+    """Same alignment as ``LoadedModel.logits``: result ``[:, i]`` predicts token ``i``."""
+    if shift:
+        return torch.cat([logits[:, :1], logits[:, :-1]], dim=1)
+    return logits
+
+
+class Batcher:
+    """Turns tokenized documents into padded training rows with their maskable positions."""
+
+    def __init__(self, docs: list[list[int]], answer_starts: list[int], seq_len: int,
+                 ids: dict[str, int], train: dict, seed: int):
+        self.docs, self.answer_starts = docs, answer_starts
+        self.seq_len, self.ids, self.train = seq_len, ids, train
+        self.rng = random.Random(f"batches-{seed}")
+        self.order: list[int] = []
+
+    def _next_index(self) -> int:
+        if not self.order:
+            self.order = list(range(len(self.docs)))
+            self.rng.shuffle(self.order)
+        return self.order.pop()
+
+    def batch(self, batch_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        L = self.seq_len
+        pad, eos = self.ids[PAD], self.ids[EOS]
+        input_ids = torch.full((batch_size, L), pad, dtype=torch.long)
+        attn = torch.zeros((batch_size, L), dtype=torch.long)
+        maskable = torch.zeros((batch_size, L), dtype=torch.bool)
+        for r in range(batch_size):
+            j = self._next_index()
+            doc, ans = self.docs[j], self.answer_starts[j]
+            if self.rng.random() < self.train["no_bos_frac"] and len(doc) > 2:
+                doc, ans = doc[1:], max(ans - 1, 1) if ans >= 0 else ans
+            doc = doc[: L - 1]
+            room = L - len(doc)
+            n_eos = 0 if self.rng.random() < self.train["no_eos_frac"] else self.rng.randint(1, room)
+            row = doc + [eos] * n_eos
+            n = len(row)
+            input_ids[r, :n] = torch.tensor(row)
+            attn[r, :n] = 1
+            start = 1
+            if 0 <= ans < len(doc) and self.rng.random() < self.train["sft_frac"]:
+                start = ans
+            maskable[r, start:n] = True
+        return input_ids, attn, maskable
+
+
+def _answer_start(ids: list[int], answer_id: int, colon_id: int | None) -> int:
+    """Index of the first answer token after ``Answer :``; -1 when the doc has none."""
+    for i in range(len(ids) - 1):
+        if ids[i] == answer_id and (colon_id is None or ids[i + 1] == colon_id):
+            return i + 2
+    return -1
+
+
+def lr_at(step: int, total: int, base: float, warmup_frac: float, min_ratio: float) -> float:
+    warm = max(1, int(round(warmup_frac * total)))
+    if step < warm:
+        return base * (step + 1) / warm
+    prog = (step - warm) / max(1, total - warm)
+    return base * (min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * min(prog, 1.0))))
+
+
+def diffusion_loss(model, input_ids, attn, maskable, mask_id: int, shift: bool, eps: float,
+                   generator: torch.Generator) -> torch.Tensor:
+    """Masked-diffusion loss ``mean_rows( sum_masked CE / t / n_maskable )``."""
+    B, L = input_ids.shape
+    u = torch.rand((), generator=generator)
+    t = ((u + torch.arange(B, dtype=torch.float32) / B) % 1.0) * (1 - eps) + eps  # stratified
+    masked = (torch.rand((B, L), generator=generator) < t[:, None]) & maskable
+    noisy = torch.where(masked, torch.full_like(input_ids, mask_id), input_ids)
+    out = model(input_ids=noisy, attention_mask=attn)
+    logits = aligned_logits(out.logits, shift).float()
+    ce = torch.nn.functional.cross_entropy(logits.reshape(B * L, -1), input_ids.reshape(-1),
+                                           reduction="none").view(B, L)
+    per_row = (ce * masked).sum(1) / t / maskable.sum(1).clamp(min=1)
+    return per_row.mean()
+
+
+def train_tiny(settings: dict, data_dir: Path, out_dir: Path, progress: bool = True) -> dict:
+    """Train one tiny model from ``data_dir/train.txt`` and save it as an HF folder at ``out_dir``."""
+    from tqdm import tqdm
+
+    data_dir, out_dir = Path(data_dir), Path(out_dir)
+    seed = int(settings.get("seed", 0))
+    mcfg = settings["model"]
+    family = mcfg.get("family", mcfg.get("name"))
+    if family not in FAMILIES:
+        raise ValueError(f"train-tiny: unknown tiny family {family!r}; known {sorted(FAMILIES)}")
+    _, shift = FAMILIES[family]
+    train = {**DEFAULT_TRAIN, **(mcfg.get("train") or {})}
+    device = settings.get("device", "cpu")
+    dtype = getattr(torch, settings.get("dtype", "float32"))
+    if train.get("threads"):
+        torch.set_num_threads(int(train["threads"]))
+
+    random.seed(seed)
+    torch.manual_seed(seed)
+    gen = torch.Generator().manual_seed(seed)
+
+    tokenizer = build_tokenizer(data_dir / "train.txt")
+    ids = {tok: tokenizer.convert_tokens_to_ids(tok) for tok in (PAD, MASK, EOS, BOS)}
+    lines = [ln for ln in (data_dir / "train.txt").read_text().splitlines() if ln.strip()]
+    docs = tokenizer(lines, add_special_tokens=True)["input_ids"]
+    answer_id = tokenizer.convert_tokens_to_ids("Answer")
+    colon_id = tokenizer.convert_tokens_to_ids(":")
+    answer_starts = [_answer_start(d, answer_id, colon_id) for d in docs]
+    seq_len = int(train["seq_len"])
+    batcher = Batcher(docs, answer_starts, seq_len, ids, train, seed)
+
+    model = build_model(family, len(tokenizer), train, ids).to(device=device, dtype=dtype)
+    model.train()
+    decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
+    no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": float(train["weight_decay"])},
+                             {"params": no_decay, "weight_decay": 0.0}],
+                            lr=float(train["lr"]), betas=(0.9, 0.98), eps=1e-8)
+
+    steps, bs = int(train["steps"]), int(train["batch_size"])
+    log: list[dict] = []
+    t0 = time.perf_counter()
+    bar = tqdm(range(steps), desc=f"train {mcfg.get('name', family)}", disable=not progress,
+               mininterval=5.0)
+    for step in bar:
+        lr = lr_at(step, steps, float(train["lr"]), float(train["warmup"]),
+                   float(train["min_lr_ratio"]))
+        for g in opt.param_groups:
+            g["lr"] = lr
+        x, attn, maskable = batcher.batch(bs)
+        loss = diffusion_loss(model, x.to(device), attn.to(device), maskable.to(device),
+                              ids[MASK], shift, float(train["eps"]), gen)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        if train["grad_clip"]:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), float(train["grad_clip"]))
+        opt.step()
+        val = float(loss.detach())
+        if not math.isfinite(val):
+            raise FloatingPointError(f"train-tiny: loss became {val} at step {step}")
+        log.append({"step": step, "loss": val, "lr": lr, "seconds": time.perf_counter() - t0})
+        if step % 20 == 0:
+            bar.set_postfix(loss=f"{val:.3f}")
+    seconds = time.perf_counter() - t0
+    model.eval()
+
+    n_params = sum(p.numel() for p in model.parameters())
+    tail = [r["loss"] for r in log[-max(1, steps // 10):]]
+    summary = {
+        "family": family, "name": mcfg.get("name", family), "logit_shift": shift,
+        "architecture": type(model).__name__, "n_params": n_params, "vocab_size": len(tokenizer),
+        "steps": steps, "train_seconds": seconds, "final_loss": sum(tail) / len(tail),
+        "train": train, "mask_token": MASK, "mask_id": ids[MASK],
+    }
+    prov = io.provenance({"model": mcfg, "train": train}, seed=seed)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
+    try:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        io.write_json(tmp / "fair_calib.json", {**summary, "provenance": prov})
+        import pandas as pd
+        io.write_parquet(pd.DataFrame(log), tmp / "train_log.parquet", _log_schema(), prov)
+        if out_dir.exists():
+            shutil.rmtree(out_dir)
+        os.replace(tmp, out_dir)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+    return summary
+
+
+def run_cli(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="fair-calib train-tiny",
+                                 description="train an embedded tiny diffusion LM")
+    ap.add_argument("--settings", required=True,
+                    help='JSON: {seed, device, dtype, model: {name, family, train: {...}}}')
+    ap.add_argument("--data", required=True, help="folder written by make-data")
+    ap.add_argument("--out", required=True, help="model folder to write")
+    ap.add_argument("--no-progress", action="store_true")
+    args = ap.parse_args(argv)
+    summary = train_tiny(json.loads(args.settings), Path(args.data), Path(args.out),
+                         progress=not args.no_progress)
+    print(json.dumps({k: summary[k] for k in ("name", "family", "n_params", "steps",
+                                              "train_seconds", "final_loss")}))

@@ -1,0 +1,495 @@
+"""LaTeX tables, generated from result files alone (eval Parquet, calibration stats, meta.json).
+
+Every table follows the paper's layout (booktabs). A result that should be in a table but is
+not found shows as ``--`` and is listed in a footnote under the table; nothing is dropped
+silently. Accuracies are stored as fractions and printed as percentages with two decimals.
+Bold marks the best *quantized* value of each column (within each model group for the family
+tables); ties are all bold; the FP (and chance) rows never take part.
+
+``fair-calib report --settings JSON --inputs FILES... --table NAME --out FILE.tex``
+
+Settings (JSON; every list keeps its order in the table)::
+
+    {"models":  {"tiny-llada": {"label": "Tiny-LLaDA", "family": "LLaDA"}, ...}
+                 (or a list of {"name", "label", "family"}),
+     "methods": {"fp": {"label": "FP"}, "fair-calib": {"label": "\\textbf{FAIR-Calib}"}, ...},
+     "tasks":   {"synth_mc": {"label": "SynthMC", "metric": "acc"}, ...},
+     "bits": "w4a4",                 # the quantized setting of the main table
+     "fp_method": "fp",              # default "fp"
+     "chance": true,                 # main table: add a Chance row where eval rows carry chance
+     "table": {...}}                 # options of the table asked for (below)
+
+``table`` options: ``model`` (ablation / w3a4 / qdrop tables: the one model), ``rows`` (list of
+[method, label] for ablation tables), ``methods`` (list of methods for w3a4 / qdrop),
+``bits``, ``baseline`` and ``method`` (memory tables), ``caption``, ``label``, ``fp_label``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+
+SHADE = r"\cellcolor{gray!20}"
+MISSING = "--"
+TABLES = ("main", "components", "nprobe", "schedule", "w3a4", "qdrop", "calib_memory",
+          "deploy_memory")
+METRIC_PREFERENCE = ("acc", "exact_match", "pass@1", "mc2", "acc_norm")
+
+
+# ----------------------------------------------------------------------------- helpers
+def latex_escape(text: str) -> str:
+    """Escape LaTeX specials in plain names (labels from settings are used verbatim)."""
+    out = str(text)
+    for a, b in (("\\", r"\textbackslash{}"), ("&", r"\&"), ("%", r"\%"), ("$", r"\$"),
+                 ("#", r"\#"), ("_", r"\_"), ("{", r"\{"), ("}", r"\}"), ("~", r"\textasciitilde{}"),
+                 ("^", r"\textasciicircum{}")):
+        out = out.replace(a, b) if a != "\\" else out.replace(a, "\x00")
+    return out.replace("\x00", r"\textbackslash{}")
+
+
+def _label(labels: Mapping[str, Any], kind: str, name: str) -> str:
+    entry = (labels.get(kind) or {}).get(name)
+    if isinstance(entry, Mapping):
+        entry = entry.get("label")
+    return str(entry) if entry else latex_escape(name)
+
+
+def _is_nan(x: Any) -> bool:
+    return x is None or (isinstance(x, float) and math.isnan(x))
+
+
+def pick_metric(eval_df: pd.DataFrame, task: str, labels: Mapping[str, Any]) -> str | None:
+    """The metric reported for ``task``: settings ``tasks.<task>.metric``, else the only metric
+    of the task, else the first of ``METRIC_PREFERENCE`` present; ambiguity raises."""
+    entry = (labels.get("tasks") or {}).get(task)
+    if isinstance(entry, Mapping) and entry.get("metric"):
+        return str(entry["metric"])
+    metrics = sorted(eval_df.loc[eval_df["task"] == task, "metric"].unique())
+    if not metrics:
+        return None
+    if len(metrics) == 1:
+        return metrics[0]
+    for m in METRIC_PREFERENCE:
+        if m in metrics:
+            return m
+    raise ValueError(f"task {task!r} has metrics {metrics}; name one in settings tasks.{task}.metric")
+
+
+class _Cells:
+    """Look-up of percentage values with a record of what was missing."""
+
+    def __init__(self, eval_df: pd.DataFrame, tasks: Sequence[str], labels: Mapping[str, Any]):
+        self.df = eval_df
+        self.metric = {t: pick_metric(eval_df, t, labels) for t in tasks}
+        self.labels = labels
+        self.missing: list[str] = []
+
+    def get(self, model: str, method: str, bits: str | None, task: str,
+            fp_method: str = "fp") -> float | None:
+        d = self.df
+        sel = (d["model"] == model) & (d["method"] == method) & (d["task"] == task)
+        if self.metric[task] is not None:
+            sel &= d["metric"] == self.metric[task]
+        if method != fp_method and bits is not None:
+            sel &= d["bits"] == bits
+        rows = d.loc[sel, "value"].dropna()
+        if rows.empty:
+            return None
+        if len(rows) > 1:
+            raise ValueError(f"{len(rows)} eval rows for {model}/{method}/{bits}/{task}: "
+                             "one expected per cell")
+        return float(rows.iloc[0]) * 100.0
+
+    def chance(self, task: str) -> float | None:
+        if "chance" not in self.df.columns:
+            return None
+        d = self.df.loc[self.df["task"] == task, "chance"].dropna()
+        return None if d.empty else float(d.iloc[0]) * 100.0
+
+    def note(self, *parts: str) -> None:
+        self.missing.append(" / ".join(parts))
+
+
+def _fmt(v: float | None, bold: bool = False, shade: bool = False, digits: int = 2) -> str:
+    s = MISSING if v is None else f"{v:.{digits}f}"
+    if bold and v is not None:
+        s = rf"\textbf{{{s}}}"
+    return (SHADE + s) if shade else s
+
+
+def _avg(values: Sequence[float | None]) -> float | None:
+    if not values or any(v is None for v in values):
+        return None
+    return float(np.mean(values))
+
+
+def _best(rows: Sequence[Sequence[float | None]], digits: int = 2) -> list[set[int]]:
+    """For each column, the indices of rows holding the maximum printed value (ties kept)."""
+    out = []
+    ncol = len(rows[0]) if rows else 0
+    for j in range(ncol):
+        vals = [(i, round(r[j], digits)) for i, r in enumerate(rows) if r[j] is not None]
+        if not vals:
+            out.append(set())
+            continue
+        top = max(v for _, v in vals)
+        out.append({i for i, v in vals if v == top})
+    return out
+
+
+def _footnote(missing: Sequence[str]) -> str:
+    if not missing:
+        return ""
+    items = "; ".join(latex_escape(m) for m in missing)
+    return ("\\par\\smallskip{\\footnotesize Missing results (shown as --): " + items + ".}\n")
+
+
+def _wrap(body: str, caption: str | None, label: str | None, env: str | None,
+          pre: str = "") -> str:
+    if env is None:
+        return body
+    head = f"\\begin{{{env}}}[t]\n\\centering\n"
+    if caption:
+        head += f"\\caption{{{caption}}}\n"
+    if label:
+        head += f"\\label{{{label}}}\n"
+    return head + pre + body + f"\\end{{{env}}}\n"
+
+
+# ----------------------------------------------------------------------------- main tables
+def main_table(eval_df: pd.DataFrame, models: Sequence[str], methods: Sequence[str],
+               tasks: Sequence[str], labels: Mapping[str, Any], *, bits: str | None = None,
+               fp_method: str = "fp", chance: bool = True, caption: str | None = None,
+               label: str | None = None, env: str | None = "table*") -> str:
+    """One family table (paper Tables 1-2): a ``\\multirow`` group per model, the FP row shaded
+    on every cell, then (when ``chance`` and eval rows carry it) an unshaded Chance row, then
+    the quantized methods at ``bits``; per-task columns and Avg. (mean over tasks, ``--`` when
+    any task is missing). Best quantized value per column and model in bold (ties all bold).
+
+    ``labels`` has ``models`` / ``methods`` / ``tasks`` name -> label (or {"label": ...}), and
+    optionally ``tasks.<t>.metric``. Quantized rows need ``bits`` when eval_df holds several.
+    """
+    cells = _Cells(eval_df, tasks, labels)
+    quant = [m for m in methods if m != fp_method]
+    show_chance = chance and any(cells.chance(t) is not None for t in tasks)
+    ncol = len(tasks) + 1
+    lines = [
+        "{\\renewcommand{\\arraystretch}{0.92}",
+        "\\setlength{\\tabcolsep}{3.7pt}",
+        "\\small",
+        "\\begin{tabular}{ll" + "c" * ncol + "}",
+        "\\toprule",
+        " & ".join(["\\textbf{Model}", "\\textbf{Method}"]
+                   + [f"\\textbf{{{_label(labels, 'tasks', t)}}}" for t in tasks]
+                   + ["\\textbf{Avg.}"]) + " \\\\",
+    ]
+    for g, model in enumerate(models):
+        lines.append("\\midrule")
+        mlabel = _label(labels, "models", model)
+        nrows = (1 if fp_method in methods else 0) + (1 if show_chance else 0) + len(quant)
+        lines.append(f"\\multirow{{{nrows}}}{{*}}{{\\textbf{{{mlabel}}}}}")
+        if fp_method in methods:
+            vals = []
+            for t in tasks:
+                v = cells.get(model, fp_method, bits, t, fp_method)
+                if v is None:
+                    cells.note(mlabel, _label(labels, "methods", fp_method), _label(labels, "tasks", t))
+                vals.append(v)
+            vals.append(_avg(vals))
+            row = [SHADE + _label(labels, "methods", fp_method)] + [_fmt(v, shade=True) for v in vals]
+            lines.append("& " + " & ".join(row) + " \\\\")
+        if show_chance:
+            cv = [cells.chance(t) for t in tasks]
+            cv.append(_avg(cv))
+            lines.append("& " + " & ".join(["Chance"] + [_fmt(v) for v in cv]) + " \\\\")
+        qvals = []
+        for m in quant:
+            vals = []
+            for t in tasks:
+                v = cells.get(model, m, bits, t, fp_method)
+                if v is None:
+                    cells.note(mlabel, _label(labels, "methods", m), _label(labels, "tasks", t))
+                vals.append(v)
+            vals.append(_avg(vals))
+            qvals.append(vals)
+        best = _best(qvals)
+        for i, m in enumerate(quant):
+            row = [_label(labels, "methods", m)]
+            row += [_fmt(v, bold=i in best[j]) for j, v in enumerate(qvals[i])]
+            lines.append("& " + " & ".join(row) + " \\\\")
+    lines += ["\\bottomrule", "\\end{tabular}}"]
+    body = "\n".join(lines) + "\n" + _footnote(cells.missing)
+    return _wrap(body, caption, label, env)
+
+
+# ----------------------------------------------------------------------------- ablations
+def average_table(eval_df: pd.DataFrame, model: str, rows: Sequence[tuple[str, str]],
+                  tasks: Sequence[str], labels: Mapping[str, Any], *, bits: str | None = None,
+                  header: str = "Method", fp_method: str = "fp", caption: str | None = None,
+                  label: str | None = None, env: str | None = "table") -> str:
+    """Ablation table (components, N_probe, lambda0 schedule): one row per (method, row label)
+    with the average accuracy over ``tasks`` on ``model``; best average in bold. A method with
+    any task missing shows ``--`` and its missing tasks go to the footnote."""
+    cells = _Cells(eval_df, tasks, labels)
+    mlabel = _label(labels, "models", model)
+    avgs = []
+    for method, _ in rows:
+        vals = []
+        for t in tasks:
+            v = cells.get(model, method, bits, t, fp_method)
+            if v is None:
+                cells.note(mlabel, method, _label(labels, "tasks", t))
+            vals.append(v)
+        avgs.append([_avg(vals)])
+    best = _best(avgs)[0] if avgs else set()
+    lines = ["\\small", "\\begin{tabular}{lc}", "\\toprule",
+             f"\\textbf{{{header}}} & \\textbf{{Avg.}} \\\\", "\\midrule"]
+    for i, (_, rlabel) in enumerate(rows):
+        lines.append(f"{rlabel} & {_fmt(avgs[i][0], bold=i in best)} \\\\")
+    lines += ["\\bottomrule", "\\end{tabular}"]
+    body = "\n".join(lines) + "\n" + _footnote(cells.missing)
+    return _wrap(body, caption, label, env)
+
+
+def flat_table(eval_df: pd.DataFrame, model: str, methods: Sequence[str], tasks: Sequence[str],
+               labels: Mapping[str, Any], *, bits: str | None = None, fp_method: str = "fp",
+               fp_label: str = "Real-valued", caption: str | None = None,
+               label: str | None = None, env: str | None = "table") -> str:
+    """Single-model comparison (W3A4 and QDrop-style W8A8 tables): FP row ("Real-valued") then
+    ``methods`` at ``bits``; task columns and AVG; best quantized value per column in bold."""
+    cells = _Cells(eval_df, tasks, labels)
+    mlabel = _label(labels, "models", model)
+    lines = ["\\setlength{\\tabcolsep}{3.5pt}", "\\small", "\\resizebox{\\linewidth}{!}{",
+             "\\begin{tabular}{l" + "c" * (len(tasks) + 1) + "}", "\\toprule",
+             " & ".join(["\\textbf{Method}"]
+                        + [f"\\textbf{{{_label(labels, 'tasks', t)}}}" for t in tasks]
+                        + ["\\textbf{AVG}"]) + " \\\\", "\\midrule"]
+
+    def row_vals(method):
+        vals = []
+        for t in tasks:
+            v = cells.get(model, method, bits, t, fp_method)
+            if v is None:
+                cells.note(mlabel, _label(labels, "methods", method), _label(labels, "tasks", t))
+            vals.append(v)
+        return vals + [_avg(vals)]
+
+    fp_vals = row_vals(fp_method)
+    lines.append(" & ".join([fp_label] + [_fmt(v) for v in fp_vals]) + " \\\\")
+    quant = [m for m in methods if m != fp_method]
+    qvals = [row_vals(m) for m in quant]
+    best = _best(qvals)
+    for i, m in enumerate(quant):
+        lines.append(" & ".join([_label(labels, "methods", m)]
+                                + [_fmt(v, bold=i in best[j]) for j, v in enumerate(qvals[i])])
+                     + " \\\\")
+    lines += ["\\bottomrule", "\\end{tabular}", "}"]
+    body = "\n".join(lines) + "\n" + _footnote(cells.missing)
+    return _wrap(body, caption, label, env)
+
+
+# ----------------------------------------------------------------------------- memory
+def calib_memory_table(stats_df: pd.DataFrame, models: Sequence[str], baseline: str, method: str,
+                       labels: Mapping[str, Any], *, bits: str | None = None,
+                       caption: str | None = None, label: str | None = None,
+                       env: str | None = "table") -> str:
+    """Peak calibration memory (MB; max of ``peak_mem_mb`` over a run's stats rows) of the
+    baseline and FAIR-Calib per model, and Reduction = baseline / FAIR-Calib.
+
+    ``stats_df`` columns: model, method, bits, peak_mem_mb."""
+    missing: list[str] = []
+
+    def peak(model, m):
+        sel = (stats_df["model"] == model) & (stats_df["method"] == m)
+        if bits is not None:
+            sel &= stats_df["bits"] == bits
+        v = stats_df.loc[sel, "peak_mem_mb"].dropna()
+        if v.empty:
+            missing.append(f"{_label(labels, 'models', model)} / {m}")
+            return None
+        return float(v.max())
+
+    lines = ["\\setlength{\\tabcolsep}{6pt}", "\\small", "\\begin{tabular}{lccc}", "\\toprule",
+             f"\\textbf{{Model}} & \\textbf{{{_label(labels, 'methods', baseline)}}} & "
+             f"\\textbf{{{_label(labels, 'methods', method)}}} & \\textbf{{Reduction}} \\\\",
+             "\\midrule"]
+    for model in models:
+        b, f = peak(model, baseline), peak(model, method)
+        red = f"{b / f:.2f}$\\times$" if b is not None and f else MISSING
+        lines.append(f"{_label(labels, 'models', model)} & {_fmt(b, digits=0)} & "
+                     f"{_fmt(f, digits=0)} & {red} \\\\")
+    lines += ["\\bottomrule", "\\end{tabular}"]
+    return _wrap("\n".join(lines) + "\n" + _footnote(missing), caption, label, env)
+
+
+def deploy_memory_table(mem_df: pd.DataFrame, models: Sequence[str], method: str,
+                        labels: Mapping[str, Any], *, bits: str | None = None,
+                        caption: str | None = None, label: str | None = None,
+                        env: str | None = "table") -> str:
+    """Deployment memory of FP vs. the quantized export of ``method`` and the saving FP/method.
+
+    ``mem_df`` columns: model, method, bits, export_bytes, fp_bytes (from each calibration run's
+    meta.json). Sizes print in GB (1e9 bytes) when the largest FP size is at least 1 GB, else
+    in MB (1e6 bytes)."""
+    missing: list[str] = []
+    rows = []
+    for model in models:
+        sel = (mem_df["model"] == model) & (mem_df["method"] == method)
+        if bits is not None:
+            sel &= mem_df["bits"] == bits
+        r = mem_df.loc[sel]
+        if r.empty or _is_nan(r["export_bytes"].iloc[0]) or _is_nan(r["fp_bytes"].iloc[0]):
+            missing.append(f"{_label(labels, 'models', model)} / {method}")
+            rows.append((model, None, None))
+        else:
+            rows.append((model, float(r["fp_bytes"].iloc[0]), float(r["export_bytes"].iloc[0])))
+    top = max([fp for _, fp, _ in rows if fp is not None], default=0.0)
+    unit, scale = ("GB", 1e9) if top >= 1e9 else ("MB", 1e6)
+    lines = ["\\setlength{\\tabcolsep}{8pt}", "\\small", "\\begin{tabular}{lccc}", "\\toprule",
+             f"\\textbf{{Model}} & \\textbf{{FP ({unit})}} & "
+             f"\\textbf{{{_label(labels, 'methods', method)} ({unit})}} & \\textbf{{Memory saving}} \\\\",
+             "\\midrule"]
+    for model, fp, ex in rows:
+        sv = f"{fp / ex:.2f}$\\times$" if fp is not None and ex else MISSING
+        lines.append(f"{_label(labels, 'models', model)} & "
+                     f"{_fmt(None if fp is None else fp / scale)} & "
+                     f"{_fmt(None if ex is None else ex / scale)} & {sv} \\\\")
+    lines += ["\\bottomrule", "\\end{tabular}"]
+    return _wrap("\n".join(lines) + "\n" + _footnote(missing), caption, label, env)
+
+
+# ----------------------------------------------------------------------------- inputs
+def _names(section: Any) -> list[str]:
+    if section is None:
+        return []
+    if isinstance(section, Mapping):
+        return list(section)
+    return [s["name"] if isinstance(s, Mapping) else str(s) for s in section]
+
+
+def _as_map(section: Any) -> dict[str, Any]:
+    if section is None:
+        return {}
+    if isinstance(section, Mapping):
+        return dict(section)
+    return {s["name"]: s for s in section if isinstance(s, Mapping)}
+
+
+def labels_from_settings(settings: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: _as_map(settings.get(k)) for k in ("models", "methods", "tasks")}
+
+
+def _key3(path: Path) -> tuple[str, str, str]:
+    """(model, method, bits) of results/calib/{model}/{method}/{bits}/<file>."""
+    return path.parent.parent.parent.name, path.parent.parent.name, path.parent.name
+
+
+def load_inputs(paths: Sequence[str | Path]) -> dict[str, pd.DataFrame]:
+    """Sort input files into eval rows, calibration stats and export sizes.
+
+    * ``*.parquet`` with a ``task`` column: eval rows;
+    * ``*.parquet`` with ``peak_mem_mb``: calibration stats at results/calib/M/X/B/stats.parquet;
+    * ``*.json`` with ``export_bytes``: a calibration meta.json at results/calib/M/X/B/meta.json
+      (keys ``export_bytes`` and ``fp_bytes``), or a list/table of such records carrying
+      model/method/bits; ``*.parquet`` with ``export_bytes``: such a table.
+    """
+    from fair_calib.io import read_json, read_parquet
+
+    evals, stats, mems = [], [], []
+    for p in map(Path, paths):
+        if p.suffix == ".json":
+            obj = read_json(p)
+            recs = obj if isinstance(obj, list) else [obj]
+            for r in recs:
+                if "export_bytes" not in r:
+                    continue
+                m, x, b = (r.get("model"), r.get("method"), r.get("bits"))
+                if m is None:
+                    m, x, b = _key3(p)
+                mems.append({"model": m, "method": x, "bits": b,
+                             "export_bytes": r.get("export_bytes"), "fp_bytes": r.get("fp_bytes")})
+            continue
+        df, _ = read_parquet(p)
+        if "task" in df.columns:
+            evals.append(df)
+        elif "peak_mem_mb" in df.columns:
+            m, x, b = _key3(p)
+            stats.append(df.assign(model=m, method=x, bits=b))
+        elif "export_bytes" in df.columns:
+            mems.append(df)
+        else:
+            raise ValueError(f"{p}: not an eval, calibration-stats or export-size file")
+
+    def cat(frames, cols):
+        flat = [f if isinstance(f, pd.DataFrame) else pd.DataFrame([f]) for f in frames]
+        return pd.concat(flat, ignore_index=True) if flat else pd.DataFrame(columns=cols)
+
+    return {"eval": cat(evals, ["model", "method", "bits", "task", "metric", "value", "chance"]),
+            "stats": cat(stats, ["model", "method", "bits", "peak_mem_mb"]),
+            "memory": cat(mems, ["model", "method", "bits", "export_bytes", "fp_bytes"])}
+
+
+def build_table(name: str, settings: Mapping[str, Any], data: Mapping[str, pd.DataFrame]) -> str:
+    """The LaTeX of table ``name`` (one of ``TABLES``) from loaded inputs and settings."""
+    if name not in TABLES:
+        raise ValueError(f"unknown table {name!r}; one of {TABLES}")
+    labels = labels_from_settings(settings)
+    opts = dict(settings.get("table") or {})
+    fp = settings.get("fp_method", "fp")
+    models, methods, tasks = (_names(settings.get(k)) for k in ("models", "methods", "tasks"))
+    bits = opts.get("bits", settings.get("bits"))
+    cap, lab = opts.get("caption"), opts.get("label")
+    ev = data["eval"]
+    if name == "main":
+        families: dict[str, list[str]] = {}
+        for m in models:
+            fam = (labels["models"].get(m) or {}).get("family", "")
+            families.setdefault(fam, []).append(m)
+        parts = []
+        for fam, ms in families.items():
+            fcap = cap or (f"\\textbf{{{(bits or '').upper()} results on the {fam} family.}} "
+                           "Accuracy (\\%). Higher is better.")
+            flab = lab or f"tab:main_{latex_escape(fam).lower()}"
+            if lab and len(families) > 1:
+                flab = f"{lab}_{fam.lower()}"
+            parts.append(main_table(ev, ms, methods, tasks, labels, bits=bits, fp_method=fp,
+                                    chance=bool(settings.get("chance", True)), caption=fcap,
+                                    label=flab))
+        return "\n".join(parts)
+    if name in ("components", "nprobe", "schedule"):
+        header = {"components": "Method", "nprobe": "$N_{probe}$",
+                  "schedule": "$\\lambda_0$ schedule"}[name]
+        rows = [tuple(r) for r in opts.get("rows", [])]
+        if not rows:
+            raise ValueError(f"table {name}: settings table.rows (list of [method, label]) needed")
+        return average_table(ev, opts["model"], rows, tasks, labels, bits=bits, header=header,
+                             fp_method=fp, caption=cap, label=lab)
+    if name in ("w3a4", "qdrop"):
+        return flat_table(ev, opts["model"], opts.get("methods", methods), tasks, labels,
+                          bits=bits, fp_method=fp, fp_label=opts.get("fp_label", "Real-valued"),
+                          caption=cap, label=lab)
+    if name == "calib_memory":
+        return calib_memory_table(data["stats"], opts.get("models", models), opts["baseline"],
+                                  opts["method"], labels, bits=bits, caption=cap, label=lab)
+    return deploy_memory_table(data["memory"], opts.get("models", models), opts["method"], labels,
+                               bits=bits, caption=cap, label=lab)
+
+
+def run_cli(argv: Sequence[str]) -> None:
+    from fair_calib.io import write_text
+
+    ap = argparse.ArgumentParser(prog="fair-calib report")
+    ap.add_argument("--settings", required=True, help="JSON (module docstring)")
+    ap.add_argument("--inputs", nargs="+", required=True,
+                    help="eval parquets, calib stats.parquet, calib meta.json")
+    ap.add_argument("--table", choices=TABLES, default="main")
+    ap.add_argument("--out", required=True)
+    a = ap.parse_args(list(argv))
+    settings = json.loads(a.settings)
+    tex = build_table(a.table, settings, load_inputs(a.inputs))
+    write_text(a.out, f"% generated by fair-calib report --table {a.table}; do not edit\n" + tex)
