@@ -73,7 +73,8 @@ def window_logits(model: Any, ids: torch.Tensor, attn: torch.Tensor, lp: int,
                   cfg_scale: float = 0.0) -> torch.Tensor:
     """Logits ``[B, K, V]`` of the generation window (float32), with classifier-free guidance
     when ``cfg_scale > 0`` (second forward with the prompt masked:
-    ``un + (cfg + 1) * (cond - un)``)."""
+    ``un + (cfg + 1) * (cond - un)``). The mask token's logit is set to ``-inf``: it is never a
+    prediction (a trained model gives it ~0 probability; an untrained one must not commit it)."""
     if cfg_scale > 0:
         un = ids.clone()
         prompt_part = torch.zeros_like(ids, dtype=torch.bool)
@@ -81,8 +82,11 @@ def window_logits(model: Any, ids: torch.Tensor, attn: torch.Tensor, lp: int,
         un[prompt_part] = model.mask_id
         both = model.logits(torch.cat([ids, un]), torch.cat([attn, attn]))[:, lp:].float()
         cond, unc = both.chunk(2, dim=0)
-        return unc + (cfg_scale + 1.0) * (cond - unc)
-    return model.logits(ids, attn)[:, lp:].float()
+        out = unc + (cfg_scale + 1.0) * (cond - unc)
+    else:
+        out = model.logits(ids, attn)[:, lp:].float()
+    out[..., int(model.mask_id)] = float("-inf")
+    return out
 
 
 def _select_top(conf: torch.Tensor, counts: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:

@@ -44,11 +44,11 @@ METRIC_PREFERENCE = ("acc", "exact_match", "pass@1", "mc2", "acc_norm")
 # ----------------------------------------------------------------------------- helpers
 def latex_escape(text: str) -> str:
     """Escape LaTeX specials in plain names (labels from settings are used verbatim)."""
-    out = str(text)
-    for a, b in (("\\", r"\textbackslash{}"), ("&", r"\&"), ("%", r"\%"), ("$", r"\$"),
-                 ("#", r"\#"), ("_", r"\_"), ("{", r"\{"), ("}", r"\}"), ("~", r"\textasciitilde{}"),
+    out = str(text).replace("\\", "\x00")
+    for a, b in (("&", r"\&"), ("%", r"\%"), ("$", r"\$"), ("#", r"\#"), ("_", r"\_"),
+                 ("{", r"\{"), ("}", r"\}"), ("~", r"\textasciitilde{}"),
                  ("^", r"\textasciicircum{}")):
-        out = out.replace(a, b) if a != "\\" else out.replace(a, "\x00")
+        out = out.replace(a, b)
     return out.replace("\x00", r"\textbackslash{}")
 
 
@@ -99,6 +99,8 @@ class _Cells:
             sel &= d["bits"] == bits
         rows = d.loc[sel, "value"].dropna()
         if rows.empty:
+            extra = [bits] if (method != fp_method and bits is not None) else []
+            self.note(model, method, *extra, task)
             return None
         if len(rows) > 1:
             raise ValueError(f"{len(rows)} eval rows for {model}/{method}/{bits}/{task}: "
@@ -194,12 +196,7 @@ def main_table(eval_df: pd.DataFrame, models: Sequence[str], methods: Sequence[s
         nrows = (1 if fp_method in methods else 0) + (1 if show_chance else 0) + len(quant)
         lines.append(f"\\multirow{{{nrows}}}{{*}}{{\\textbf{{{mlabel}}}}}")
         if fp_method in methods:
-            vals = []
-            for t in tasks:
-                v = cells.get(model, fp_method, bits, t, fp_method)
-                if v is None:
-                    cells.note(mlabel, _label(labels, "methods", fp_method), _label(labels, "tasks", t))
-                vals.append(v)
+            vals = [cells.get(model, fp_method, bits, t, fp_method) for t in tasks]
             vals.append(_avg(vals))
             row = [SHADE + _label(labels, "methods", fp_method)] + [_fmt(v, shade=True) for v in vals]
             lines.append("& " + " & ".join(row) + " \\\\")
@@ -209,12 +206,7 @@ def main_table(eval_df: pd.DataFrame, models: Sequence[str], methods: Sequence[s
             lines.append("& " + " & ".join(["Chance"] + [_fmt(v) for v in cv]) + " \\\\")
         qvals = []
         for m in quant:
-            vals = []
-            for t in tasks:
-                v = cells.get(model, m, bits, t, fp_method)
-                if v is None:
-                    cells.note(mlabel, _label(labels, "methods", m), _label(labels, "tasks", t))
-                vals.append(v)
+            vals = [cells.get(model, m, bits, t, fp_method) for t in tasks]
             vals.append(_avg(vals))
             qvals.append(vals)
         best = _best(qvals)
@@ -236,15 +228,9 @@ def average_table(eval_df: pd.DataFrame, model: str, rows: Sequence[tuple[str, s
     with the average accuracy over ``tasks`` on ``model``; best average in bold. A method with
     any task missing shows ``--`` and its missing tasks go to the footnote."""
     cells = _Cells(eval_df, tasks, labels)
-    mlabel = _label(labels, "models", model)
     avgs = []
     for method, _ in rows:
-        vals = []
-        for t in tasks:
-            v = cells.get(model, method, bits, t, fp_method)
-            if v is None:
-                cells.note(mlabel, method, _label(labels, "tasks", t))
-            vals.append(v)
+        vals = [cells.get(model, method, bits, t, fp_method) for t in tasks]
         avgs.append([_avg(vals)])
     best = _best(avgs)[0] if avgs else set()
     lines = ["\\small", "\\begin{tabular}{lc}", "\\toprule",
@@ -263,7 +249,6 @@ def flat_table(eval_df: pd.DataFrame, model: str, methods: Sequence[str], tasks:
     """Single-model comparison (W3A4 and QDrop-style W8A8 tables): FP row ("Real-valued") then
     ``methods`` at ``bits``; task columns and AVG; best quantized value per column in bold."""
     cells = _Cells(eval_df, tasks, labels)
-    mlabel = _label(labels, "models", model)
     lines = ["\\setlength{\\tabcolsep}{3.5pt}", "\\small", "\\resizebox{\\linewidth}{!}{",
              "\\begin{tabular}{l" + "c" * (len(tasks) + 1) + "}", "\\toprule",
              " & ".join(["\\textbf{Method}"]
@@ -271,12 +256,7 @@ def flat_table(eval_df: pd.DataFrame, model: str, methods: Sequence[str], tasks:
                         + ["\\textbf{AVG}"]) + " \\\\", "\\midrule"]
 
     def row_vals(method):
-        vals = []
-        for t in tasks:
-            v = cells.get(model, method, bits, t, fp_method)
-            if v is None:
-                cells.note(mlabel, _label(labels, "methods", method), _label(labels, "tasks", t))
-            vals.append(v)
+        vals = [cells.get(model, method, bits, t, fp_method) for t in tasks]
         return vals + [_avg(vals)]
 
     fp_vals = row_vals(fp_method)
@@ -310,7 +290,7 @@ def calib_memory_table(stats_df: pd.DataFrame, models: Sequence[str], baseline: 
             sel &= stats_df["bits"] == bits
         v = stats_df.loc[sel, "peak_mem_mb"].dropna()
         if v.empty:
-            missing.append(f"{_label(labels, 'models', model)} / {m}")
+            missing.append(f"{model} / {m}" + (f" / {bits}" if bits else ""))
             return None
         return float(v.max())
 
@@ -344,7 +324,7 @@ def deploy_memory_table(mem_df: pd.DataFrame, models: Sequence[str], method: str
             sel &= mem_df["bits"] == bits
         r = mem_df.loc[sel]
         if r.empty or _is_nan(r["export_bytes"].iloc[0]) or _is_nan(r["fp_bytes"].iloc[0]):
-            missing.append(f"{_label(labels, 'models', model)} / {method}")
+            missing.append(f"{model} / {method}" + (f" / {bits}" if bits else ""))
             rows.append((model, None, None))
         else:
             rows.append((model, float(r["fp_bytes"].iloc[0]), float(r["export_bytes"].iloc[0])))

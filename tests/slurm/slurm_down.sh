@@ -31,6 +31,10 @@ stop_pidfile slurmctld "$STATE/run/slurmctld.pid"
 if [ "${FAIR_CALIB_SLURM_KEEP_MUNGE:-0}" != 1 ]; then
     stop_pidfile munged /run/munge/munged.pid
 fi
+# the /etc/slurm/slurm.conf link slurm_up.sh made (only if it points into our state folder)
+if [ -L /etc/slurm/slurm.conf ] && [ "$(readlink /etc/slurm/slurm.conf)" = "$STATE/slurm.conf" ]; then
+    rm -f /etc/slurm/slurm.conf
+fi
 if [ "${FAIR_CALIB_SLURM_PURGE:-0}" = 1 ]; then
     rm -rf "$STATE"
     log "removed $STATE"

@@ -119,6 +119,16 @@ KillWait=5
 NodeName=$HOST CPUs=$NCPU RealMemory=$REAL_MB State=UNKNOWN
 PartitionName=$PARTITION Nodes=$HOST Default=YES MaxTime=INFINITE State=UP
 EOF
+# The executor's job step (snakemake-executor-plugin-slurm-jobstep) strips every SLURM_* variable
+# before its nested `srun`, so SLURM_CONF does not reach it: srun inside a job reads the default
+# /etc/slurm/slurm.conf. Point that at our file unless a real configuration lives there.
+SYS_CONF=/etc/slurm/slurm.conf
+if [ -e "$SYS_CONF" ] && [ ! -L "$SYS_CONF" ]; then
+    cmp -s "$SYS_CONF" "$CONF" || die "$SYS_CONF exists and is not ours; refusing to replace it"
+else
+    mkdir -p /etc/slurm
+    ln -sfn "$CONF" "$SYS_CONF"
+fi
 printf 'export SLURM_CONF=%q\nexport FAIR_CALIB_SLURM_PARTITION=%q\n' "$CONF" "$PARTITION" > "$ENVFILE"
 
 # ---- 4. daemons -------------------------------------------------------------------------------

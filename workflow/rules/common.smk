@@ -56,6 +56,17 @@ def check_config(cfg):
             _fail("diagnostics.bits", diag["bits"], cfg["bits"])
         if diag.get("probe") and diag["probe"] not in cfg["probes"]:
             _fail("diagnostics.probe", diag["probe"], cfg["probes"])
+    external = [f"probes.{n}.dataset" for n, p in cfg["probes"].items()
+                if p["dataset"] in ("gsm8k", "wikitext2")]
+    if cfg["calibration"]["dataset"] == "wikitext2":
+        external.append("calibration.dataset")
+    external += [f"tasks.{n}" for n, t in cfg["tasks"].items() if t.get("offline")]
+    data_dir = cfg.get("data_dir", "../shared/data")
+    if external and cfg.get("data_source", "local") == "local" and not os.path.isdir(data_dir):
+        raise ValueError(
+            f"config: data_dir = {data_dir!r} does not exist, and {', '.join(external)} read it. "
+            "Put the offline data sets there (layout: docs/data.md), point data_dir at them, "
+            "or set data_source: hub on a machine that reaches the Hugging Face hub.")
     for name in cfg.get("resources", {}):
         if name != "default" and name not in RULES_WITH_RESOURCES:
             _fail(f"resources.{name}", name, ("default",) + RULES_WITH_RESOURCES)

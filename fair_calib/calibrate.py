@@ -1,0 +1,309 @@
+"""Stage II: layer-wise calibration of a quantization method.
+
+For every transformer block, in order:
+1. FP targets h* of the block on the calibration inputs (no_grad), with per-group input
+   statistics (channel maxima; input Hessians when the method asks);
+2. the method wraps the block's linears (grouped by shared input, found without family names);
+3. trainable methods optimise their parameters on sum_i w_bar_i ||h^q_i - h*_i||^2 (mean over
+   batch and hidden dim; w_bar normalised to mean 1, uniform for FlatQuant, the Stage I prior
+   for FAIR-Calib) with AdamW and a cosine schedule;
+4. the block's parameters go to ``blocks/{i}.safetensors`` (atomic); a rerun resumes after the
+   last finished block (its recorded settings must match);
+5. the next block is fed the FP outputs (``propagate: fp``, FlatQuant) or the quantized outputs
+   (``propagate: quant``).
+Finally ``stats.parquet``, ``params.safetensors`` and, last, ``meta.json`` are written; the output
+is complete only once ``meta.json`` exists.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import resource
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import pyarrow as pa
+import torch
+from torch import nn
+
+from . import io
+from .methods import REGISTRY, make_method
+from .methods.base import GroupStats, QuantMethod
+from .quant.blockio import BlockInputs, call_block, capture_block_inputs
+from .quant.discovery import discover_groups, get_submodule, groups_to_json
+from .quant.qlinear import InputQuant, QuantLinear
+
+STATS_SCHEMA = pa.schema([("block", pa.int32()), ("epoch", pa.int32()), ("loss", pa.float64()),
+                          ("seconds", pa.float64()), ("peak_mem_mb", pa.float64())])
+FORMAT_VERSION = 1
+
+
+class NonFiniteError(RuntimeError):
+    """A NaN/inf appeared while calibrating a block; the message names the block."""
+
+
+def peak_memory_mb(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss   # KiB on Linux, bytes on macOS
+    return rss / 2**20 if sys.platform == "darwin" else rss / 1024
+
+
+def weighted_mse(out: torch.Tensor, target: torch.Tensor, w: torch.Tensor | None) -> torch.Tensor:
+    """mean_{b,i} w_i * mean_d (out - target)^2 ; ``w`` is [L] (mean 1) or None (uniform)."""
+    per_pos = (out.float() - target.float()).pow(2).mean(dim=-1)       # [b, L]
+    if w is None:
+        return per_pos.mean()
+    if w.shape[0] != per_pos.shape[-1]:
+        raise ValueError(f"position weights have length {w.shape[0]}, sequences {per_pos.shape[-1]}")
+    return (per_pos * w.to(per_pos.device)).mean()
+
+
+def normalise_weights(w) -> torch.Tensor:
+    w = torch.as_tensor(w, dtype=torch.float64).flatten()
+    if w.numel() == 0 or not torch.isfinite(w).all() or (w < 0).any() or w.sum() <= 0:
+        raise ValueError("position weights must be finite, non-negative, not all zero")
+    return (w / w.mean()).float()
+
+
+def _cast_floating(obj: Any, dtype: torch.dtype) -> Any:
+    if isinstance(obj, torch.Tensor):
+        return obj.to(dtype) if obj.is_floating_point() else obj
+    if isinstance(obj, tuple):
+        return tuple(_cast_floating(o, dtype) for o in obj)
+    if isinstance(obj, list):
+        return [_cast_floating(o, dtype) for o in obj]
+    if isinstance(obj, dict):
+        return {k: _cast_floating(v, dtype) for k, v in obj.items()}
+    return obj
+
+
+def _check_finite(t: torch.Tensor, what: str, block: int) -> None:
+    if not bool(torch.isfinite(t).all()):
+        raise NonFiniteError(f"non-finite values (NaN/inf) in {what} of block {block}")
+
+
+@torch.no_grad()
+def _targets_and_stats(block: nn.Module, inputs: BlockInputs, groups, want_hessian: bool,
+                       block_index: int):
+    """FP outputs of ``block`` for every micro-batch, and per-group input statistics."""
+    amax: list[torch.Tensor | None] = [None] * len(groups)
+    tok_sum = [0.0] * len(groups)
+    n_tok = [0] * len(groups)
+    hess: list[torch.Tensor | None] = [None] * len(groups)
+    handles = []
+
+    def make_hook(j):
+        def hook(_m, args):
+            x = args[0].detach().float().reshape(-1, args[0].shape[-1])
+            a = x.abs().amax(dim=0)
+            amax[j] = a if amax[j] is None else torch.maximum(amax[j], a)
+            tok_sum[j] += float(x.abs().amax(dim=-1).sum())
+            n_tok[j] += x.shape[0]
+            if want_hessian:
+                h = x.T.double() @ x.double()
+                hess[j] = h if hess[j] is None else hess[j] + h
+        return hook
+
+    for j, g in enumerate(groups):
+        handles.append(get_submodule(block, g.names[0]).register_forward_pre_hook(make_hook(j)))
+    try:
+        targets = []
+        for b in range(len(inputs)):
+            out = call_block(block, inputs, b).detach().float()
+            _check_finite(out, "the FP outputs", block_index)
+            targets.append(out)
+    finally:
+        for h in handles:
+            h.remove()
+    stats = [GroupStats(x_absmax=amax[j], tok_absmax_mean=tok_sum[j] / max(n_tok[j], 1),
+                        n_tokens=n_tok[j], hessian=hess[j]) for j in range(len(groups))]
+    return targets, stats
+
+
+def _set_quant_training(block: nn.Module, mode: bool) -> None:
+    for m in block.modules():
+        if isinstance(m, InputQuant):
+            m.train(mode)
+
+
+@torch.no_grad()
+def _eval_loss(block, inputs, targets, w) -> float:
+    tot = 0.0
+    for b in range(len(inputs)):
+        tot += float(weighted_mse(call_block(block, inputs, b), targets[b], w))
+    return tot / len(inputs)
+
+
+def _train_block(method: QuantMethod, block: nn.Module, inputs: BlockInputs, targets, w,
+                 block_index: int, epochs: int, lr: float, weight_decay: float, seed: int,
+                 device: torch.device, log) -> list[dict[str, Any]]:
+    params = method.parameters(block)
+    rows = []
+    t0 = time.time()
+    init = _eval_loss(block, inputs, targets, w)
+    if not math.isfinite(init):
+        raise NonFiniteError(f"non-finite initial loss in block {block_index}")
+    rows.append({"block": block_index, "epoch": -1, "loss": init, "seconds": time.time() - t0,
+                 "peak_mem_mb": peak_memory_mb(device)})
+    if not params or epochs <= 0:
+        return rows
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+    total = epochs * len(inputs)
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=total, eta_min=0.0)
+    gen = torch.Generator().manual_seed(seed * 7919 + block_index)
+    _set_quant_training(block, True)
+    try:
+        for ep in range(epochs):
+            t0 = time.time()
+            tot = 0.0
+            for b in torch.randperm(len(inputs), generator=gen).tolist():
+                with torch.enable_grad():
+                    out = call_block(block, inputs, b)
+                    loss = weighted_mse(out, targets[b], w)
+                    if not torch.isfinite(loss):
+                        raise NonFiniteError(f"non-finite loss in block {block_index} (epoch {ep})")
+                    opt.zero_grad(set_to_none=True)
+                    loss.backward()
+                for p in params:
+                    if p.grad is not None and not bool(torch.isfinite(p.grad).all()):
+                        raise NonFiniteError(f"non-finite gradient in block {block_index} (epoch {ep})")
+                opt.step()
+                sched.step()
+                tot += float(loss)
+            for p in params:
+                _check_finite(p.detach(), "the calibrated parameters", block_index)
+            rows.append({"block": block_index, "epoch": ep, "loss": tot / len(inputs),
+                         "seconds": time.time() - t0, "peak_mem_mb": peak_memory_mb(device)})
+            log(f"block {block_index} epoch {ep}: loss {tot / len(inputs):.6g}")
+    finally:
+        _set_quant_training(block, False)
+    return rows
+
+
+def _restore_dtype(method: QuantMethod, block: nn.Module, groups, state, dtype: torch.dtype) -> None:
+    """Cast the block back to the model dtype; calibrated parameters stay float32 (reloaded)."""
+    if dtype == torch.float32:
+        return
+    block.to(dtype)
+    for m in block.modules():
+        if isinstance(m, QuantLinear):
+            m.wq.float()
+            if m.inq is not None:
+                m.inq.float()
+    method.load_block_state(block, groups, state)
+
+
+def calibrate(loaded, method: QuantMethod, input_ids: torch.Tensor, out_dir: str | Path, *,
+              weights=None, batch_size: int = 4, run_info: dict[str, Any] | None = None,
+              on_block_done: Callable[[int], None] | None = None,
+              log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Calibrate ``method`` on ``loaded`` (modified in place: its blocks end up fake-quantized)
+    and write ``out_dir``/{blocks/, stats.parquet, params.safetensors, meta.json}.
+
+    ``weights``: position weights w_bar of length ``input_ids.shape[1]`` (None: uniform).
+    ``run_info``: JSON-able settings/provenance stored in meta.json; its hash guards resume.
+    ``on_block_done(i)`` is called after block i is saved (tests inject interruptions here).
+    Returns the meta dict.
+    """
+    out_dir = Path(out_dir)
+    blocks_dir = out_dir / "blocks"
+    run_info = dict(run_info or {})
+    tr = method.training_settings()
+    propagate = tr["propagate"]
+    if propagate not in ("fp", "quant"):
+        raise ValueError(f"propagate must be 'fp' or 'quant', got {propagate!r}")
+    w = None if weights is None else normalise_weights(weights)
+    if w is not None and w.shape[0] != input_ids.shape[1]:
+        raise ValueError(f"position weights have length {w.shape[0]} but sequences {input_ids.shape[1]}")
+    resume_key = io.config_hash({"method": method.type_name, "cfg": method.cfg,
+                                 "w_bits": method.w_bits, "a_bits": method.a_bits,
+                                 "seed": method.seed, "batch_size": batch_size,
+                                 "ids": io.config_hash(input_ids.tolist()),
+                                 "weights": None if w is None else [round(float(v), 8) for v in w],
+                                 "version": FORMAT_VERSION})
+    device = loaded.device
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    torch.manual_seed(method.seed)
+    method.prepare_model(loaded)
+    blocks = loaded.blocks
+    model_dtype = next(loaded.model.parameters()).dtype
+    inputs = capture_block_inputs(loaded.model, blocks[0], input_ids, batch_size, device=device)
+    inputs = BlockInputs(inputs.hidden, _cast_floating(inputs.args, torch.float32),
+                         _cast_floating(inputs.kwargs, torch.float32), inputs.hidden_key)
+    stats_rows: list[dict[str, Any]] = []
+    all_params: dict[str, torch.Tensor] = {}
+    all_groups: dict[str, Any] = {}
+    for i, block in enumerate(blocks):
+        t_block = time.time()
+        torch.manual_seed(method.seed * 1_000_003 + i)
+        block.float()
+        block.eval()
+        groups = discover_groups(block, lambda: call_block(block, inputs, 0))
+        targets, gstats = _targets_and_stats(block, inputs, groups, method.needs_hessian, i)
+        path = blocks_dir / f"{i}.safetensors"
+        if path.exists():
+            state, prov = io.load_tensors(path)
+            if prov.get("resume_key") != resume_key:
+                raise RuntimeError(f"{path} was written by a run with other settings; delete "
+                                   f"{blocks_dir} to recalibrate")
+            method.quantize_block(block, groups, None, i)
+            method.load_block_state(block, groups, state)
+            rows = prov["stats"]
+            log(f"block {i}: resumed from {path}")
+        else:
+            method.quantize_block(block, groups, gstats, i)
+            if method.trainable:
+                rows = _train_block(method, block, inputs, targets, w, i, tr["epochs"], tr["lr"],
+                                    tr["weight_decay"], method.seed, device, log)
+            else:
+                t0 = time.time()
+                loss = _eval_loss(block, inputs, targets, w)
+                rows = [{"block": i, "epoch": -1, "loss": loss, "seconds": time.time() - t0,
+                         "peak_mem_mb": peak_memory_mb(device)}]
+            if not all(math.isfinite(r["loss"]) for r in rows):
+                raise NonFiniteError(f"non-finite loss in block {i}")
+            state = method.block_state(block, groups)
+            for k, v in state.items():
+                _check_finite(v, f"saved parameter {k}", i)
+            rows[-1]["seconds"] = time.time() - t_block
+            io.save_tensors(state, path, provenance={"resume_key": resume_key, "block": i,
+                                                     "stats": rows,
+                                                     "groups": groups_to_json(groups)})
+        if propagate == "quant" and method.quantizes:
+            with torch.no_grad():
+                nxt = [call_block(block, inputs, b).detach().float() for b in range(len(inputs))]
+        else:
+            nxt = targets
+        for t in nxt:
+            _check_finite(t, "the outputs", i)
+        _restore_dtype(method, block, groups, state, model_dtype)
+        stats_rows.extend(rows)
+        all_params.update({f"{i}.{k}": v for k, v in state.items()})
+        all_groups[str(i)] = groups_to_json(groups)
+        inputs = inputs.with_hidden(nxt)
+        del targets
+        if on_block_done is not None:
+            on_block_done(i)
+    import pandas as pd
+
+    prov = io.provenance(run_info, seed=method.seed)
+    io.write_parquet(pd.DataFrame(stats_rows), out_dir / "stats.parquet", STATS_SCHEMA, prov)
+    io.save_tensors(all_params, out_dir / "params.safetensors", provenance=prov)
+    meta = {"format_version": FORMAT_VERSION, "method": run_info.get("method_name", method.type_name),
+            "type": method.type_name, "method_settings": method.cfg,
+            "bits": {"w_bits": method.w_bits, "a_bits": method.a_bits, **run_info.get("bits", {})},
+            "seed": method.seed, "propagate": propagate, "weighting": method.weighting,
+            "n_samples": int(input_ids.shape[0]), "seq_len": int(input_ids.shape[1]),
+            "batch_size": batch_size, "n_blocks": len(blocks), "groups": all_groups,
+            "position_weights": None if w is None else [float(v) for v in w],
+            "peak_mem_mb": max((r["peak_mem_mb"] for r in stats_rows), default=0.0),
+            "seconds": sum(r["seconds"] for r in stats_rows if r["epoch"] == stats_rows[-1]["epoch"] or True),
+            "provenance": prov}
+    meta.update(method.export_info(loaded, out_dir) or {})
+    io.write_json(out_dir / "meta.json", meta)
+    return meta

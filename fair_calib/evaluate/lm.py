@@ -1,0 +1,373 @@
+"""lm-eval model class for masked diffusion LMs (FP or fake-quantized).
+
+Likelihoods are the model authors' Monte-Carlo masked estimates, chosen by the family adapter's
+``likelihood["estimator"]`` (never by family name):
+
+``llada``  stratified mask counts. Per iteration, ``[context | target]`` is repeated ``b`` times;
+           ``k`` is drawn in ``1..L`` and row ``i`` gets ``x_i = round(linspace(k, k + (b-1) L/b,
+           b))_i``, wrapped into ``1..L``; exactly ``x_i`` target tokens (never the prompt) are
+           masked at random. Loss = ``sum CE(masked) / (x_i / L)`` averaged over rows, then over
+           ``mc_num // b`` iterations; log-likelihood = ``-loss``. Optional classifier-free
+           guidance (``cfg_scale``): the unconditional pass masks the prompt too and
+           ``logits = un + (cfg + 1)(cond - un)``.
+``dream``  ``t_i = (u0 + i/b) mod 1`` stratified across the ``b`` rows; every target token (the
+           continuation with EOS appended) is masked independently with ``p = (1-eps) t + eps``;
+           loss = ``sum CE(masked) / p`` averaged over rows and iterations.
+
+Both are unbiased estimates of the same ELBO bound on ``log p(target | context)``. The random
+draws of one request come from a generator seeded by ``(seed, context tokens, target tokens)``,
+so a request scores identically whatever its batch, order or shard.
+
+``is_greedy``: True when the argmax of ONE forward pass with the whole continuation masked
+reproduces every continuation token (a cheap, deterministic proxy; a diffusion LM has no
+left-to-right greedy decode to compare against).
+
+``generate_until`` runs the project decoder (``fair_calib.decoding.generate``) with the family's
+default policy (adapter ``decoding``) merged with per-task overrides (``gen_length``, ``steps``,
+``block_length``, ...). A diffusion LM decodes a fixed window, so the window length is the
+policy's ``gen_length``, not lm-eval's ``max_gen_toks``. Output is cut at the first EOS/pad token
+and then at the earliest ``until`` string. Instruct models get the tokenizer's chat template.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+import torch
+import torch.nn.functional as F
+from lm_eval.api.model import LM
+from lm_eval.api.registry import register_model
+
+from fair_calib.models.adapters import LoadedModel
+
+LIKELIHOOD_ESTIMATORS = ("llada", "dream")
+
+
+@dataclass(frozen=True)
+class LikelihoodSettings:
+    estimator: str
+    mc_num: int
+    batch_size: int
+    cfg_scale: float = 0.0
+    eps: float = 1e-3
+    append_eos: bool = True      # dream: EOS appended to the continuation
+
+    def __post_init__(self) -> None:
+        if self.estimator not in LIKELIHOOD_ESTIMATORS:
+            raise ValueError(f"unknown likelihood estimator {self.estimator!r}; "
+                             f"known: {list(LIKELIHOOD_ESTIMATORS)}")
+        if self.mc_num < 1 or self.batch_size < 1:
+            raise ValueError(f"mc_num and batch_size must be >= 1, got {self.mc_num}, {self.batch_size}")
+        if self.cfg_scale < 0:
+            raise ValueError(f"cfg_scale must be >= 0, got {self.cfg_scale}")
+        if self.cfg_scale > 0 and self.estimator != "llada":
+            raise ValueError("cfg_scale is only defined for the llada estimator")
+        if not 0 < self.eps < 1:
+            raise ValueError(f"eps must lie in (0, 1), got {self.eps}")
+
+    @property
+    def rows(self) -> int:
+        return min(self.batch_size, self.mc_num)
+
+    @property
+    def iterations(self) -> int:
+        return max(self.mc_num // self.rows, 1)
+
+
+def likelihood_settings(adapter_likelihood: Mapping[str, Any],
+                        overrides: Mapping[str, Any] | None = None) -> LikelihoodSettings:
+    """Adapter ``likelihood`` dict merged with overrides (``None`` values are ignored)."""
+    merged = dict(adapter_likelihood)
+    for k, v in (overrides or {}).items():
+        if v is not None:
+            merged[k] = v
+    if "cfg" in merged:
+        merged["cfg_scale"] = merged.pop("cfg")
+    known = {"estimator", "mc_num", "batch_size", "cfg_scale", "eps", "append_eos"}
+    unknown = sorted(set(merged) - known)
+    if unknown:
+        raise ValueError(f"unknown likelihood settings {unknown}; known: {sorted(known)}")
+    return LikelihoodSettings(estimator=str(merged["estimator"]), mc_num=int(merged["mc_num"]),
+                              batch_size=int(merged["batch_size"]),
+                              cfg_scale=float(merged.get("cfg_scale", 0.0)),
+                              eps=float(merged.get("eps", 1e-3)),
+                              append_eos=bool(merged.get("append_eos", True)))
+
+
+def request_generator(seed: int, *parts: Any) -> torch.Generator:
+    """A CPU generator seeded by ``seed`` and the request's content (order/shard independent)."""
+    blob = json.dumps([int(seed), *parts], separators=(",", ":"), default=str).encode()
+    g = torch.Generator(device="cpu")
+    g.manual_seed(int.from_bytes(hashlib.sha256(blob).digest()[:8], "little") & ((1 << 63) - 1))
+    return g
+
+
+def _logits(loaded: LoadedModel, ids: torch.Tensor, prompt_len: int, cfg_scale: float) -> torch.Tensor:
+    if cfg_scale > 0:
+        un = ids.clone()
+        un[:, :prompt_len] = loaded.mask_id
+        both = loaded.logits(torch.cat([ids, un])).float()
+        cond, uncond = both.chunk(2, dim=0)
+        return uncond + (cfg_scale + 1.0) * (cond - uncond)
+    return loaded.logits(ids).float()
+
+
+@torch.no_grad()
+def llada_iteration_losses(loaded: LoadedModel, prefix: Sequence[int], target: Sequence[int],
+                           st: LikelihoodSettings, generator: torch.Generator) -> torch.Tensor:
+    """Per-iteration losses (float64, ``[iterations]``) of the LLaDA stratified estimator."""
+    b, L, P = st.rows, len(target), len(prefix)
+    device = loaded.device
+    seq = torch.tensor(list(prefix) + list(target), dtype=torch.long, device=device)
+    seq = seq.unsqueeze(0).repeat(b, 1)
+    out = []
+    for _ in range(st.iterations):
+        k = int(torch.randint(1, L + 1, (), generator=generator))
+        x = torch.round(torch.linspace(float(k), k + (b - 1) * (L / b), steps=b,
+                                       dtype=torch.float64)).long()
+        x = ((x - 1) % L) + 1
+        order = torch.stack([torch.randperm(L, generator=generator) for _ in range(b)])
+        is_mask = order < x.unsqueeze(1)           # exactly x_i random target positions
+        is_mask = torch.cat([torch.zeros(b, P, dtype=torch.bool), is_mask], dim=1).to(device)
+        noisy = torch.where(is_mask, torch.full_like(seq, loaded.mask_id), seq)
+        logits = _logits(loaded, noisy, P, st.cfg_scale)
+        ce = F.cross_entropy(logits[is_mask], seq[is_mask], reduction="none").double()
+        p_mask = (x.double() / L).to(device).unsqueeze(1).expand(b, P + L)[is_mask]
+        out.append((ce / p_mask).sum().item() / b)
+    return torch.tensor(out, dtype=torch.float64)
+
+
+@torch.no_grad()
+def dream_iteration_losses(loaded: LoadedModel, prefix: Sequence[int], target: Sequence[int],
+                           st: LikelihoodSettings, generator: torch.Generator) -> torch.Tensor:
+    """Per-iteration losses (float64, ``[iterations]``) of the Dream stratified-t estimator.
+
+    ``target`` is scored as given (the caller appends EOS when ``append_eos``)."""
+    b, L, P = st.rows, len(target), len(prefix)
+    device = loaded.device
+    seq = torch.tensor(list(prefix) + list(target), dtype=torch.long, device=device)
+    seq = seq.unsqueeze(0).repeat(b, 1)
+    out = []
+    for _ in range(st.iterations):
+        u0 = torch.rand((), generator=generator, dtype=torch.float64)
+        t = (u0 + torch.arange(b, dtype=torch.float64) / b) % 1.0
+        p = (1.0 - st.eps) * t + st.eps                                    # [b]
+        is_mask = torch.rand((b, L), generator=generator, dtype=torch.float64) < p.unsqueeze(1)
+        is_mask = torch.cat([torch.zeros(b, P, dtype=torch.bool), is_mask], dim=1).to(device)
+        if not bool(is_mask.any()):
+            out.append(0.0)
+            continue
+        noisy = torch.where(is_mask, torch.full_like(seq, loaded.mask_id), seq)
+        logits = _logits(loaded, noisy, P, 0.0)
+        ce = F.cross_entropy(logits[is_mask], seq[is_mask], reduction="none").double()
+        p_mask = p.to(device).unsqueeze(1).expand(b, P + L)[is_mask]
+        out.append((ce / p_mask).sum().item() / b)
+    return torch.tensor(out, dtype=torch.float64)
+
+
+def mc_loglikelihood(loaded: LoadedModel, prefix: Sequence[int], target: Sequence[int],
+                     st: LikelihoodSettings, generator: torch.Generator) -> tuple[float, float]:
+    """MC estimate of ``log p(target | prefix)`` and its standard error (over iterations)."""
+    if len(target) == 0:
+        return 0.0, 0.0
+    fn = llada_iteration_losses if st.estimator == "llada" else dream_iteration_losses
+    losses = fn(loaded, prefix, target, st, generator)
+    se = float(losses.std(unbiased=True) / math.sqrt(len(losses))) if len(losses) > 1 else float("nan")
+    return -float(losses.mean()), se
+
+
+@torch.no_grad()
+def greedy_match(loaded: LoadedModel, prefix: Sequence[int], target: Sequence[int],
+                 cfg_scale: float = 0.0) -> bool:
+    """Does one pass with the whole target masked predict every target token by argmax?"""
+    if len(target) == 0:
+        return True
+    P = len(prefix)
+    ids = torch.tensor([list(prefix) + [loaded.mask_id] * len(target)], device=loaded.device)
+    logits = _logits(loaded, ids, P, cfg_scale)
+    pred = logits[0, P:].argmax(-1).tolist()
+    return pred == list(target)
+
+
+def _model_max_length(loaded: LoadedModel) -> int:
+    cfg = getattr(loaded.model, "config", None)
+    for key in ("max_position_embeddings", "max_sequence_length", "n_positions"):
+        val = getattr(cfg, key, None)
+        if isinstance(val, int) and val > 0:
+            return val
+    return 4096
+
+
+@register_model("fair_calib_dlm")
+class DiffusionLM(LM):
+    """lm-eval wrapper of a :class:`LoadedModel` (FP, or fake-quantized via ``calib_dir``).
+
+    Build it from a loaded model (``DiffusionLM(loaded, ...)``) or, through lm-eval's
+    ``model_args``, from ``model_dir`` + ``family`` (+ ``calib_dir``).
+    """
+
+    def __init__(self, loaded: LoadedModel | None = None, *, model_dir: str | None = None,
+                 family: str | None = None, dtype: str = "float32", device: str = "cpu",
+                 calib_dir: str | None = None, instruct: bool = False, seed: int = 0,
+                 likelihood: Mapping[str, Any] | None = None,
+                 decoding: Mapping[str, Any] | None = None,
+                 gen_batch_size: int | None = None, max_length: int | None = None) -> None:
+        super().__init__()
+        if loaded is None:
+            if model_dir is None or family is None:
+                raise ValueError("DiffusionLM needs a LoadedModel or model_dir and family")
+            from fair_calib.models.adapters import load_model
+
+            loaded = load_model(model_dir, family, dtype=dtype, device=device)
+        if calib_dir is not None:
+            from fair_calib.methods import load_quantized  # lazy: only for quantized runs
+
+            loaded = load_quantized(loaded, calib_dir)
+        self.loaded = loaded
+        self.tokenizer = loaded.tokenizer
+        self.instruct = bool(instruct)
+        self.seed = int(seed)
+        self.lik = likelihood_settings(loaded.adapter.likelihood, likelihood)
+        self.decoding_overrides = {k: v for k, v in dict(decoding or {}).items() if v is not None}
+        self.gen_batch_size = int(gen_batch_size or self.lik.batch_size)
+        self.max_length = int(max_length or _model_max_length(loaded))
+        self.stop_ids = {i for i in (loaded.eos_id, getattr(self.tokenizer, "eos_token_id", None))
+                         if i is not None}
+        if loaded.pad_id is not None and loaded.pad_id != loaded.mask_id:
+            self.stop_ids.add(int(loaded.pad_id))
+
+    @classmethod
+    def create_from_arg_string(cls, arg_string: str, additional_config: dict | None = None):
+        from lm_eval.utils import simple_parse_args_string
+
+        args = simple_parse_args_string(arg_string)
+        args.update({k: v for k, v in (additional_config or {}).items() if v is not None
+                     and k in ("device", "dtype")})
+        return cls(**args)
+
+    # ------------------------------------------------------------------ tokenization
+    def _enc(self, text: str, special: bool) -> list[int]:
+        return list(self.tokenizer(text, add_special_tokens=special)["input_ids"])
+
+    def encode_pair(self, context: str, continuation: str) -> tuple[list[int], list[int]]:
+        """Context (with the tokenizer's special prefix) and continuation ids; trailing
+        whitespace of the context moves to the continuation (as lm-eval's HF model does)."""
+        n_spaces = len(context) - len(context.rstrip())
+        if n_spaces > 0:
+            continuation = context[-n_spaces:] + continuation
+            context = context[:-n_spaces]
+        whole = self._enc(context + continuation, special=True)
+        ctx = self._enc(context, special=True)
+        if whole[:len(ctx)] == ctx and len(whole) > len(ctx):
+            return ctx, whole[len(ctx):]
+        return ctx, self._enc(continuation, special=False)
+
+    def _fit(self, prefix: list[int], target: list[int]) -> tuple[list[int], list[int]]:
+        room = self.max_length - len(target)
+        if room < 0:   # target alone too long: keep its tail, drop the context
+            return [], target[-self.max_length:]
+        return prefix[-room:] if room else [], target
+
+    def _score(self, prefix: list[int], target: list[int]) -> tuple[float, bool]:
+        scored = list(target)
+        if self.lik.estimator == "dream" and self.lik.append_eos and self.loaded.eos_id is not None:
+            scored = scored + [int(self.loaded.eos_id)]
+        prefix, scored = self._fit(prefix, scored)
+        gen = request_generator(self.seed, prefix, scored)
+        ll, _ = mc_loglikelihood(self.loaded, prefix, scored, self.lik, gen)
+        greedy = greedy_match(self.loaded, prefix, scored[:len(target)] if len(scored) > len(target)
+                              else scored, self.lik.cfg_scale)
+        return ll, greedy
+
+    # ------------------------------------------------------------------ lm-eval API
+    def loglikelihood(self, requests, disable_tqdm: bool = False) -> list[tuple[float, bool]]:
+        out = []
+        for req in requests:
+            context, continuation = req.args[0], req.args[1]
+            prefix, target = self.encode_pair(context, continuation)
+            out.append(self._score(prefix, target))
+        return out
+
+    def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
+        """The same estimator over the whole text: the text is cut into disjoint windows of
+        ``max_length`` tokens (no shared context) whose estimates are summed. None of the
+        configured tasks (the ten benchmarks, synth_mc, synth_arith) uses it."""
+        out = []
+        for req in requests:
+            text = req.args[0]
+            special = self._enc("", special=True)         # e.g. [BOS], the only context
+            ids = self._enc(text, special=False)
+            width = max(self.max_length - len(special), 1)
+            total = 0.0
+            for start in range(0, len(ids), width):
+                chunk = ids[start:start + width]
+                gen = request_generator(self.seed, "rolling", special, chunk)
+                if self.lik.estimator == "dream" and self.lik.append_eos and \
+                        self.loaded.eos_id is not None and start + width >= len(ids):
+                    chunk = chunk + [int(self.loaded.eos_id)]
+                ll, _ = mc_loglikelihood(self.loaded, special, chunk, self.lik, gen)
+                total += ll
+            out.append(total)
+        return out
+
+    def _prompt_ids(self, context: str) -> list[int]:
+        if self.instruct and self.loaded.adapter.chat_template:
+            text = self.tokenizer.apply_chat_template([{"role": "user", "content": context}],
+                                                      add_generation_prompt=True, tokenize=False)
+            return self._enc(text, special=False)
+        return self._enc(context, special=True)
+
+    def policy(self):
+        from fair_calib.decoding import make_policy  # lazy: decoding is only for generation
+
+        return make_policy(self.loaded.adapter.decoding, self.decoding_overrides)
+
+    def postprocess(self, ids: Sequence[int], until: Sequence[str]) -> str:
+        """Cut at the first EOS/pad token, decode, then cut at the earliest ``until`` string."""
+        ids = list(ids)
+        for i, tok in enumerate(ids):
+            if tok in self.stop_ids:
+                ids = ids[:i]
+                break
+        text = self.tokenizer.decode(ids, skip_special_tokens=True)
+        cut = len(text)
+        for stop in until:
+            if stop:
+                j = text.find(stop)
+                if j != -1:
+                    cut = min(cut, j)
+        return text[:cut]
+
+    def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
+        from fair_calib.decoding import generate
+
+        policy = self.policy()
+        prompts, untils = [], []
+        for req in requests:
+            context, gen_kwargs = req.args[0], dict(req.args[1] or {})
+            until = gen_kwargs.get("until") or []
+            if isinstance(until, str):
+                until = [until]
+            prompt = self._prompt_ids(context)
+            room = self.max_length - policy.gen_length
+            if room < 1:
+                raise ValueError(f"gen_length {policy.gen_length} leaves no room for a prompt "
+                                 f"(model context {self.max_length})")
+            prompts.append(prompt[-room:])
+            untils.append(list(until))
+        # Longest prompts first (less padding per batch); results go back in request order.
+        order = sorted(range(len(prompts)), key=lambda i: -len(prompts[i]))
+        results: list[str] = [""] * len(prompts)
+        for s in range(0, len(order), self.gen_batch_size):
+            idx = order[s:s + self.gen_batch_size]
+            gens = [request_generator(self.seed, "gen", prompts[i]) for i in idx]
+            if self.loaded.device.type != "cpu":   # generate() draws on the model's device
+                gens = [torch.Generator(device=self.loaded.device).manual_seed(g.initial_seed())
+                        for g in gens]
+            out = generate(self.loaded, [prompts[i] for i in idx], policy, gens)
+            for row, i in enumerate(idx):
+                results[i] = self.postprocess(out[row].tolist(), untils[i])
+        return results
