@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from . import io
-from .methods import REGISTRY, make_method
+from .methods import make_method
 from .methods.base import GroupStats, QuantMethod
 from .quant.blockio import BlockInputs, call_block, capture_block_inputs
 from .quant.discovery import discover_groups, get_submodule, groups_to_json
@@ -173,7 +173,7 @@ def _train_block(method: QuantMethod, block: nn.Module, inputs: BlockInputs, tar
                         raise NonFiniteError(f"non-finite gradient in block {block_index} (epoch {ep})")
                 opt.step()
                 sched.step()
-                tot += float(loss)
+                tot += float(loss.detach())
             for p in params:
                 _check_finite(p.detach(), "the calibrated parameters", block_index)
             rows.append({"block": block_index, "epoch": ep, "loss": tot / len(inputs),
@@ -238,6 +238,7 @@ def calibrate(loaded, method: QuantMethod, input_ids: torch.Tensor, out_dir: str
     stats_rows: list[dict[str, Any]] = []
     all_params: dict[str, torch.Tensor] = {}
     all_groups: dict[str, Any] = {}
+    block_seconds: list[float] = []
     for i, block in enumerate(blocks):
         t_block = time.time()
         torch.manual_seed(method.seed * 1_000_003 + i)
@@ -285,6 +286,7 @@ def calibrate(loaded, method: QuantMethod, input_ids: torch.Tensor, out_dir: str
         stats_rows.extend(rows)
         all_params.update({f"{i}.{k}": v for k, v in state.items()})
         all_groups[str(i)] = groups_to_json(groups)
+        block_seconds.append(float(rows[-1]["seconds"]))
         inputs = inputs.with_hidden(nxt)
         del targets
         if on_block_done is not None:
@@ -302,8 +304,69 @@ def calibrate(loaded, method: QuantMethod, input_ids: torch.Tensor, out_dir: str
             "batch_size": batch_size, "n_blocks": len(blocks), "groups": all_groups,
             "position_weights": None if w is None else [float(v) for v in w],
             "peak_mem_mb": max((r["peak_mem_mb"] for r in stats_rows), default=0.0),
-            "seconds": sum(r["seconds"] for r in stats_rows if r["epoch"] == stats_rows[-1]["epoch"] or True),
+            "seconds": sum(block_seconds),
             "provenance": prov}
     meta.update(method.export_info(loaded, out_dir) or {})
     io.write_json(out_dir / "meta.json", meta)
     return meta
+
+
+def position_weights_from_prior(prior_path: str | Path, seq_len: int) -> torch.Tensor:
+    """w_bar over a calibration sequence from a Stage I prior file (floor from its provenance)."""
+    from .prior import expand_prior
+
+    df, prov = io.read_parquet(prior_path)
+    if "floor" not in prov:
+        raise KeyError(f"{prior_path}: provenance lacks 'floor'")
+    return expand_prior(df, float(prov["floor"]), int(seq_len))
+
+
+def run(settings: dict[str, Any], model_dir: str | Path, out_dir: str | Path,
+        prior_path: str | Path | None = None, log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Load the model and calibration data named by ``settings`` and calibrate (see module doc)."""
+    from . import data
+    from .models.adapters import load_model
+
+    seed = int(settings.get("seed", 0))
+    torch.manual_seed(seed)
+    bits = dict(settings.get("bits") or {"name": "fp"})
+    w_bits, a_bits = int(bits.get("w_bits", 16)), int(bits.get("a_bits", 16))
+    method = make_method(settings["method"], w_bits, a_bits, seed)
+    calib = settings["calibration"]
+    model = settings["model"]
+    loaded = load_model(model_dir, model["family"], settings.get("dtype", "float32"),
+                        settings.get("device", "cpu"),
+                        trust_remote_code=model.get("trust_remote_code"))
+    texts = data.calibration_texts(calib["dataset"], settings.get("data_dir"),
+                                   settings.get("synthetic_dir"),
+                                   source=settings.get("data_source") or "local")
+    seq_len = int(calib["seq_len"])
+    ids = data.calibration_batch(loaded.tokenizer, texts, int(calib["n_samples"]), seq_len, seed)
+    weights = None
+    if method.weighting == "prior":
+        if prior_path is None:
+            raise ValueError(f"method {settings['method'].get('name')!r} weights positions by the "
+                             "Stage I prior: pass --prior")
+        weights = position_weights_from_prior(prior_path, seq_len)
+    elif method.weighting != "uniform":
+        raise ValueError(f"weighting must be 'uniform' or 'prior', got {method.weighting!r}")
+    batch_size = int(settings["method"].get("batch_size") or calib.get("batch_size", 4))
+    run_info = {"settings": settings, "method_name": settings["method"].get("name", method.type_name),
+                "bits": bits, "model_dir": str(model_dir),
+                "prior": None if prior_path is None or weights is None else str(prior_path)}
+    return calibrate(loaded, method, ids, out_dir, weights=weights, batch_size=batch_size,
+                     run_info=run_info, log=log)
+
+
+def run_cli(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="fair-calib calibrate", description=__doc__.splitlines()[0])
+    ap.add_argument("--settings", required=True, help="JSON settings (see docs/design.md)")
+    ap.add_argument("--model-dir", required=True)
+    ap.add_argument("--prior", default=None, help="results/prior/{model}/{prior}.parquet")
+    ap.add_argument("--out-dir", required=True)
+    args = ap.parse_args(argv)
+    settings = json.loads(args.settings)
+    meta = run(settings, args.model_dir, args.out_dir, args.prior,
+               log=lambda s: print(s, flush=True))
+    print(json.dumps({k: meta[k] for k in ("method", "type", "bits", "n_blocks", "seconds",
+                                           "peak_mem_mb")}, default=str), flush=True)

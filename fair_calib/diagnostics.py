@@ -245,30 +245,47 @@ def post_commit_mismatch(df: pd.DataFrame) -> pd.DataFrame:
 
 
 # ----------------------------------------------------------------------------- margin
-def frontier_margin(forced: pd.DataFrame, teacher: pd.DataFrame) -> pd.DataFrame:
-    """Student decision margin of the teacher's committed token at the teacher's commit steps.
+def frontier_margin(forced: pd.DataFrame, teacher: pd.DataFrame, kind: str = "logit"
+                    ) -> pd.DataFrame:
+    """Student decision margin of the teacher's final token at the teacher's commit steps
+    (paper App. "Decision-Margin Preservation").
 
-    At each teacher commit (t, i) the student, on the teacher's state S_t, ranks the teacher's
-    final token x_fin(i) against its strongest alternative: margin(t, i) = s(x_fin) -
-    max_{v != x_fin} s(v). Read from the teacher-forced frame as follows:
+    At each teacher commit (t, i) the student, on the teacher's state S_t (teacher-forced
+    frame), ranks the teacher's final token x = x_fin(i) against its strongest alternative:
 
-    * column ``margin_ref`` if the frame has it (the decoder's exact reference-token margin);
-    * otherwise from ``margin`` (top-1 minus top-2 probability) and ``top1``: +margin where the
-      student's top-1 is x_fin (exact), -margin where it is not (exact when x_fin is the
-      student's second choice, an upper bound on the true, more negative margin otherwise).
+    * ``kind="logit"`` (the paper): logit(x) - max_{v != x} logit(v) = log p(x) - log p(v*),
+      the softmax normaliser cancelling;
+    * ``kind="prob"``: p(x) - max_{v != x} p(v).
+
+    The frame records ``p_ref`` = p(x) (reference = teacher's final tokens), ``top1`` and
+    ``margin`` = p1 - p2. Where top1 == x the best alternative is the second choice, p2 =
+    p(x) - margin: exact. Where top1 != x the best alternative is top1 with p1 >= p(x) + margin,
+    taken as p(x) + margin: exact when x is the student's second choice, otherwise an upper
+    bound on the (more negative) true margin. A column ``margin_ref`` (same ``kind``), if the
+    frame has one, is used as is. Probabilities are floored at 1e-300 for the logarithm.
 
     Returns columns ``sample_id, frontier_margin, n_commits`` (mean over the sample's commits).
     """
-    _check(forced, ("sample_id", "step", "position", "top1", "margin"), "frontier_margin")
+    if kind not in ("logit", "prob"):
+        raise ValueError(f"kind must be 'logit' or 'prob', not {kind!r}")
+    _check(forced, ("sample_id", "step", "position", "top1", "margin", "p_ref"), "frontier_margin")
     tc = commits(teacher).rename(columns={"t_commit": "step", "token": "x_fin"})
-    cols = ["sample_id", "step", "position", "top1", "margin"]
+    cols = ["sample_id", "step", "position", "top1", "margin", "p_ref"]
     if "margin_ref" in forced.columns:
         cols.append("margin_ref")
     m = tc.merge(forced[cols], on=["sample_id", "step", "position"], how="inner")
     if "margin_ref" in m.columns:
-        mr = m["margin_ref"].astype(np.float64)
+        mr = m["margin_ref"].to_numpy(np.float64)
     else:
-        mr = np.where(m["top1"] == m["x_fin"], m["margin"], -m["margin"]).astype(np.float64)
+        px = m["p_ref"].to_numpy(np.float64)
+        mg = m["margin"].to_numpy(np.float64)
+        is_top = (m["top1"] == m["x_fin"]).to_numpy()
+        other = np.where(is_top, px - mg, px + mg)
+        if kind == "prob":
+            mr = px - other
+        else:
+            floor = 1e-300
+            mr = np.log(np.maximum(px, floor)) - np.log(np.maximum(other, floor))
     m = m.assign(mr=mr)
     g = m.groupby("sample_id")["mr"]
     return pd.DataFrame({"frontier_margin": g.mean(), "n_commits": g.size()}).reset_index()
@@ -361,12 +378,16 @@ def key_from_path(path: str | Path) -> tuple[str, str, str]:
 
 def diagnose(inputs: Sequence[str | Path], teacher: str | Path | None = None,
              max_lag: int | None = None) -> pd.DataFrame:
-    """Long-format diagnostics of every trajectory file in ``inputs`` (see module docstring)."""
+    """Long-format diagnostics of every trajectory file in ``inputs`` and of the teacher (added
+    as a run of its own when not among ``inputs``); see the module docstring for the columns."""
     from fair_calib.io import read_parquet
 
     tdf = read_parquet(teacher)[0] if teacher else None
+    paths = [Path(p) for p in inputs]
+    if teacher and Path(teacher).resolve() not in {p.resolve() for p in paths}:
+        paths.insert(0, Path(teacher))   # the FP teacher is a run of its own (lag, mismatch)
     frames = []
-    for path in inputs:
+    for path in paths:
         model, method, bits = key_from_path(path)
         df, _ = read_parquet(path)
         rows = diagnostic_rows(df, tdf, max_lag=max_lag)
@@ -383,63 +404,90 @@ def diagnose(inputs: Sequence[str | Path], teacher: str | Path | None = None,
 
 
 # ----------------------------------------------------------------------------- trajectories
+def encode_prompt(loaded: Any, text: str, instruct: bool = False) -> list[int]:
+    """Prompt ids as evaluation encodes them: the chat template for instruct models of a
+    family that uses one, else the text with the tokenizer's special prefix."""
+    tok = loaded.tokenizer
+    if instruct and loaded.adapter.chat_template:
+        text = tok.apply_chat_template([{"role": "user", "content": text}],
+                                       add_generation_prompt=True, tokenize=False)
+        return list(tok(text, add_special_tokens=False)["input_ids"])
+    return list(tok(text, add_special_tokens=True)["input_ids"])
+
+
+def trajectory_tensors(traj: pd.DataFrame, n_samples: int):
+    """(final_tokens, commit_steps) ``[n_samples, K]`` LongTensors of a free-running trajectory;
+    every window position of every sample must be committed exactly once."""
+    import torch
+
+    c = commits(traj)
+    k = int(traj["position"].max()) + 1
+    if sorted(c["sample_id"].unique().tolist()) != list(range(n_samples)) or len(c) != n_samples * k:
+        raise ValueError(f"teacher trajectory does not cover samples 0..{n_samples - 1} x {k} "
+                         f"positions ({len(c)} commits)")
+    final = torch.full((n_samples, k), -1, dtype=torch.long)
+    steps = torch.zeros((n_samples, k), dtype=torch.long)
+    sid = torch.tensor(c["sample_id"].to_numpy(), dtype=torch.long)
+    pos = torch.tensor(c["position"].to_numpy(), dtype=torch.long)
+    final[sid, pos] = torch.tensor(c["token"].to_numpy(), dtype=torch.long)
+    steps[sid, pos] = torch.tensor(c["t_commit"].to_numpy(), dtype=torch.long)
+    return final, steps
+
+
 def record_trajectories(settings: dict[str, Any], model_dir: str, calib_dir: str | None = None,
                         teacher_path: str | None = None) -> pd.DataFrame:
-    """Decode probe prompts with the model's default policy, recording every step; with a
-    teacher trajectory also teacher-force the model on the teacher's states.
+    """Decode the first ``n_samples`` probe prompts with the model's default policy and record
+    every step (``fair_calib.decoding.record_trajectory``); with a teacher trajectory, the
+    teacher's final tokens are the reference tokens (``p_ref``) and the model is also
+    teacher-forced on the teacher's states (``fair_calib.decoding.teacher_force``).
 
-    Returns the trajectory frame with a ``mode`` column (``free`` / ``forced``).
+    Settings: common keys plus ``model`` (config entry: ``family``, ``instruct``, optional
+    ``decoding`` overrides, ``trust_remote_code``), ``probe`` (``dataset``, ``instruction``),
+    ``n_samples``. Returns the frame with a ``mode`` column (``free`` / ``forced``).
     """
     import torch
 
-    from fair_calib import data, decoding
+    from fair_calib import data
+    from fair_calib.decoding import make_policy, record_trajectory, teacher_force
+    from fair_calib.io import read_parquet
     from fair_calib.models.adapters import load_model
 
-    family = settings.get("family") or _family_of(model_dir)
-    loaded = load_model(model_dir, family, settings.get("dtype", "float32"),
-                        settings.get("device", "cpu"))
+    mcfg = dict(settings.get("model") or {})
+    family = mcfg.get("family") or _family_of(model_dir)
+    loaded = load_model(model_dir, family, settings.get("dtype") or "float32",
+                        settings.get("device") or "cpu",
+                        trust_remote_code=mcfg.get("trust_remote_code"))
     if calib_dir:
         from fair_calib.methods import load_quantized
         loaded = load_quantized(loaded, calib_dir)
-    diag = settings.get("diagnostics", settings)
-    n = int(diag.get("n_samples", 32))
-    prompts_txt = data.probe_prompts(diag.get("dataset", "synthetic"), settings.get("data_dir"),
-                                     settings.get("synthetic_dir"), n, diag.get("instruction"))
-    tok = loaded.tokenizer
-    prompts = [tok(p, add_special_tokens=False)["input_ids"] for p in prompts_txt]
-    policy = decoding.default_policy(loaded, **diag.get("policy", {}))
-    gen = torch.Generator().manual_seed(int(settings.get("seed", 0)))
+    probe = dict(settings.get("probe") or {})
+    n = int(settings.get("n_samples") or 16)
+    texts = data.probe_prompts(probe.get("dataset", "synthetic"), settings.get("data_dir"),
+                               settings.get("synthetic_dir"), n, probe.get("instruction"),
+                               source=settings.get("data_source") or "local")
+    prompts = [encode_prompt(loaded, t, bool(mcfg.get("instruct"))) for t in texts]
+    policy = make_policy(loaded, mcfg.get("decoding"))
+    gen = torch.Generator().manual_seed(int(settings.get("seed") or 0))
 
-    ref = None
-    teacher = None
+    final = steps = None
     if teacher_path:
-        from fair_calib.io import read_parquet
         teacher = split_modes(read_parquet(teacher_path)[0])[0]
-        c = commits(teacher)
-        k = int(teacher["position"].max()) + 1
-        ref = torch.full((len(prompts), k), -1, dtype=torch.long)
-        ref[torch.as_tensor(c["sample_id"].to_numpy()), torch.as_tensor(c["position"].to_numpy())] = \
-            torch.as_tensor(c["token"].to_numpy())
-    rec = decoding.TrajectoryRecorder(reference=ref)
-    decoding.generate(loaded, prompts, policy, generator=gen, recorder=rec)
-    free = rec.to_frame().assign(mode="free")
-    frames = [free]
-    if teacher is not None:
-        c = commits(teacher)
-        k = ref.shape[1]
-        steps = torch.zeros((len(prompts), k), dtype=torch.long)
-        steps[torch.as_tensor(c["sample_id"].to_numpy()), torch.as_tensor(c["position"].to_numpy())] = \
-            torch.as_tensor(c["t_commit"].to_numpy())
-        rec_tf = decoding.TrajectoryRecorder(reference=ref)
-        decoding.teacher_force(loaded, prompts, ref, steps, policy=policy, recorder=rec_tf)
-        frames.append(rec_tf.to_frame().assign(mode="forced"))
+        final, steps = trajectory_tensors(teacher, n)
+        if final.shape[1] != policy.gen_length:
+            raise ValueError(f"teacher window {final.shape[1]} != gen_length {policy.gen_length}")
+    _, _, free = record_trajectory(loaded, prompts, policy, generator=gen, reference=final)
+    frames = [free.assign(mode="free")]
+    if teacher_path:
+        forced = teacher_force(loaded, prompts, final, steps, cfg_scale=policy.cfg_scale,
+                               steps=policy.steps)
+        frames.append(forced.assign(mode="forced"))
     return pd.concat(frames, ignore_index=True)
 
 
 def _family_of(model_dir: str) -> str:
     meta = Path(model_dir) / "fair_calib.json"
     if not meta.exists():
-        raise ValueError(f"{model_dir}: no fair_calib.json; pass 'family' in --settings")
+        raise ValueError(f"{model_dir}: no fair_calib.json; pass model.family in --settings")
     return json.loads(meta.read_text())["family"]
 
 

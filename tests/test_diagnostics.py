@@ -1,7 +1,9 @@
 """Diagnostics on hand-made trajectories with hand-computed values."""
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -126,9 +128,14 @@ def test_post_commit_mismatch():
 
 
 def test_frontier_margin():
-    fm = D.frontier_margin(FORCED, TEACHER).set_index("sample_id")["frontier_margin"]
+    fm = D.frontier_margin(FORCED, TEACHER, kind="prob").set_index("sample_id")["frontier_margin"]
     assert fm.loc[0] == pytest.approx((0.3 - 0.2) / 2)
     assert fm.loc[1] == pytest.approx((-0.1 - 0.05) / 2)
+    # logit margin: log p(x) - log p(best other); other = p(x) - margin if x is top1,
+    # else p(x) + margin
+    fm = D.frontier_margin(FORCED, TEACHER).set_index("sample_id")["frontier_margin"]
+    assert fm.loc[0] == pytest.approx((math.log(0.6 / 0.3) + math.log(0.3 / 0.5)) / 2)
+    assert fm.loc[1] == pytest.approx((math.log(0.2 / 0.3) + math.log(0.2 / 0.25)) / 2)
     exact = FORCED.assign(margin_ref=[1.0, 0.0, -1.0, -2.0, -4.0])
     fm2 = D.frontier_margin(exact, TEACHER).set_index("sample_id")["frontier_margin"]
     assert fm2.loc[0] == pytest.approx(0.0) and fm2.loc[1] == pytest.approx(-3.0)
@@ -162,7 +169,7 @@ def test_diagnose_cli(tmp_path):
     write_parquet(t, tp, D.TRAJECTORY_SCHEMA)
     write_parquet(s, sp, D.TRAJECTORY_SCHEMA)
     out = tmp_path / "diag.parquet"
-    D.run_cli(["diagnose", "--inputs", str(tp), str(sp), "--teacher", str(tp), "--out", str(out)])
+    D.run_cli(["diagnose", "--inputs", str(sp), "--teacher", str(tp), "--out", str(out)])
     df, prov = read_parquet(out)
     assert set(df.columns) == {"model", "method", "bits", "metric", "x", "value", "std", "n"}
     r = df[(df.method == "rtn") & (df.bits == "w4a4")].set_index("metric")
@@ -177,3 +184,113 @@ def test_diagnose_cli(tmp_path):
     assert f.loc["mse_prob_mean", "value"] == 0.0
     assert "commit_flips" not in f.index  # teacher file has no forced rows
     assert prov["teacher"] == str(tp)
+
+
+# ----------------------------------------------------------------------------- recording
+class _Tok:
+    """Character-level stand-in tokenizer (ids 0..29)."""
+
+    def __call__(self, text, add_special_tokens=True):
+        return {"input_ids": [ord(c) % 30 for c in text[:6]]}
+
+
+def _tiny(seed):
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from fair_calib.models.adapters import LoadedModel, get_adapter
+
+    cfg = LlamaConfig(vocab_size=40, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=64,
+                      is_causal=False, use_cache=False)
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(cfg).eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(8.0)
+    return LoadedModel(model=model, tokenizer=_Tok(), adapter=get_adapter("tiny-llada"),
+                       mask_id=39, pad_id=38, eos_id=37)
+
+
+def test_trajectories_cli_and_diagnose(tmp_path, monkeypatch):
+    """Record the teacher, the teacher against itself, and a different student; the teacher
+    against itself has no flips, no false commit and zero mse_prob."""
+    from fair_calib import data
+    from fair_calib.io import read_parquet
+    from fair_calib.models import adapters
+
+    models = {"teacher": _tiny(0), "student": _tiny(1)}
+    monkeypatch.setattr(adapters, "load_model", lambda src, fam, dtype, dev, **kw: models[Path(src).name])
+    monkeypatch.setattr(data, "probe_prompts",
+                        lambda ds, dd, sd, n, instr, source="local": [f"q{i} abc{i}" for i in range(n)])
+    settings = json.dumps({"seed": 0, "device": "cpu", "dtype": "float32", "n_samples": 3,
+                           "model": {"family": "tiny-llada",
+                                     "decoding": {"steps": 4, "gen_length": 8, "block_length": 4}},
+                           "probe": {"dataset": "synthetic"}})
+    tp = tmp_path / "traj" / "m" / "fp" / "fp.parquet"
+    D.run_cli(["trajectories", "--settings", settings, "--model-dir", str(tmp_path / "teacher"),
+               "--out", str(tp)])
+    self_p = tmp_path / "traj" / "m" / "self" / "w4a4.parquet"
+    st_p = tmp_path / "traj" / "m" / "student" / "w4a4.parquet"
+    for name, out in (("teacher", self_p), ("student", st_p)):
+        D.run_cli(["trajectories", "--settings", settings, "--model-dir", str(tmp_path / name),
+                   "--teacher", str(tp), "--out", str(out)])
+    t, _ = read_parquet(tp)
+    assert set(t["mode"]) == {"free"} and len(t) == 3 * 4 * 8
+    s, _ = read_parquet(st_p)
+    assert (s["mode"] == "forced").sum() == 3 * 4 * 8 and (s["mode"] == "free").sum() == 3 * 4 * 8
+    out = tmp_path / "diag.parquet"
+    D.run_cli(["diagnose", "--inputs", str(self_p), str(st_p), "--teacher", str(tp),
+               "--out", str(out)])
+    df, _ = read_parquet(out)
+    me = df[df.method == "self"].set_index("metric")
+    assert me.loc["commit_flips", "value"] == 0 and me.loc["false_commit_rate", "value"] == 0
+    assert me.loc["mse_prob_mean", "value"] == pytest.approx(0.0, abs=1e-12)
+    assert me.loc["frontier_margin", "value"] > 0   # the teacher's own argmax: positive margin
+    st = df[df.method == "student"].set_index("metric")
+    assert st.loc["commit_flips", "value"] > 0 and st.loc["mse_prob_mean", "value"] > 0
+    assert set(df.method) == {"fp", "self", "student"}
+
+
+def test_schema_is_decoding_schema_plus_mode():
+    from fair_calib.decoding import TRAJECTORY_SCHEMA as DEC
+
+    assert D.TRAJECTORY_SCHEMA.remove(D.TRAJECTORY_SCHEMA.get_field_index("mode")).equals(DEC)
+    assert tuple(DEC.names) == D.TRAJ_COLUMNS
+
+
+def _random_traj(seed, n=4, T=6, K=5, vocab=3):
+    rng = np.random.default_rng(seed)
+    rows = []
+    for s in range(n):
+        cs = rng.integers(1, T + 1, size=K)
+        tok = rng.integers(0, vocab, size=K)
+        for t in range(T, 0, -1):
+            for i in range(K):
+                c = cs[i] == t
+                rows.append((s, t, i, bool(c), int(tok[i]) if c else -1, int(rng.integers(0, vocab)),
+                             0.5, 0.5, 0.1))
+    return frame(rows)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_lag_and_mismatch_match_brute_force(seed):
+    df = _random_traj(seed)
+    lag = D.stability_lag(df).set_index(["sample_id", "position"])
+    pcm = D.post_commit_mismatch(df).set_index("sample_id")
+    per_sample = {}
+    for (s, i), g in df.groupby(["sample_id", "position"]):
+        g = g.sort_values("step", ascending=False)
+        tc = int(g.loc[g.committed, "step"].iloc[0])
+        x = int(g.loc[g.committed, "token"].iloc[0])
+        seq = g.loc[g.step <= tc, "top1"].tolist()       # j = 0..tc-1
+        k = next(k for k in range(len(seq) + 1) if all(v == x for v in seq[k:]))
+        expect = k if (not seq or seq[-1] == x) else tc  # censored: R + 1 = tc
+        assert lag.loc[(s, i), "lag"] == expect
+        assert lag.loc[(s, i), "stable"] == (seq[-1] == x)
+        post = seq[1:]
+        if post:
+            dis = [v != x for v in post]
+            per_sample.setdefault(s, []).append((np.mean(dis), all(dis)))
+    for s, vals in per_sample.items():
+        assert pcm.loc[s, "mean_disagree_rate"] == pytest.approx(np.mean([v[0] for v in vals]))
+        assert pcm.loc[s, "never_agree_rate"] == pytest.approx(np.mean([v[1] for v in vals]))

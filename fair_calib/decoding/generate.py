@@ -21,7 +21,7 @@ from typing import Any, Sequence
 
 import torch
 
-from fair_calib.decoding.policy import (BLOCK_POLICIES, RANDOM_COMMIT_POLICIES, DecodePolicy,
+from fair_calib.decoding.policies import (BLOCK_POLICIES, RANDOM_COMMIT_POLICIES, DecodePolicy,
                                         block_commit_counts)
 
 log = logging.getLogger(__name__)
@@ -200,15 +200,15 @@ def _decode_blocks(model, ids, attn, lp, policy: DecodePolicy, generator, record
             step_index += 1
             logits = window_logits(model, ids, attn, lp, policy.cfg_scale)   # [B, K, V]
             masked_before = win == mask_id
-            span = logits[:, lo:hi].double()
+            span = logits[:, lo:hi]
             if policy.temperature > 0:
                 x0 = _gumbel_argmax(span, policy.temperature, generator)
             else:
                 x0 = span.argmax(-1)
             if uniform_conf:
                 conf = uniform(b, (hi - lo,), generator, ids.device)
-            else:
-                conf = torch.softmax(span, dim=-1).gather(-1, x0[..., None]).squeeze(-1)
+            else:   # untempered probability of the chosen token, in float64
+                conf = torch.softmax(span.double(), dim=-1).gather(-1, x0[..., None]).squeeze(-1)
             chosen = _select_top(conf, counts[:, s], masked_before[:, lo:hi])
             block = win[:, lo:hi]
             block[chosen] = x0[chosen]

@@ -25,7 +25,7 @@ import pyarrow as pa
 import torch
 
 from fair_calib.decoding.generate import Generators, generate, model_context, pad_left, window_logits
-from fair_calib.decoding.policy import DecodePolicy
+from fair_calib.decoding.policies import DecodePolicy
 
 log = logging.getLogger(__name__)
 
@@ -44,24 +44,29 @@ TRAJECTORY_SCHEMA = pa.schema([
 
 
 def step_stats(logits: torch.Tensor, *token_sets: torch.Tensor | None) -> dict[str, torch.Tensor]:
-    """Per-position statistics of ``logits [B, K, V]``: top1, top-1 and top-2 probabilities,
-    margin, entropy, and the probability of each given ``[B, K]`` token tensor (None -> NaN)."""
-    logp = torch.log_softmax(logits.double(), dim=-1)
-    p = logp.exp()
-    top2 = torch.topk(p, min(2, p.shape[-1]), dim=-1)
-    p1 = top2.values[..., 0]
-    p2 = top2.values[..., 1] if p.shape[-1] > 1 else torch.zeros_like(p1)
-    ent = -(p * logp).nan_to_num(0.0).sum(-1)   # 0 * log 0 = 0
-    out = {"top1": top2.indices[..., 0], "p_top1": p1, "margin": p1 - p2, "entropy": ent}
-    probs = []
-    for toks in token_sets:
-        if toks is None:
-            probs.append(torch.full_like(p1, float("nan")))
-        else:
-            valid = toks >= 0
-            g = p.gather(-1, toks.clamp(min=0)[..., None]).squeeze(-1)
-            probs.append(torch.where(valid, g, torch.full_like(g, float("nan"))))
-    out["probs"] = probs
+    """Per-position statistics of ``logits [B, K, V]``: top1, top-1 probability, margin (top-1
+    minus top-2 probability), entropy, and under ``probs`` the probability of each given
+    ``[B, K]`` token tensor (``None`` or a negative id -> NaN). Computed in float64, one row at
+    a time so that no ``[B, K, V]`` float64 tensor is ever held."""
+    rows: list[dict[str, Any]] = []
+    for r in range(logits.shape[0]):
+        logp = torch.log_softmax(logits[r].double(), dim=-1)
+        p = logp.exp()
+        top2 = torch.topk(p, min(2, p.shape[-1]), dim=-1)
+        p1 = top2.values[..., 0]
+        p2 = top2.values[..., 1] if p.shape[-1] > 1 else torch.zeros_like(p1)
+        rec = {"top1": top2.indices[..., 0], "p_top1": p1, "margin": p1 - p2,
+               "entropy": -(p * logp).nan_to_num(0.0).sum(-1), "probs": []}   # 0 log 0 = 0
+        for toks in token_sets:
+            if toks is None:
+                rec["probs"].append(torch.full_like(p1, float("nan")))
+            else:
+                t = toks[r]
+                g = p.gather(-1, t.clamp(min=0)[..., None]).squeeze(-1)
+                rec["probs"].append(torch.where(t >= 0, g, torch.full_like(g, float("nan"))))
+        rows.append(rec)
+    out = {key: torch.stack([rec[key] for rec in rows]) for key in ("top1", "p_top1", "margin", "entropy")}
+    out["probs"] = [torch.stack([rec["probs"][j] for rec in rows]) for j in range(len(token_sets))]
     return out
 
 

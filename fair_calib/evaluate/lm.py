@@ -20,7 +20,12 @@ so a request scores identically whatever its batch, order or shard.
 
 ``is_greedy``: True when the argmax of ONE forward pass with the whole continuation masked
 reproduces every continuation token (a cheap, deterministic proxy; a diffusion LM has no
-left-to-right greedy decode to compare against).
+left-to-right greedy decode to compare against). It costs one extra forward per request, so it
+is skipped (reported False) when ``compute_greedy=False`` -- ``run.evaluate`` does that when all
+tasks are multiple choice, where lm-eval never reads it.
+
+From the lm-eval CLI (after ``import fair_calib.evaluate.lm``): ``--model fair_calib_dlm
+--model_args model_dir=DIR,family=llada,mc_num=128,batch_size=32[,calib_dir=DIR]``.
 
 ``generate_until`` runs the project decoder (``fair_calib.decoding.generate``) with the family's
 default policy (adapter ``decoding``) merged with per-task overrides (``gen_length``, ``steps``,
@@ -214,7 +219,8 @@ class DiffusionLM(LM):
                  calib_dir: str | None = None, instruct: bool = False, seed: int = 0,
                  likelihood: Mapping[str, Any] | None = None,
                  decoding: Mapping[str, Any] | None = None,
-                 gen_batch_size: int | None = None, max_length: int | None = None) -> None:
+                 gen_batch_size: int | None = None, max_length: int | None = None,
+                 compute_greedy: bool = True) -> None:
         super().__init__()
         if loaded is None:
             if model_dir is None or family is None:
@@ -234,6 +240,8 @@ class DiffusionLM(LM):
         self.decoding_overrides = {k: v for k, v in dict(decoding or {}).items() if v is not None}
         self.gen_batch_size = int(gen_batch_size or self.lik.batch_size)
         self.max_length = int(max_length or _model_max_length(loaded))
+        # is_greedy costs one extra forward per request; multiple-choice tasks never read it.
+        self.compute_greedy = bool(compute_greedy)
         self.stop_ids = {i for i in (loaded.eos_id, getattr(self.tokenizer, "eos_token_id", None))
                          if i is not None}
         if loaded.pad_id is not None and loaded.pad_id != loaded.mask_id:
@@ -246,7 +254,11 @@ class DiffusionLM(LM):
         args = simple_parse_args_string(arg_string)
         args.update({k: v for k, v in (additional_config or {}).items() if v is not None
                      and k in ("device", "dtype")})
-        return cls(**args)
+        likelihood = {k: args.pop(k) for k in ("estimator", "mc_num", "batch_size", "cfg_scale",
+                                               "eps", "append_eos") if k in args}
+        decoding = {k: args.pop(k) for k in ("policy", "steps", "gen_length", "block_length",
+                                             "temperature", "alg_temp", "top_p", "top_k") if k in args}
+        return cls(likelihood=likelihood, decoding=decoding, **args)
 
     # ------------------------------------------------------------------ tokenization
     def _enc(self, text: str, special: bool) -> list[int]:
@@ -278,6 +290,8 @@ class DiffusionLM(LM):
         prefix, scored = self._fit(prefix, scored)
         gen = request_generator(self.seed, prefix, scored)
         ll, _ = mc_loglikelihood(self.loaded, prefix, scored, self.lik, gen)
+        if not self.compute_greedy:
+            return ll, False
         greedy = greedy_match(self.loaded, prefix, scored[:len(target)] if len(scored) > len(target)
                               else scored, self.lik.cfg_scale)
         return ll, greedy

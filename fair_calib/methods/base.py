@@ -108,6 +108,26 @@ class QuantMethod:
                             seen.setdefault(id(p), p)
         return list(seen.values())
 
+    def export_info(self, loaded, out_dir) -> dict:
+        """Write the packed deployment file and report its measured size (meta.json entries).
+
+        Runs for quantizing methods unless ``export: false``; the file ``export.safetensors`` is
+        deleted after measuring unless ``keep_export: true`` (it is as large as the model in 4 bits).
+        """
+        from pathlib import Path
+
+        from ..quant.export import export_quantized, fp_bf16_bytes
+
+        info = {"fp_bf16_bytes": fp_bf16_bytes(loaded.model)}
+        if not self.quantizes or not bool(self.cfg.get("export", True)):
+            return info
+        path = Path(out_dir) / "export.safetensors"
+        info.update(export_quantized(loaded.model, path))
+        info["export_kept"] = bool(self.cfg.get("keep_export", False))
+        if not info["export_kept"]:
+            path.unlink()
+        return info
+
     # --- saving / loading ---------------------------------------------------------------------
     def block_state(self, block: nn.Module, groups: list[LinearGroup]) -> dict[str, torch.Tensor]:
         out: dict[str, torch.Tensor] = {}

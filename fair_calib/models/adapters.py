@@ -161,13 +161,22 @@ class LoadedModel:
         kwargs: dict[str, Any] = {}
         if attention_mask is not None:
             kwargs["attention_mask"] = attention_mask
-            if not bool(attention_mask.all()):
+            if not bool(attention_mask.all()) and _accepts_position_ids(self.model):
                 kwargs["position_ids"] = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
         out = self.model(input_ids=input_ids, **kwargs)
         logits = out.logits if hasattr(out, "logits") else out[0]
         if self.adapter.logit_shift:
             logits = torch.cat([logits[:, :1], logits[:, :-1]], dim=1)
         return logits
+
+
+def _accepts_position_ids(model: nn.Module) -> bool:
+    """Whether ``model.forward`` takes ``position_ids`` (LLaDA's remote code does not: its
+    padded rows then keep absolute positions, as in the authors' own batched decoding)."""
+    import inspect
+
+    params = inspect.signature(model.forward).parameters
+    return "position_ids" in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
 
 
 def _trust_remote_code(adapter: FamilyAdapter, source: str, explicit: bool | None) -> bool:

@@ -2,7 +2,11 @@
 
 ``quantizers``: symmetric uniform quantizers with straight-through rounding and learnable clipping.
 ``transforms``: FlatQuant-style learnable invertible transforms (diagonal scale + Kronecker affine).
+``hadamard``: random Hadamard-type rotations of any size (QuaRot).
 ``qlinear``: the quantized linear layer and the per-input-group quantizer it shares with siblings.
 ``discovery``: find the linears of a transformer block and group those that read the same input.
 ``blockio``: capture the inputs of block 0 and call a block with captured args/kwargs.
+``gptq``: GPTQ weight quantization of one matrix.
+``export``: packed integer deployment file (4-bit: two codes per byte).
+``toy``: tiny random Llama/Qwen2 models as ``LoadedModel`` (tests, smoke runs).
 """

@@ -6,7 +6,7 @@ are alone (o-proj; down-proj). Groups are listed in execution order.
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch

@@ -5,7 +5,7 @@ Linears that read the same tensor (q/k/v, gate/up) share one :class:`InputQuant`
 activation quantizer); each linear has its own weight quantizer. All quantization arithmetic
 runs in float32 (float64 while folding), whatever the model dtype; the output is cast back.
 
-``fold()`` precomputes Q_W(W T^{-1}) once in float64 and the transform matrices, so evaluation
+``fold()`` precomputes Q_W(W T^{-1}) once (W T^{-1} in float64) and the transform matrices, so evaluation
 does one transform + one quantize + one matmul per call; it gives the unfolded outputs up to
 float32 rounding (and, rarely, a weight sitting exactly on a rounding boundary).
 """
@@ -24,17 +24,17 @@ class InputQuant(nn.Module):
     QuaRot's online Hadamard), optional learnable transform T, activation quantizer Q_X."""
 
     def __init__(self, dim: int, act: ActQuantizer, transform: AffineTransform | None = None,
-                 online_rotation: torch.Tensor | None = None, act_drop: float = 0.0):
+                 online_rotation: nn.Module | None = None, act_drop: float = 0.0):
         super().__init__()
         self.dim = dim
         self.transform = transform
         self.act = act
         self.act_drop = float(act_drop)   # QDrop: prob. of keeping an FP activation (training)
-        self.register_buffer("rotation", None if online_rotation is None else online_rotation.float())
+        self.rotation = online_rotation   # fixed orthogonal R with ``.rotate(x) = x @ R``
 
     def transform_x(self, x: torch.Tensor) -> torch.Tensor:
         if self.rotation is not None:
-            x = x @ self.rotation.to(x.dtype)
+            x = self.rotation.rotate(x)
         if self.transform is not None:
             x = self.transform(x)
         return x
@@ -42,7 +42,7 @@ class InputQuant(nn.Module):
     def weight_inverse(self, w: torch.Tensor) -> torch.Tensor:
         """W R then W T^{-1}: the weight side of the same change of basis."""
         if self.rotation is not None:
-            w = w @ self.rotation.to(w.dtype)
+            w = self.rotation.rotate(w)
         if self.transform is not None:
             w = self.transform.weight_times_inverse(w)
         return w
@@ -77,6 +77,8 @@ class QuantLinear(nn.Module):
         self.in_features = linear.in_features
         self.out_features = linear.out_features
         self.register_buffer("w_folded", None)
+        # Already-quantized weight in the transformed basis (GPTQ); replaces Q_W(W T^{-1}).
+        self.register_buffer("w_quant", None)
 
     @property
     def weight(self) -> torch.Tensor:  # some model code reads ``.weight`` (dtype/device checks)
@@ -88,6 +90,8 @@ class QuantLinear(nn.Module):
 
     def effective_weight(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """Q_W(W T^{-1}) computed from the FP weight (differentiable in the quant params)."""
+        if self.w_quant is not None:
+            return self.w_quant.to(dtype)
         w = self.linear.weight.to(dtype)
         if self.inq is not None:
             w = self.inq.weight_inverse(w)
@@ -104,12 +108,22 @@ class QuantLinear(nn.Module):
 
     @torch.no_grad()
     def fold(self) -> None:
-        """Store Q_W(W T^{-1}) computed in float64 (as float32) and freeze the transform."""
+        """Store Q_W(W T^{-1}) and freeze the transform matrices.
+
+        W T^{-1} is computed in float64 (T^{-1} from float64 factors) and rounded to float32
+        before the weight quantizer, which runs in float32 exactly as during calibration: with no
+        transform (RTN) the folded weight is bit-identical to the unfolded one."""
         self.w_folded = None
-        if self.inq is not None:
-            self.inq.unfold()
-        w = self.effective_weight(torch.float64).float()
-        self.w_folded = w
+        if self.w_quant is not None:
+            w = self.w_quant.float()
+        else:
+            if self.inq is not None:
+                self.inq.unfold()
+            w = self.linear.weight.double()
+            if self.inq is not None:
+                w = self.inq.weight_inverse(w)
+            w = self.wq(w.float())
+        self.w_folded = w.detach()
         if self.inq is not None:
             self.inq.fold()
 

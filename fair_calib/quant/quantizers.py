@@ -33,12 +33,6 @@ def fake_quant(x: torch.Tensor, scale: torch.Tensor, bits: int) -> torch.Tensor:
     return torch.clamp(round_ste(x / scale), -q - 1, q) * scale
 
 
-def quantize_int(x: torch.Tensor, scale: torch.Tensor, bits: int) -> torch.Tensor:
-    """Integer codes (no STE): used by export."""
-    q = qmax(bits)
-    return torch.clamp(torch.round(x / scale), -q - 1, q)
-
-
 def sym_scale(amax: torch.Tensor, bits: int) -> torch.Tensor:
     return torch.clamp(amax / qmax(bits), min=SCALE_EPS)
 

@@ -8,7 +8,8 @@ A transform T acts on a layer input x (last dim ``n``): T x = K (d * x), with
 Each factor is P = R0 exp(A - A^T) diag(exp(sigma)) exp(B - B^T)^T, with R0 a fixed random
 orthogonal start (identity if ``init='identity'``): an SVD-like parametrisation whose inverse,
 exp(B - B^T) diag(exp(-sigma)) exp(A - A^T)^T R0^T, needs no matrix inversion and is exact up to
-the orthogonality of the matrix exponential. Matrices are built in float32 during calibration and
+the orthogonality of the matrix exponential (the fixed R0,
+stored in float32, is inverted exactly). Matrices are built in float32 during calibration and
 in float64 for folding, never in half precision.
 
 For a linear y = W x the layer computes W T^{-1} (T x); with the (row-major) identity
@@ -71,7 +72,9 @@ class InvertibleFactor(nn.Module):
             raise ValueError("transform matrices are built in float32/float64 only")
         r0, u, sigma, v = self._parts(dtype)
         p = r0 @ u @ torch.diag(torch.exp(sigma)) @ v.T
-        p_inv = v @ torch.diag(torch.exp(-sigma)) @ u.T @ r0.T
+        # r0 is stored in float32, so it is orthogonal only to ~1e-7: invert it exactly instead
+        # of transposing (a well-conditioned n x n solve, n <= a few hundred).
+        p_inv = v @ torch.diag(torch.exp(-sigma)) @ u.T @ torch.linalg.inv(r0)
         return p, p_inv
 
 

@@ -19,6 +19,12 @@ Settings (JSON; every list keeps its order in the table)::
      "chance": true,                 # main table: add a Chance row where eval rows carry chance
      "table": {...}}                 # options of the table asked for (below)
 
+The workflow's form is accepted too: the grid (``models``, ``methods``, ``tasks``, ``bits``)
+inside ``table`` (read before the top level), and ``labels: {"models": {name: label},
+"groups": {model: family}, "methods": {...}, "tasks": {...}}``. Without ``--table`` the table
+is ``table.kind`` / ``table.layout`` (``family`` -> main, ``average`` -> ablation, ``flat`` ->
+W3A4/QDrop layout) / ``table.name`` when one of ``TABLES``, else ``main``.
+
 ``table`` options: ``model`` (ablation / w3a4 / qdrop tables: the one model), ``rows`` (list of
 [method, label] for ablation tables), ``methods`` (list of methods for w3a4 / qdrop),
 ``bits``, ``baseline`` and ``method`` (memory tables), ``caption``, ``label``, ``fp_label``.
@@ -39,6 +45,7 @@ MISSING = "--"
 TABLES = ("main", "components", "nprobe", "schedule", "w3a4", "qdrop", "calib_memory",
           "deploy_memory")
 METRIC_PREFERENCE = ("acc", "exact_match", "pass@1", "mc2", "acc_norm")
+FILTER_PREFERENCE = ("none", "strict-match")
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -65,7 +72,8 @@ def _is_nan(x: Any) -> bool:
 
 def pick_metric(eval_df: pd.DataFrame, task: str, labels: Mapping[str, Any]) -> str | None:
     """The metric reported for ``task``: settings ``tasks.<task>.metric``, else the only metric
-    of the task, else the first of ``METRIC_PREFERENCE`` present; ambiguity raises."""
+    of the task, else by ``METRIC_PREFERENCE`` on the metric name before the lm-eval filter
+    (``"acc,none"`` -> ``acc``), filter ``none`` then ``strict-match`` first. Ambiguity raises."""
     entry = (labels.get("tasks") or {}).get(task)
     if isinstance(entry, Mapping) and entry.get("metric"):
         return str(entry["metric"])
@@ -74,9 +82,15 @@ def pick_metric(eval_df: pd.DataFrame, task: str, labels: Mapping[str, Any]) -> 
         return None
     if len(metrics) == 1:
         return metrics[0]
-    for m in METRIC_PREFERENCE:
-        if m in metrics:
-            return m
+    for pref in METRIC_PREFERENCE:
+        cands = [m for m in metrics if m.split(",", 1)[0] == pref]
+        if len(cands) == 1:
+            return cands[0]
+        for flt in FILTER_PREFERENCE:
+            if f"{pref},{flt}" in cands:
+                return f"{pref},{flt}"
+        if cands:
+            break
     raise ValueError(f"task {task!r} has metrics {metrics}; name one in settings tasks.{task}.metric")
 
 
@@ -361,7 +375,53 @@ def _as_map(section: Any) -> dict[str, Any]:
 
 
 def labels_from_settings(settings: Mapping[str, Any]) -> dict[str, Any]:
-    return {k: _as_map(settings.get(k)) for k in ("models", "methods", "tasks")}
+    """name -> {"label", "family", "metric"} maps of models / methods / tasks, merged from the
+    top-level sections and from ``labels`` (name -> label strings, ``groups``: model -> family)
+    as the workflow's table rule passes them."""
+    out: dict[str, Any] = {}
+    extra = settings.get("labels") or {}
+    for k in ("models", "methods", "tasks"):
+        merged: dict[str, dict[str, Any]] = {}
+        for name, entry in _as_map(settings.get(k)).items():
+            merged[name] = dict(entry) if isinstance(entry, Mapping) else {"label": str(entry)}
+        for name, lab in (extra.get(k) or {}).items():
+            e = merged.setdefault(name, {})
+            if isinstance(lab, Mapping):
+                e.update(lab)
+            else:
+                e.setdefault("label", str(lab))
+        out[k] = merged
+    for name, group in (extra.get("groups") or {}).items():
+        out["models"].setdefault(name, {}).setdefault("family", str(group))
+    for name, e in out["models"].items():
+        if "family" not in e and "group" in e:
+            e["family"] = e["group"]
+    return out
+
+
+def _escape_percent(text: str | None) -> str | None:
+    """Captions are LaTeX, but a bare % (as in "accuracy, %") would comment the line out."""
+    import re
+
+    return None if text is None else re.sub(r"(?<!\\)%", r"\\%", str(text))
+
+
+LAYOUTS = {"family": "main", "average": "components", "flat": "w3a4"}
+
+
+def resolve_table(name: str | None, settings: Mapping[str, Any]) -> str:
+    """Which table to build: ``--table``, else ``table.kind`` / ``table.layout`` / ``table.name``
+    of the settings (``family`` -> main, ``average`` -> ablation, ``flat`` -> w3a4 layout)."""
+    if name:
+        return name
+    opts = settings.get("table") or {}
+    for key in ("kind", "layout", "name"):
+        v = opts.get(key)
+        if v in TABLES:
+            return v
+        if v in LAYOUTS:
+            return LAYOUTS[v]
+    return "main"
 
 
 def _key3(path: Path) -> tuple[str, str, str]:
@@ -414,50 +474,58 @@ def load_inputs(paths: Sequence[str | Path]) -> dict[str, pd.DataFrame]:
             "memory": cat(mems, ["model", "method", "bits", "export_bytes", "fp_bytes"])}
 
 
-def build_table(name: str, settings: Mapping[str, Any], data: Mapping[str, pd.DataFrame]) -> str:
-    """The LaTeX of table ``name`` (one of ``TABLES``) from loaded inputs and settings."""
+def build_table(name: str | None, settings: Mapping[str, Any],
+                data: Mapping[str, pd.DataFrame]) -> str:
+    """The LaTeX of table ``name`` (one of ``TABLES``; None: from the settings, see
+    :func:`resolve_table`) from loaded inputs and settings. The grid (``models``, ``methods``,
+    ``tasks``, ``bits``) is read from ``settings.table`` first, then from the top level."""
+    name = resolve_table(name, settings)
     if name not in TABLES:
         raise ValueError(f"unknown table {name!r}; one of {TABLES}")
     labels = labels_from_settings(settings)
     opts = dict(settings.get("table") or {})
-    fp = settings.get("fp_method", "fp")
-    models, methods, tasks = (_names(settings.get(k)) for k in ("models", "methods", "tasks"))
+    fp = opts.get("fp_method", settings.get("fp_method", "fp"))
+
+    def grid(key):
+        return _names(opts[key]) if key in opts else _names(settings.get(key))
+
+    models, methods, tasks = grid("models"), grid("methods"), grid("tasks")
     bits = opts.get("bits", settings.get("bits"))
-    cap, lab = opts.get("caption"), opts.get("label")
+    cap, lab = _escape_percent(opts.get("caption")), opts.get("label")
+    chance = bool(opts.get("chance", settings.get("chance", True)))
     ev = data["eval"]
     if name == "main":
         families: dict[str, list[str]] = {}
         for m in models:
-            fam = (labels["models"].get(m) or {}).get("family", "")
-            families.setdefault(fam, []).append(m)
+            families.setdefault(str(labels["models"].get(m, {}).get("family", "")), []).append(m)
         parts = []
         for fam, ms in families.items():
-            fcap = cap or (f"\\textbf{{{(bits or '').upper()} results on the {fam} family.}} "
+            fcap = (f"{cap} ({fam} family)" if cap and len(families) > 1 else cap) or (f"\\textbf{{{(bits or '').upper()} results on the {fam} family.}} "
                            "Accuracy (\\%). Higher is better.")
-            flab = lab or f"tab:main_{latex_escape(fam).lower()}"
+            slug = "".join(ch if ch.isalnum() else "_" for ch in fam.lower()) or "all"
+            flab = lab or f"tab:main_{slug}"
             if lab and len(families) > 1:
-                flab = f"{lab}_{fam.lower()}"
+                flab = f"{lab}_{slug}"
             parts.append(main_table(ev, ms, methods, tasks, labels, bits=bits, fp_method=fp,
-                                    chance=bool(settings.get("chance", True)), caption=fcap,
-                                    label=flab))
+                                    chance=chance, caption=fcap, label=flab))
         return "\n".join(parts)
+    model = opts.get("model") or (models[0] if models else None)
     if name in ("components", "nprobe", "schedule"):
-        header = {"components": "Method", "nprobe": "$N_{probe}$",
-                  "schedule": "$\\lambda_0$ schedule"}[name]
-        rows = [tuple(r) for r in opts.get("rows", [])]
-        if not rows:
-            raise ValueError(f"table {name}: settings table.rows (list of [method, label]) needed")
-        return average_table(ev, opts["model"], rows, tasks, labels, bits=bits, header=header,
+        header = opts.get("header") or {"components": "Method", "nprobe": "$N_{probe}$",
+                                        "schedule": "$\\lambda_0$ schedule"}[name]
+        rows = [tuple(r) for r in opts.get("rows", [])] or \
+            [(m, _label(labels, "methods", m)) for m in methods if m != fp]
+        return average_table(ev, model, rows, tasks, labels, bits=bits, header=header,
                              fp_method=fp, caption=cap, label=lab)
     if name in ("w3a4", "qdrop"):
-        return flat_table(ev, opts["model"], opts.get("methods", methods), tasks, labels,
-                          bits=bits, fp_method=fp, fp_label=opts.get("fp_label", "Real-valued"),
-                          caption=cap, label=lab)
+        return flat_table(ev, model, methods, tasks, labels, bits=bits, fp_method=fp,
+                          fp_label=opts.get("fp_label", "Real-valued"), caption=cap, label=lab)
     if name == "calib_memory":
-        return calib_memory_table(data["stats"], opts.get("models", models), opts["baseline"],
-                                  opts["method"], labels, bits=bits, caption=cap, label=lab)
-    return deploy_memory_table(data["memory"], opts.get("models", models), opts["method"], labels,
-                               bits=bits, caption=cap, label=lab)
+        return calib_memory_table(data["stats"], models, opts["baseline"], opts["method"], labels,
+                                  bits=bits, caption=cap, label=lab)
+    method = opts.get("method") or next((m for m in methods if m != fp), None)
+    return deploy_memory_table(data["memory"], models, method, labels, bits=bits, caption=cap,
+                               label=lab)
 
 
 def run_cli(argv: Sequence[str]) -> None:
@@ -467,9 +535,11 @@ def run_cli(argv: Sequence[str]) -> None:
     ap.add_argument("--settings", required=True, help="JSON (module docstring)")
     ap.add_argument("--inputs", nargs="+", required=True,
                     help="eval parquets, calib stats.parquet, calib meta.json")
-    ap.add_argument("--table", choices=TABLES, default="main")
+    ap.add_argument("--table", choices=TABLES, default=None,
+                    help="default: settings table.kind / table.layout / table.name, else main")
     ap.add_argument("--out", required=True)
     a = ap.parse_args(list(argv))
     settings = json.loads(a.settings)
     tex = build_table(a.table, settings, load_inputs(a.inputs))
-    write_text(a.out, f"% generated by fair-calib report --table {a.table}; do not edit\n" + tex)
+    name = resolve_table(a.table, settings)
+    write_text(a.out, f"% generated by fair-calib report (table {name}); do not edit\n" + tex)

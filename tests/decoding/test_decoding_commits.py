@@ -7,7 +7,7 @@ import torch
 from fair_calib.decoding import DecodePolicy, generate, make_policy
 from fair_calib.registry import POLICIES
 
-from conftest import MASK_ID
+from decoding_helpers import MASK_ID
 
 
 class StepLog:
@@ -198,3 +198,26 @@ def test_cfg_logits(llada_tiny, prompts):
     assert torch.allclose(logits, expected, atol=1e-5)
     # and the guided logits drive the commits
     assert torch.equal(window[committed], logits.argmax(-1)[committed])
+
+
+def test_registry_lists_exactly_the_implemented_policies():
+    from fair_calib.decoding import policies
+
+    assert set(policies.POLICIES) == set(POLICIES)
+
+
+def test_make_policy_merging(llada_tiny, dream_tiny):
+    # a block length inherited from the adapter is dropped for whole-window policies ...
+    pol = make_policy(llada_tiny, {"policy": "random_commit", "steps": 32, "gen_length": 32,
+                                   "block_length": None})
+    assert pol.block_length is None and pol.num_blocks == 1
+    pol = make_policy(llada_tiny, {"name": "entropy", "steps": 16, "gen_length": 32})
+    assert pol.name == "entropy" and pol.block_length is None
+    # ... kept for block policies, and an explicit one is validated
+    assert make_policy(llada_tiny, {"steps": 32, "gen_length": 32}).block_length == 8
+    with pytest.raises(ValueError, match="block_length=8 must be unset or equal gen_length=32"):
+        make_policy(llada_tiny, {"policy": "entropy", "steps": 32, "gen_length": 32, "block_length": 8})
+    # adapter defaults carry through (Dream's eps / alg_temp)
+    pol = make_policy(dream_tiny, steps=8, gen_length=8)
+    assert (pol.name, pol.eps, pol.alg_temp) == ("entropy", 1e-3, 0.0)
+    assert make_policy(dream_tiny.adapter.decoding, {"steps": 8.0, "gen_length": 8}).steps == 8

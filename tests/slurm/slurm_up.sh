@@ -11,14 +11,14 @@
 #   FAIR_CALIB_SLURM_STATE      state folder (default /tmp/fair-calib-slurm)
 #   FAIR_CALIB_SLURM_PARTITION  partition name (default "cpu")
 #   FAIR_CALIB_SLURM_MIN_JOB_AGE  seconds a finished job stays visible to squeue/scontrol
-#                               (default 1800; the executor plugin needs >= 3x its initial
+#                               (default 7200; the executor plugin needs >= 3x its initial
 #                               status wait when it polls with squeue)
 #   FAIR_CALIB_SLURM_UP_TIMEOUT seconds to wait for the node to become idle (default 90)
 set -euo pipefail
 
 STATE="${FAIR_CALIB_SLURM_STATE:-/tmp/fair-calib-slurm}"
 PARTITION="${FAIR_CALIB_SLURM_PARTITION:-cpu}"
-MIN_JOB_AGE="${FAIR_CALIB_SLURM_MIN_JOB_AGE:-1800}"
+MIN_JOB_AGE="${FAIR_CALIB_SLURM_MIN_JOB_AGE:-7200}"
 UP_TIMEOUT="${FAIR_CALIB_SLURM_UP_TIMEOUT:-90}"
 t0=$(date +%s.%N)
 

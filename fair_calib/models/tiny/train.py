@@ -13,7 +13,9 @@ mask each maskable token independently with probability ``t`` and minimise
 ``sum_masked CE / t / n_maskable``, averaged over sequences. Position 0 (``[BOS]``) is never
 masked. Every document is followed by a random number of ``[EOS]`` tokens that are part of the
 sequence and of the loss (LLaDA-style end padding), so a fixed-length generation window ends in
-``[EOS]``; the rest of the row is ``[PAD]`` with attention mask 0 and no loss. For
+``[EOS]``: a share ``long_frac`` of batches fills rows to ``seq_len`` with ``[EOS]`` (the shape of
+prompt + generation window), the rest use short tails and are trimmed to their longest row. The
+remainder of a row is ``[PAD]`` with attention mask 0 and no loss. For
 question-answer documents a share ``sft_frac`` of rows masks only the answer and its ``[EOS]``
 tail (the SFT form of the same objective).
 
@@ -48,12 +50,10 @@ DEFAULT_TRAIN: dict[str, Any] = {
     "hidden": 128, "layers": 4, "heads": 4, "intermediate": 384,
     "steps": 600, "batch_size": 64, "lr": 3e-3, "seq_len": 64,
     "warmup": 0.05, "min_lr_ratio": 0.1, "weight_decay": 0.01, "grad_clip": 1.0,
-    "eps": 1e-3, "sft_frac": 0.5, "no_bos_frac": 0.1, "no_eos_frac": 0.15,
+    "eps": 1e-3, "sft_frac": 0.6, "no_bos_frac": 0.1, "no_eos_frac": 0.1,
+    "long_frac": 0.25, "short_tail": 6,
     "threads": 2,
 }
-
-TRAIN_LOG_SCHEMA = None  # built lazily (pyarrow import)
-
 
 def _log_schema():
     import pyarrow as pa
@@ -110,27 +110,39 @@ class Batcher:
         return self.order.pop()
 
     def batch(self, batch_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One batch. A share ``long_frac`` of batches pads every row with ``[EOS]`` up to
+        ``seq_len`` (the shape of a prompt plus a fixed generation window); the others give each
+        row a short ``[EOS]`` tail (1..``short_tail``) and are trimmed to their longest row, which
+        keeps most steps short and the loss focused on the documents."""
         L = self.seq_len
         pad, eos = self.ids[PAD], self.ids[EOS]
-        input_ids = torch.full((batch_size, L), pad, dtype=torch.long)
-        attn = torch.zeros((batch_size, L), dtype=torch.long)
-        maskable = torch.zeros((batch_size, L), dtype=torch.bool)
-        for r in range(batch_size):
+        long_batch = self.rng.random() < self.train["long_frac"]
+        rows: list[tuple[list[int], int]] = []
+        for _ in range(batch_size):
             j = self._next_index()
             doc, ans = self.docs[j], self.answer_starts[j]
             if self.rng.random() < self.train["no_bos_frac"] and len(doc) > 2:
-                doc, ans = doc[1:], max(ans - 1, 1) if ans >= 0 else ans
+                doc, ans = doc[1:], (max(ans - 1, 1) if ans >= 0 else ans)
             doc = doc[: L - 1]
             room = L - len(doc)
-            n_eos = 0 if self.rng.random() < self.train["no_eos_frac"] else self.rng.randint(1, room)
-            row = doc + [eos] * n_eos
-            n = len(row)
-            input_ids[r, :n] = torch.tensor(row)
-            attn[r, :n] = 1
+            if self.rng.random() < self.train["no_eos_frac"]:
+                n_eos = 0
+            elif long_batch:
+                n_eos = self.rng.randint(max(1, room // 2), room)
+            else:
+                n_eos = self.rng.randint(1, min(room, int(self.train["short_tail"])))
             start = 1
             if 0 <= ans < len(doc) and self.rng.random() < self.train["sft_frac"]:
                 start = ans
-            maskable[r, start:n] = True
+            rows.append((doc + [eos] * n_eos, start))
+        width = max(len(r) for r, _ in rows)
+        input_ids = torch.full((batch_size, width), pad, dtype=torch.long)
+        attn = torch.zeros((batch_size, width), dtype=torch.long)
+        maskable = torch.zeros((batch_size, width), dtype=torch.bool)
+        for r, (row, start) in enumerate(rows):
+            input_ids[r, : len(row)] = torch.tensor(row)
+            attn[r, : len(row)] = 1
+            maskable[r, start: len(row)] = True
         return input_ids, attn, maskable
 
 

@@ -13,7 +13,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from fair_calib.registry import POLICIES
+from fair_calib import registry
 
 # Policies whose commit counts follow the block rule (base = n // steps, remainder first).
 BLOCK_POLICIES = ("low_confidence", "random")
@@ -22,8 +22,9 @@ SCHEDULE_POLICIES = ("origin", "maskgit_plus", "topk_margin", "entropy")
 # Model-independent commit order (positions uniformly at random among masked).
 RANDOM_COMMIT_POLICIES = ("random_commit",)
 
-_IMPLEMENTED = BLOCK_POLICIES + SCHEDULE_POLICIES + RANDOM_COMMIT_POLICIES
-assert set(_IMPLEMENTED) == set(POLICIES), "fair_calib.registry.POLICIES out of sync with decoding"
+# The policies implemented here (``fair_calib.registry.POLICIES`` names them for the config
+# schema without importing torch; tests check the two agree).
+POLICIES = BLOCK_POLICIES + SCHEDULE_POLICIES + RANDOM_COMMIT_POLICIES
 
 
 @dataclass(frozen=True)
@@ -58,7 +59,8 @@ class DecodePolicy:
     # ------------------------------------------------------------------ validation
     def validate(self) -> None:
         if self.name not in POLICIES:
-            raise ValueError(f"unknown decoding policy {self.name!r}; valid policies: {list(POLICIES)}")
+            raise ValueError(f"unknown decoding policy {self.name!r}; valid policies: "
+                             f"{list(registry.POLICIES)}")
         for key in ("steps", "gen_length"):
             val = getattr(self, key)
             if isinstance(val, bool) or not isinstance(val, int) or val < 1:
@@ -121,24 +123,30 @@ def make_policy(defaults: Mapping[str, Any] | Any, overrides: Mapping[str, Any] 
         defaults = defaults.adapter
     if hasattr(defaults, "decoding"):
         defaults = defaults.decoding
-    merged: dict[str, Any] = dict(defaults or {})
+    def canonical(d: Mapping[str, Any]) -> dict[str, Any]:
+        d = dict(d)
+        if "policy" in d:
+            if "name" in d:
+                raise ValueError("give the decoding policy as 'policy' or 'name', not both")
+            d["name"] = d.pop("policy")
+        return d
+
+    merged = canonical(defaults or {})
+    given: dict[str, Any] = {}
     for extra in (overrides or {}, kwargs):
-        for key, val in extra.items():
-            if val is not None:
-                merged[key] = val
-    if "policy" in merged:
-        merged["name"] = merged.pop("policy")
+        given.update(canonical({key: val for key, val in extra.items() if val is not None}))
+    merged.update(given)
     unknown = sorted(set(merged) - _FIELDS)
     if unknown:
         raise ValueError(f"unknown decoding settings {unknown}; known: {sorted(_FIELDS | {'policy'})}")
     if "name" not in merged:
-        raise ValueError(f"no decoding policy named; valid policies: {list(POLICIES)}")
+        raise ValueError(f"no decoding policy named; valid policies: {list(registry.POLICIES)}")
     name = merged["name"]
     if name not in POLICIES:
-        raise ValueError(f"unknown decoding policy {name!r}; valid policies: {list(POLICIES)}")
+        raise ValueError(f"unknown decoding policy {name!r}; valid policies: "
+                         f"{list(registry.POLICIES)}")
     # A block length inherited from a block policy's defaults means nothing to the others.
-    if name not in BLOCK_POLICIES and "block_length" in merged and \
-            "block_length" not in (overrides or {}) and "block_length" not in kwargs:
+    if name not in BLOCK_POLICIES and "block_length" in merged and "block_length" not in given:
         merged.pop("block_length")
     for key in ("steps", "gen_length", "block_length", "top_k"):
         if isinstance(merged.get(key), float) and float(merged[key]).is_integer():

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# CI: SLURM end to end (issue 8). Brings up a single-node SLURM cluster on localhost
+# (tests/slurm/slurm_up.sh: munged + slurmctld + slurmd, installs slurm-wlm/munge if missing),
+# runs tests/slurm/test_slurm.py against it, and always brings it down again.
+# Needs root. Hard limit FAIR_CALIB_SLURM_CI_TIMEOUT seconds (default 3600) for the pytest run;
+# a hung Snakemake ignores SIGTERM, hence `timeout -k`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+[ -n "${VIRTUAL_ENV:-}" ] || { [ -f .venv/bin/activate ] && . .venv/bin/activate; }
+LIMIT="${FAIR_CALIB_SLURM_CI_TIMEOUT:-3600}"
+export FAIR_CALIB_SLURM_STATE="${FAIR_CALIB_SLURM_STATE:-/tmp/fair-calib-slurm}"
+
+cleanup() { tests/slurm/slurm_down.sh || true; }
+trap cleanup EXIT
+
+t0=$(date +%s)
+timeout -k 10 300 tests/slurm/slurm_up.sh
+echo "[slurm-ci] cluster up in $(( $(date +%s) - t0 )) s"
+. "$FAIR_CALIB_SLURM_STATE/env.sh"
+sinfo
+scontrol show config | grep -E '^(MinJobAge|SelectType|AccountingStorageType) '
+
+export FAIR_CALIB_SLURM_TEST=1 FAIR_CALIB_SLURM_REQUIRE=1
+t1=$(date +%s)
+rc=0
+timeout -k 60 "$LIMIT" python -m pytest -p no:cacheprovider -rA -s tests/slurm/test_slurm.py \
+  || rc=$?
+echo "[slurm-ci] pytest rc=$rc in $(( $(date +%s) - t1 )) s"
+if [ "$rc" -ne 0 ]; then
+  echo "[slurm-ci] controller / node logs (tail):"
+  tail -n 30 "$FAIR_CALIB_SLURM_STATE/log/slurmctld.log" "$FAIR_CALIB_SLURM_STATE/log/slurmd.log" || true
+  squeue -t all -o '%i %j %T %r %M' || true
+fi
+exit "$rc"

@@ -1,0 +1,332 @@
+"""Stage: evaluate one model x method x bits on one task through lm-eval; write Parquet + JSON.
+
+``evaluate(settings, model_dir, calib_dir, out_path)`` is a pure function over files. Rows follow
+the eval schema of docs/design.md; the raw lm-eval output (without the logged samples) and the
+per-document metric values go to ``{out without .parquet}.json``.
+
+Every reported number is computed from the per-document values, for a single run and for a
+gathered set of shards alike: ``value`` = mean over documents (for a group such as ``mmlu`` this
+is the size-weighted mean over its subtasks, as lm-eval's ``weight_by_size``), ``stderr`` =
+sample standard deviation / sqrt(n). So ``gather`` of shards reproduces one run exactly.
+
+Sharding: documents of every (sub)task, after ``limit``, are dealt round-robin: shard ``K`` of
+``N`` takes document indices ``i`` with ``i % N == K`` (passed to lm-eval as ``samples``). The
+likelihood draws are seeded per request, so a document scores the same in any shard.
+
+Settings (JSON): ``{"seed", "device", "dtype", "data_dir", "synthetic_dir", "model": {"name",
+"family", "source", "instruct"}, "method": {"name", "type", ...}, "bits": {"name", ...},
+"task": {"name", "kind": "synthetic_mc"|"synthetic_gen"|"lm_eval", "lm_eval_task",
+"num_fewshot", "limit", "gen_length", "steps", "block_length", "mc_num", "batch_size",
+"cfg_scale", "eps", "decoding": {...}, "offline": bool, "allow_code_execution": bool}}``.
+``offline`` defaults to ``data_source == "local"`` (the config default); ``data_source: hub``
+uses lm-eval's own task definitions and datasets.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import random
+import tempfile
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+import numpy as np
+import pyarrow as pa
+
+from fair_calib import io
+
+EVAL_SCHEMA = pa.schema([
+    ("model", pa.string()), ("method", pa.string()), ("bits", pa.string()), ("task", pa.string()),
+    ("metric", pa.string()), ("value", pa.float64()), ("stderr", pa.float64()), ("n", pa.int64()),
+    ("chance", pa.float64()), ("settings", pa.string()),
+])
+
+SYNTHETIC_KINDS = {"synthetic_mc": "synth_mc", "synthetic_gen": "synth_arith"}
+CODE_EXECUTION_SETTING = "task.allow_code_execution"
+
+
+def raw_json_path(out_path: str | os.PathLike) -> Path:
+    out = Path(out_path)
+    return out.with_name(out.name[: -len(".parquet")] + ".json") if out.name.endswith(".parquet") \
+        else out.with_name(out.name + ".json")
+
+
+def lm_eval_task_name(task: Mapping[str, Any]) -> str:
+    kind = task.get("kind", "lm_eval")
+    if kind in SYNTHETIC_KINDS:
+        return task.get("lm_eval_task") or SYNTHETIC_KINDS[kind]
+    if kind != "lm_eval":
+        raise ValueError(f"unknown task kind {kind!r}; expected one of "
+                         f"{sorted(SYNTHETIC_KINDS) + ['lm_eval']}")
+    return task.get("lm_eval_task") or task["name"]
+
+
+@contextlib.contextmanager
+def _env(**values: str):
+    """Set environment variables inside the block only, restoring the previous state."""
+    old = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def is_offline(settings: Mapping[str, Any]) -> bool:
+    """``task.offline`` if set, else ``data_source`` (``local``, the default, is offline)."""
+    task = settings["task"]
+    if task.get("kind", "lm_eval") in SYNTHETIC_KINDS:
+        return True
+    if task.get("offline") is not None:
+        return bool(task["offline"])
+    return (settings.get("data_source") or "local") == "local"
+
+
+def build_task_manager(settings: Mapping[str, Any], include_dir: str | os.PathLike):
+    """TaskManager for the settings' task: local YAMLs (synthetic / offline) or lm-eval's own."""
+    from lm_eval.tasks import TaskManager
+
+    from fair_calib.evaluate import offline_data
+
+    task = settings["task"]
+    kind = task.get("kind", "lm_eval")
+    name = lm_eval_task_name(task)
+    if kind in SYNTHETIC_KINDS:
+        synth = settings.get("synthetic_dir") or "resources/data"
+        offline_data.write_synthetic_tasks(synth, include_dir, [name])
+        return TaskManager(include_path=str(include_dir), include_defaults=False)
+    if is_offline(settings):
+        data_dir = settings.get("data_dir") or offline_data.default_data_dir()
+        offline_data.write_offline_tasks(data_dir, Path(include_dir) / "_cache",
+                                         Path(include_dir) / "tasks", [name])
+        return TaskManager(include_path=str(Path(include_dir) / "tasks"), include_defaults=False)
+    return TaskManager()
+
+
+def shard_indices(n_docs: int, limit: int | float | None, shard: int, num_shards: int) -> list[int]:
+    """Document indices of shard ``shard`` of ``num_shards`` after lm-eval-style ``limit``."""
+    if not 0 <= shard < num_shards:
+        raise ValueError(f"shard {shard} out of range for {num_shards} shards")
+    if limit is None:
+        n = n_docs
+    elif isinstance(limit, float) and limit < 1.0:
+        n = int(math.ceil(n_docs * limit))
+    else:
+        n = min(int(limit), n_docs)
+    return [i for i in range(n) if i % num_shards == shard]
+
+
+def _doc_chance(task_obj, example: Mapping[str, Any]) -> float:
+    if task_obj.get_config("output_type") not in ("multiple_choice",):
+        return 0.0
+    doc = example.get("doc") or {}
+    mc2 = doc.get("mc2_targets") if isinstance(doc, dict) else None
+    if isinstance(mc2, dict) and "labels" in mc2:   # TruthfulQA MC2: mass of uniform probs
+        labels = list(mc2["labels"])
+        return float(sum(labels)) / len(labels)
+    n_choices = len(example.get("arguments") or [])
+    return 1.0 / n_choices if n_choices else 0.0
+
+
+def _is_number(x: Any) -> bool:
+    return isinstance(x, (bool, int, float, np.floating, np.integer)) and not isinstance(x, str)
+
+
+def per_doc_values(results: Mapping[str, Any], tasks: Mapping[str, Any]) -> dict[str, Any]:
+    """``{"metrics": {"acc,none": {task: {doc_id: v}}}, "chance": {task: {doc_id: c}}}``."""
+    metrics: dict[str, dict[str, dict[str, float]]] = {}
+    chance: dict[str, dict[str, float]] = {}
+    for task_name, examples in (results.get("samples") or {}).items():
+        task_obj = tasks[task_name]
+        for ex in examples:
+            doc_id = str(int(ex["doc_id"]))
+            chance.setdefault(task_name, {})[doc_id] = _doc_chance(task_obj, ex)
+            for m in ex.get("metrics", []):
+                v = ex.get(m)
+                if _is_number(v):
+                    metrics.setdefault(f"{m},{ex['filter']}", {}).setdefault(task_name, {})[doc_id] = float(v)
+    return {"metrics": metrics, "chance": chance}
+
+
+def summarize(per_doc: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """One row per metric key: mean, stderr (ddof=1), n, mean chance over the same documents."""
+    rows = []
+    chance = per_doc["chance"]
+    for key in sorted(per_doc["metrics"]):
+        vals, ch = [], []
+        for task_name in sorted(per_doc["metrics"][key]):
+            for doc_id, v in sorted(per_doc["metrics"][key][task_name].items(), key=lambda kv: int(kv[0])):
+                vals.append(v)
+                ch.append(chance.get(task_name, {}).get(doc_id, 0.0))
+        arr = np.asarray(vals, dtype=np.float64)
+        n = len(arr)
+        rows.append({"metric": key, "value": float(arr.mean()) if n else float("nan"),
+                     "stderr": float(arr.std(ddof=1) / math.sqrt(n)) if n > 1 else float("nan"),
+                     "n": n, "chance": float(np.mean(ch)) if n else float("nan")})
+    return rows
+
+
+def _rows_frame(settings: Mapping[str, Any], stats: list[dict[str, Any]]):
+    import pandas as pd
+
+    base = {"model": settings["model"]["name"], "method": settings["method"]["name"],
+            "bits": settings["bits"]["name"], "task": settings["task"]["name"],
+            "settings": json.dumps(settings, sort_keys=True)}
+    return pd.DataFrame([{**base, **r} for r in stats], columns=[f.name for f in EVAL_SCHEMA])
+
+
+def _json_safe(obj: Any) -> Any:
+    return json.loads(json.dumps(obj, default=str))
+
+
+def make_lm(settings: Mapping[str, Any], model_dir: str | os.PathLike,
+            calib_dir: str | os.PathLike | None = None, loaded=None, compute_greedy: bool = True):
+    """The lm-eval model for these settings (loads ``model_dir`` unless ``loaded`` is given)."""
+    from fair_calib.evaluate.lm import DiffusionLM
+
+    model, task = settings["model"], settings["task"]
+    if loaded is None:
+        from fair_calib.models.adapters import load_model
+
+        loaded = load_model(model_dir, model["family"], dtype=settings.get("dtype", "float32"),
+                            device=settings.get("device", "cpu"))
+    likelihood = {"mc_num": task.get("mc_num"), "batch_size": task.get("batch_size"),
+                  "cfg_scale": task.get("cfg_scale"), "eps": task.get("eps")}
+    decoding = dict(task.get("decoding") or {})
+    for key in ("gen_length", "steps", "block_length"):
+        if task.get(key) is not None:
+            decoding[key] = task[key]
+    return DiffusionLM(loaded, calib_dir=str(calib_dir) if calib_dir else None,
+                       instruct=bool(model.get("instruct", False)), seed=int(settings.get("seed", 0)),
+                       likelihood=likelihood, decoding=decoding,
+                       gen_batch_size=task.get("batch_size"), compute_greedy=compute_greedy)
+
+
+def evaluate(settings: Mapping[str, Any], model_dir: str | os.PathLike | None,
+             calib_dir: str | os.PathLike | None, out_path: str | os.PathLike,
+             shard: int = 0, num_shards: int = 1, loaded=None):
+    """Evaluate and write ``out_path`` (Parquet) + the raw JSON beside it; returns the rows."""
+    import torch
+    from lm_eval import simple_evaluate
+
+    settings = json.loads(json.dumps(settings))
+    task = settings["task"]
+    seed = int(settings.get("seed", 0))
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    allow_code = bool(task.get("allow_code_execution", False))
+
+    with tempfile.TemporaryDirectory(prefix="fair_calib_eval_") as tmp, \
+            _env(HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1") if is_offline(settings) \
+            else contextlib.nullcontext():
+        tm = build_task_manager(settings, tmp)
+        name = lm_eval_task_name(task)
+        try:
+            leaf_tasks = tm.load([name])["tasks"]
+        except ImportError as err:
+            raise ImportError(f"loading lm-eval task {name!r} failed ({err}); lm-eval's own "
+                              f"definition needs that package: install it, or set "
+                              f"task.offline: true to use the local definitions") from err
+        unsafe = sorted(t for t, obj in leaf_tasks.items() if obj.get_config("unsafe_code"))
+        if unsafe and not allow_code:
+            raise PermissionError(
+                f"task {task['name']!r} ({', '.join(unsafe)}) executes model-written code; "
+                f"set {CODE_EXECUTION_SETTING}: true in its settings to allow it")
+        samples: dict[str, list[int]] = {}
+        for t, obj in leaf_tasks.items():
+            idx = shard_indices(len(obj.eval_docs), task.get("limit"), shard, num_shards)
+            if idx:
+                samples[t] = idx
+        per_doc: dict[str, Any] = {"metrics": {}, "chance": {}}
+        raw: dict[str, Any] = {}
+        if samples:
+            greedy = any(leaf_tasks[t].get_config("output_type") == "loglikelihood" for t in samples)
+            lm = make_lm(settings, model_dir, calib_dir, loaded=loaded, compute_greedy=greedy)
+            code_env = _env(HF_ALLOW_CODE_EVAL="1") if allow_code and unsafe else contextlib.nullcontext()
+            with code_env:
+                res = simple_evaluate(
+                    model=lm, tasks=[leaf_tasks[t] for t in sorted(samples)],
+                    num_fewshot=task.get("num_fewshot"), samples=samples, log_samples=True,
+                    bootstrap_iters=0, task_manager=tm, random_seed=seed,
+                    numpy_random_seed=seed, torch_random_seed=seed, fewshot_random_seed=seed,
+                    confirm_run_unsafe_code=bool(allow_code and unsafe))
+            per_doc = per_doc_values(res, leaf_tasks)
+            raw = _json_safe({k: v for k, v in res.items() if k != "samples"})
+    stats = summarize(per_doc)
+    df = _rows_frame(settings, stats)
+    prov = io.provenance(settings, seed=seed, shard=shard, num_shards=num_shards,
+                         model_dir=str(model_dir), calib_dir=str(calib_dir) if calib_dir else None)
+    io.write_json(raw_json_path(out_path), {"lm_eval": raw, "per_doc": per_doc, "settings": settings,
+                                            "shard": shard, "num_shards": num_shards})
+    io.write_parquet(df, out_path, EVAL_SCHEMA, provenance=prov)
+    return df
+
+
+def gather(shard_paths: Iterable[str | os.PathLike], out_path: str | os.PathLike):
+    """Combine shard outputs into the result of one run (rows recomputed from per-doc values)."""
+    shard_paths = [Path(p) for p in shard_paths]
+    if not shard_paths:
+        raise ValueError("gather needs at least one shard")
+    merged: dict[str, Any] = {"metrics": {}, "chance": {}}
+    settings = None
+    raws = []
+    for p in shard_paths:
+        rec = io.read_json(raw_json_path(p))
+        if settings is None:
+            settings = rec["settings"]
+        elif rec["settings"] != settings:
+            raise ValueError(f"{p}: settings differ from {shard_paths[0]}; not shards of one run")
+        raws.append({"shard": rec.get("shard"), "num_shards": rec.get("num_shards"),
+                     "lm_eval": rec.get("lm_eval")})
+        for key, by_task in rec["per_doc"]["metrics"].items():
+            for t, docs in by_task.items():
+                dst = merged["metrics"].setdefault(key, {}).setdefault(t, {})
+                dup = set(dst) & set(docs)
+                if dup:
+                    raise ValueError(f"{p}: documents {sorted(dup, key=int)[:5]} of {t} appear in "
+                                     f"two shards")
+                dst.update(docs)
+        for t, docs in rec["per_doc"]["chance"].items():
+            merged["chance"].setdefault(t, {}).update(docs)
+    df = _rows_frame(settings, summarize(merged))
+    prov = io.provenance(settings, seed=settings.get("seed"),
+                         gathered_from=[str(p) for p in shard_paths])
+    io.write_json(raw_json_path(out_path), {"lm_eval_shards": raws, "per_doc": merged,
+                                            "settings": settings})
+    io.write_parquet(df, out_path, EVAL_SCHEMA, provenance=prov)
+    return df
+
+
+def run_cli(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="fair-calib evaluate", description=__doc__.split("\n")[0])
+    ap.add_argument("--settings", help="settings JSON (or @path to a JSON file)")
+    ap.add_argument("--model-dir")
+    ap.add_argument("--calib-dir", default=None)
+    ap.add_argument("--shard", type=int, default=0)
+    ap.add_argument("--num-shards", type=int, default=1)
+    ap.add_argument("--gather", action="store_true", help="combine --inputs shard outputs")
+    ap.add_argument("--inputs", nargs="+", default=[])
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args(argv)
+    if args.gather:
+        if not args.inputs:
+            ap.error("--gather needs --inputs")
+        gather(args.inputs, args.out)
+        return
+    if not args.settings or not args.model_dir:
+        ap.error("--settings and --model-dir are required unless --gather")
+    text = Path(args.settings[1:]).read_text() if args.settings.startswith("@") else args.settings
+    evaluate(json.loads(text), args.model_dir, args.calib_dir, args.out,
+             shard=args.shard, num_shards=args.num_shards)
+
+
+if __name__ == "__main__":
+    run_cli()

@@ -1,0 +1,74 @@
+"""Quantization methods: ``REGISTRY[type] -> class`` and loading for evaluation.
+
+Adding a method is one module defining a :class:`~fair_calib.methods.base.QuantMethod` subclass
+and one entry below (keys equal ``fair_calib.registry.METHOD_TYPES``).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .base import QuantMethod, fold_block
+from .fair_calib import FairCalibMethod
+from .flatquant import FlatQuantMethod
+from .fp import FPMethod
+from .qdrop import QDropMethod
+from .quarot import QuaRotMethod
+from .rtn import RTNMethod
+
+REGISTRY: dict[str, type[QuantMethod]] = {
+    "fp": FPMethod,
+    "rtn": RTNMethod,
+    "quarot": QuaRotMethod,
+    "flatquant": FlatQuantMethod,
+    "fair_calib": FairCalibMethod,
+    "qdrop": QDropMethod,
+}
+
+
+def make_method(method_cfg: dict[str, Any], w_bits: int, a_bits: int, seed: int = 0) -> QuantMethod:
+    """Instantiate from a config ``methods:`` entry (``type`` names the registered class)."""
+    cfg = dict(method_cfg)
+    mtype = cfg.pop("type", None) or cfg.get("name")
+    cfg.pop("name", None)
+    if mtype not in REGISTRY:
+        raise KeyError(f"unknown method type {mtype!r}; registered: {sorted(REGISTRY)}")
+    return REGISTRY[mtype](cfg, w_bits, a_bits, seed)
+
+
+@torch.no_grad()
+def load_quantized(loaded, calib_dir: str | Path, fold: bool = True):
+    """FP model + calibrated parameters in ``calib_dir`` -> the fake-quant model (in place).
+
+    Reads ``meta.json`` (method, bits, per-block linear groups) and ``params.safetensors``,
+    replays the method's model-level preparation (QuaRot rotations), wraps every block's
+    linears, loads their parameters and, with ``fold``, precomputes the quantized weights.
+    """
+    from .. import io
+    from ..quant.discovery import groups_from_json
+
+    calib_dir = Path(calib_dir)
+    meta_path = calib_dir / "meta.json"
+    if not meta_path.exists():
+        raise FileNotFoundError(f"{meta_path} missing: calibration in {calib_dir} is incomplete")
+    meta = io.read_json(meta_path)
+    cfg = dict(meta["method_settings"], type=meta["type"])
+    method = make_method(cfg, meta["bits"]["w_bits"], meta["bits"]["a_bits"], meta["seed"])
+    params, _ = io.load_tensors(calib_dir / "params.safetensors")
+    method.prepare_model(loaded)
+    blocks = loaded.blocks
+    if len(blocks) != int(meta["n_blocks"]):
+        raise ValueError(f"model has {len(blocks)} blocks, calibration {meta['n_blocks']}")
+    device = loaded.device
+    for i, block in enumerate(blocks):
+        groups = groups_from_json(meta["groups"][str(i)])
+        prefix = f"{i}."
+        state = {k[len(prefix):]: v.to(device) for k, v in params.items() if k.startswith(prefix)}
+        method.quantize_block(block, groups, None, i)
+        method.load_block_state(block, groups, state)
+        if fold:
+            fold_block(block)
+    loaded.model.eval()
+    return loaded

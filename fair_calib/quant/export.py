@@ -1,0 +1,132 @@
+"""Deployment export: integer weights packed into bytes, for the deployment-memory table.
+
+Every fake-quant linear is written as its integer codes of Q_W(W T^{-1}) (4-bit: two codes per
+byte, low nibble first, two's complement; 5..8 bits: one int8 per code) plus one float16 scale
+per output channel and its bias. The online part of each input group (the folded transform
+matrices P1, P2 and diagonal d, an online rotation's factors, a static activation scale) and all
+non-quantized parameters (embeddings, norms, LM head) are stored in bfloat16 (float16 for the
+small scales). The file is a plain safetensors file; its size on disk is what ``export_bytes``
+reports.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from .qlinear import InputQuant, QuantLinear
+from .quantizers import is_quantized, qmax
+
+
+def pack_int4(codes: torch.Tensor) -> torch.Tensor:
+    """int codes in [-8, 7], shape [out, in] -> uint8 [out, ceil(in / 2)] (low nibble first)."""
+    c = codes.to(torch.int16)
+    if c.numel() and (c.min() < -8 or c.max() > 7):
+        raise ValueError("4-bit codes must lie in [-8, 7]")
+    u = (c & 0xF).to(torch.uint8)
+    if u.shape[-1] % 2:
+        u = torch.cat([u, torch.zeros(*u.shape[:-1], 1, dtype=torch.uint8)], dim=-1)
+    return u[..., 0::2] | (u[..., 1::2] << 4)
+
+
+def unpack_int4(packed: torch.Tensor, n: int) -> torch.Tensor:
+    lo = (packed & 0xF).to(torch.int16)
+    hi = (packed >> 4).to(torch.int16)
+    u = torch.stack([lo, hi], dim=-1).reshape(*packed.shape[:-1], -1)[..., :n]
+    return torch.where(u >= 8, u - 16, u).to(torch.int8)
+
+
+@torch.no_grad()
+def linear_codes(ql: QuantLinear) -> tuple[torch.Tensor, torch.Tensor]:
+    """(int8 codes, float32 per-row scale) with codes * scale == the folded quantized weight."""
+    if ql.w_folded is None:
+        ql.fold()
+    w = ql.w_folded.float()
+    bits = ql.wq.bits
+    if ql.w_quant is not None:                      # GPTQ keeps its codes
+        codes, scale = ql._gptq
+        return codes.to(torch.int8), scale.float().reshape(-1, 1)
+    # the row scales, with the same arithmetic as QuantLinear.fold
+    base = ql.linear.weight.double()
+    if ql.inq is not None:
+        ql.inq.unfold()
+        base = ql.inq.weight_inverse(base)
+        ql.inq.fold()
+    scale = ql.wq.get_scale(base.float()).float().reshape(-1, 1)
+    codes = torch.clamp(torch.round(w / scale), -qmax(bits) - 1, qmax(bits))
+    if not torch.allclose(codes * scale, w, atol=1e-6, rtol=1e-5):
+        raise RuntimeError("export: folded weight is not on its quantization grid")
+    return codes.to(torch.int8), scale
+
+
+@torch.no_grad()
+def export_quantized(model: nn.Module, path: str | Path) -> dict[str, int]:
+    """Write the packed deployment file for a fake-quant ``model``; returns sizes in bytes."""
+    from .. import io
+
+    tensors: dict[str, torch.Tensor] = {}
+    skip: set[int] = set()
+    quant_linears = [(n, m) for n, m in model.named_modules() if isinstance(m, QuantLinear)]
+    for name, ql in quant_linears:
+        if is_quantized(ql.wq.bits):
+            ql.fold()                       # creates w_folded (skipped below, stored as codes)
+        skip.add(id(ql.linear.weight))
+        for sub in (ql.wq, ql.inq):
+            if sub is not None:
+                skip.update(id(t) for t in sub.parameters())
+                skip.update(id(t) for t in sub.buffers())
+        for t in (ql.w_folded, ql.w_quant):
+            if t is not None:
+                skip.add(id(t))
+        if not is_quantized(ql.wq.bits):
+            tensors[f"{name}.weight"] = ql.linear.weight.detach().to(torch.bfloat16)
+            continue
+        codes, scale = linear_codes(ql)
+        tensors[f"{name}.qweight"] = (pack_int4(codes) if ql.wq.bits <= 4 else codes).cpu()
+        tensors[f"{name}.scale"] = scale.reshape(-1).to(torch.float16).cpu()
+    seen_inq: dict[int, str] = {}
+    for name, ql in quant_linears:
+        inq: InputQuant | None = ql.inq
+        if inq is None or id(inq) in seen_inq:
+            continue
+        seen_inq[id(inq)] = name
+        pre = f"{name}.input"
+        if inq.transform is not None:
+            inq.transform.fold(torch.float32)
+            for k, v in inq.transform._folded.items():
+                if k in ("p1", "p2", "d"):
+                    tensors[f"{pre}.{k}"] = v.to(torch.bfloat16).cpu()
+        if inq.rotation is not None:
+            tensors[f"{pre}.rot_signs"] = inq.rotation.s.to(torch.int8).cpu()
+            if inq.rotation.m > 1:
+                tensors[f"{pre}.rot_m"] = inq.rotation.mfac.to(torch.bfloat16).cpu()
+        act = inq.act
+        if act.enabled:
+            if act.scale is not None:
+                ratio = act.scale.abs()
+            elif act.clip is not None:
+                ratio = torch.sigmoid(act.clip)
+            else:
+                ratio = torch.tensor(act.clip_ratio)
+            tensors[f"{pre}.act_param"] = ratio.reshape(1).to(torch.float16).cpu()
+    for n, p in list(model.named_parameters()) + list(model.named_buffers()):
+        if id(p) in skip or p is None:
+            continue
+        skip.add(id(p))
+        tensors[n] = p.detach().to(torch.bfloat16 if p.is_floating_point() else p.dtype).cpu()
+    path = Path(path)
+    io.save_tensors(tensors, path)
+    return {"export_bytes": path.stat().st_size}
+
+
+def fp_bf16_bytes(model: nn.Module) -> int:
+    """Bytes of the model's own parameters in bfloat16 (quantizer state excluded)."""
+    quant_state: set[int] = set()
+    for m in model.modules():
+        if isinstance(m, QuantLinear):
+            for sub in (m.wq, m.inq):
+                if sub is not None:
+                    quant_state.update(id(p) for p in sub.parameters())
+    return int(sum(p.numel() * 2 for p in model.parameters() if id(p) not in quant_state))
+

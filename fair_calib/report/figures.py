@@ -1,0 +1,324 @@
+"""Figures of the mechanistic diagnostics and the position priors (PDF and PNG each).
+
+``fair-calib figures --inputs FILES... --out-dir results/figures [--settings JSON]``
+
+Inputs are sorted by their columns: diagnostics Parquet (``metric`` column, written by
+``fair-calib diagnose``) and prior Parquet (``position, w_bar`` at
+``results/prior/{model}/{prior}.parquet``). Every figure is drawn to be legible in grayscale:
+each series has its own line style and marker (bars: hatch), not only its own colour.
+
+Figures (``{name}.pdf`` and ``{name}.png``; a figure whose data are absent is skipped and
+reported, never drawn empty):
+
+* ``stability_lag_ccdf_{model}``   CCDF of the stability lag per method (FP, baseline, FAIR-Calib)
+* ``mse_prob_trace_{model}``       mean mse_prob vs diffusion step, first false commit marked
+* ``commit_flips_{model}``         teacher-forced commit-step flips, mean +- std
+* ``post_commit_mismatch_{model}`` never_agree_rate (left), mean_disagree_rate (right)
+* ``frontier_margin_{model}``      average frontier margin at commit steps, mean +- std
+* ``stability_lag_ccdf_models``    FP stability-lag CCDF of every model (Dream vs LLaDA)
+* ``prior_curve_{model}``          each probed prior w_bar of the model over the window
+* ``prior_cross_corpus``           pairs of priors, Spearman / Pearson in subplot titles
+
+Settings (all optional): ``{"fp": "fp", "methods": [...order/selection...],
+"labels": {"models": {name: label}, "methods": {name: label}, "priors": {name: label}},
+"cross_corpus": [{"title": str, "a": "model/prior", "b": "model/prior",
+"labels": ["GSM8K-CoT", "WikiText2"]}, ...]}``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+
+LINESTYLES = ["-", "--", ":", "-.", (0, (5, 1, 1, 1, 1, 1)), (0, (1, 3))]
+MARKERS = ["o", "s", "^", "D", "v", "P"]
+HATCHES = ["", "//", "..", "xx", "\\\\", "--"]
+COLORS = ["#000000", "#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b"]
+
+
+def _style(i: int) -> dict[str, Any]:
+    return {"linestyle": LINESTYLES[i % len(LINESTYLES)], "marker": MARKERS[i % len(MARKERS)],
+            "color": COLORS[i % len(COLORS)]}
+
+
+def _label(settings: Mapping[str, Any], kind: str, name: str) -> str:
+    return str(((settings.get("labels") or {}).get(kind) or {}).get(name, name))
+
+
+def save(fig, out_dir: str | Path, name: str) -> list[Path]:
+    """Write ``name.pdf`` and ``name.png`` atomically; closes the figure."""
+    from fair_calib.io import atomic_path
+
+    paths = []
+    for ext in ("pdf", "png"):
+        p = Path(out_dir) / f"{name}.{ext}"
+        with atomic_path(p) as tmp:
+            fig.savefig(tmp, format=ext, dpi=150, bbox_inches="tight")
+        paths.append(p)
+    plt.close(fig)
+    return paths
+
+
+def _series(diag: pd.DataFrame, metric: str) -> pd.DataFrame:
+    return diag[diag["metric"] == metric].sort_values("x")
+
+
+def _scalar(diag: pd.DataFrame, metric: str) -> tuple[float, float] | None:
+    r = diag[diag["metric"] == metric]
+    if r.empty or np.isnan(r["value"].iloc[0]):
+        return None
+    std = r["std"].iloc[0]
+    return float(r["value"].iloc[0]), float(0.0 if np.isnan(std) else std)
+
+
+def _runs(diag: pd.DataFrame, model: str, settings: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """(method, bits) runs of ``model`` in plotting order: FP first, then settings order."""
+    runs = diag.loc[diag["model"] == model, ["method", "bits"]].drop_duplicates()
+    runs = [tuple(r) for r in runs.itertuples(index=False)]
+    order = list(settings.get("methods") or [])
+    fp = settings.get("fp", "fp")
+    if order:
+        runs = [r for r in runs if r[0] in order or r[0] == fp]
+
+    def key(r):
+        return (r[0] != fp, order.index(r[0]) if r[0] in order else len(order), r[0], r[1])
+
+    return sorted(runs, key=key)
+
+
+def _run_label(settings, method, bits, fp):
+    lab = _label(settings, "methods", method)
+    return lab if method == fp else f"{lab} ({bits.upper()})"
+
+
+# ----------------------------------------------------------------------------- plots
+def plot_ccdf(curves: Sequence[tuple[str, np.ndarray, np.ndarray]], title: str):
+    """Step-plot CCDFs P(lag > x) on a log y axis; curves: (label, xs, ccdf)."""
+    fig, ax = plt.subplots(figsize=(4.2, 3.2))
+    for i, (lab, xs, ys) in enumerate(curves):
+        st = _style(i)
+        y = np.where(np.asarray(ys) > 0, ys, np.nan)
+        ax.step(xs, y, where="post", label=lab, linestyle=st["linestyle"], color=st["color"])
+        ax.plot(xs, y, linestyle="none", marker=st["marker"], color=st["color"], markersize=3,
+                markevery=max(1, len(xs) // 10))
+    ax.set_yscale("log")
+    ax.set_xlabel(r"stability lag $\delta_{\mathrm{lag}}$ (steps)")
+    ax.set_ylabel(r"CCDF $P(\delta_{\mathrm{lag}} > x)$")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    return fig
+
+
+def plot_mse_trace(traces: Sequence[tuple[str, np.ndarray, np.ndarray, float | None]], title: str):
+    """traces: (label, steps, mean mse_prob, mean first-false-commit step or None); the marker
+    sits on the trace at the recorded step nearest the mean first false commit."""
+    fig, ax = plt.subplots(figsize=(4.2, 3.2))
+    marked = False
+    for i, (lab, xs, ys, ffc) in enumerate(traces):
+        st = _style(i)
+        ax.plot(xs, ys, label=lab, markersize=3, markevery=max(1, len(xs) // 10), **st)
+        if ffc is not None and len(xs):
+            k = int(np.argmin(np.abs(np.asarray(xs) - ffc)))
+            ax.plot([xs[k]], [ys[k]], marker="X", markersize=10, color="red",
+                    markeredgecolor="black", linestyle="none",
+                    label=None if marked else "first false commit (mean step)")
+            marked = True
+    ax.invert_xaxis()  # decoding runs from step T down to 1
+    ax.set_xlabel("diffusion step $t$ (T $\\rightarrow$ 1)")
+    ax.set_ylabel(r"$\mathrm{mse\_prob}$ w.r.t. FP")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    return fig
+
+
+def plot_bars(ax, labels: Sequence[str], means: Sequence[float], stds: Sequence[float],
+              ylabel: str, title: str | None = None) -> None:
+    x = np.arange(len(labels))
+    for i in range(len(labels)):
+        ax.bar(x[i], means[i], yerr=stds[i], capsize=4, color=COLORS[i % len(COLORS)],
+               alpha=0.45 if i else 0.25, edgecolor="black", hatch=HATCHES[i % len(HATCHES)])
+        ax.annotate(f"{means[i]:.2f}$\\pm${stds[i]:.2f}", (x[i], means[i]), ha="center",
+                    va="bottom", fontsize=6, xytext=(0, 2), textcoords="offset points")
+    ax.set_xticks(x, labels, rotation=15, fontsize=7)
+    ax.set_ylabel(ylabel)
+    if title:
+        ax.set_title(title, fontsize=9)
+    ax.grid(axis="y", alpha=0.3)
+
+
+def plot_curves(curves: Sequence[tuple[str, np.ndarray, np.ndarray]], title: str, ax=None,
+                ylabel: str = r"$\bar{w}$"):
+    fig = None
+    if ax is None:
+        fig, ax = plt.subplots(figsize=(4.6, 3.0))
+    for i, (lab, xs, ys) in enumerate(curves):
+        ax.plot(xs, ys, label=lab, markersize=3, markevery=max(1, len(xs) // 12), **_style(i))
+    ax.set_xlabel("position in generation window")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    return fig
+
+
+# ----------------------------------------------------------------------------- driver
+def make_figures(diag: pd.DataFrame, priors: Mapping[tuple[str, str], pd.DataFrame],
+                 out_dir: str | Path, settings: Mapping[str, Any] | None = None
+                 ) -> tuple[list[Path], list[str]]:
+    """Draw every figure the inputs support. Returns (written paths, skipped figure notes)."""
+    from fair_calib.diagnostics import prior_correlation
+
+    settings = dict(settings or {})
+    fp = settings.get("fp", "fp")
+    written: list[Path] = []
+    skipped: list[str] = []
+    models = list(dict.fromkeys(diag["model"])) if len(diag) else []
+    for model in models:
+        d = diag[diag["model"] == model]
+        runs = _runs(diag, model, settings)
+        mlab = _label(settings, "models", model)
+        sel = lambda m, b: d[(d["method"] == m) & (d["bits"] == b)]  # noqa: E731
+
+        curves = []
+        for m, b in runs:
+            s = _series(sel(m, b), "stability_lag_ccdf")
+            if len(s):
+                curves.append((_run_label(settings, m, b, fp), s["x"].to_numpy(), s["value"].to_numpy()))
+        if curves:
+            written += save(plot_ccdf(curves, f"Stability lag CCDF: {mlab}"), out_dir,
+                            f"stability_lag_ccdf_{model}")
+        else:
+            skipped.append(f"stability_lag_ccdf_{model}: no stability_lag_ccdf rows")
+
+        traces = []
+        for m, b in runs:
+            if m == fp:
+                continue
+            s = _series(sel(m, b), "mse_prob")
+            if len(s):
+                ffc = _scalar(sel(m, b), "first_false_commit_step")
+                traces.append((_run_label(settings, m, b, fp), s["x"].to_numpy(),
+                               s["value"].to_numpy(), None if ffc is None else ffc[0]))
+        if traces:
+            written += save(plot_mse_trace(traces, f"Decode divergence w.r.t. FP: {mlab}"),
+                            out_dir, f"mse_prob_trace_{model}")
+        else:
+            skipped.append(f"mse_prob_trace_{model}: no mse_prob rows of a quantized run")
+
+        for metric, name, ylabel, title in (
+                ("commit_flips", "commit_flips", "flips per sequence",
+                 f"Teacher-forced commit-step flips: {mlab}"),
+                ("frontier_margin", "frontier_margin", "frontier margin",
+                 f"Average frontier margin at commit steps: {mlab}")):
+            bars = [(_run_label(settings, m, b, fp), _scalar(sel(m, b), metric))
+                    for m, b in runs if m != fp]
+            bars = [(lab, v) for lab, v in bars if v is not None]
+            if bars:
+                fig, ax = plt.subplots(figsize=(3.6, 3.0))
+                plot_bars(ax, [b[0] for b in bars], [b[1][0] for b in bars],
+                          [b[1][1] for b in bars], ylabel, title)
+                written += save(fig, out_dir, f"{name}_{model}")
+            else:
+                skipped.append(f"{name}_{model}: no {metric} rows of a quantized run")
+
+        fig, axes = plt.subplots(1, 2, figsize=(6.4, 3.0))
+        drawn = 0
+        for ax, metric in zip(axes, ("never_agree_rate", "mean_disagree_rate")):
+            bars = [(_run_label(settings, m, b, fp), _scalar(sel(m, b), metric)) for m, b in runs]
+            bars = [(lab, v) for lab, v in bars if v is not None]
+            if bars:
+                drawn += 1
+                plot_bars(ax, [b[0] for b in bars], [b[1][0] for b in bars],
+                          [b[1][1] for b in bars], "rate", metric)
+                ax.set_ylim(bottom=0)
+        if drawn:
+            fig.suptitle(f"Post-commit mismatch: {mlab}", fontsize=9)
+            written += save(fig, out_dir, f"post_commit_mismatch_{model}")
+        else:
+            plt.close(fig)
+            skipped.append(f"post_commit_mismatch_{model}: no post-commit rows")
+
+    fam_curves = []
+    for model in models:
+        s = _series(diag[(diag["model"] == model) & (diag["method"] == fp)], "stability_lag_ccdf")
+        if len(s):
+            fam_curves.append((_label(settings, "models", model), s["x"].to_numpy(),
+                               s["value"].to_numpy()))
+    if len(fam_curves) >= 2:
+        written += save(plot_ccdf(fam_curves, "Stability lag of the FP models"), out_dir,
+                        "stability_lag_ccdf_models")
+    else:
+        skipped.append("stability_lag_ccdf_models: FP lag CCDF of fewer than two models")
+
+    for model in dict.fromkeys(m for m, _ in priors):
+        curves = [(_label(settings, "priors", p), df["position"].to_numpy(), df["w_bar"].to_numpy())
+                  for (m, p), df in priors.items() if m == model]
+        written += save(plot_curves(curves, f"Position prior: {_label(settings, 'models', model)}"),
+                        out_dir, f"prior_curve_{model}")
+
+    pairs = list(settings.get("cross_corpus") or [])
+    pairs = [p for p in pairs if _key(p["a"]) in priors and _key(p["b"]) in priors]
+    for p in settings.get("cross_corpus") or []:
+        if p not in pairs:
+            skipped.append(f"prior_cross_corpus: pair {p.get('a')} / {p.get('b')} not in inputs")
+    if pairs:
+        fig, axes = plt.subplots(len(pairs), 1, figsize=(5.0, 2.6 * len(pairs)), squeeze=False)
+        for ax, p in zip(axes[:, 0], pairs):
+            a, b = priors[_key(p["a"])], priors[_key(p["b"])]
+            sp, pe = prior_correlation(a, b)
+            la, lb = p.get("labels") or [p["a"], p["b"]]
+            plot_curves([(la, a["position"].to_numpy(), a["w_bar"].to_numpy()),
+                         (lb, b["position"].to_numpy(), b["w_bar"].to_numpy())],
+                        f"{p.get('title', '')} Spearman={sp:.3f}, Pearson={pe:.3f}".strip(), ax=ax)
+        fig.tight_layout()
+        written += save(fig, out_dir, "prior_cross_corpus")
+    return written, skipped
+
+
+def _key(ref: str) -> tuple[str, str]:
+    model, _, prior = str(ref).partition("/")
+    return model, prior
+
+
+def load_inputs(paths: Sequence[str | Path]) -> tuple[pd.DataFrame, dict[tuple[str, str], pd.DataFrame]]:
+    from fair_calib.io import read_parquet
+
+    diags, priors = [], {}
+    for p in map(Path, paths):
+        df, _ = read_parquet(p)
+        if "metric" in df.columns and "x" in df.columns:
+            diags.append(df)
+        elif {"position", "w_bar"} <= set(df.columns):
+            priors[(p.parent.name, p.stem)] = df.sort_values("position")
+        else:
+            raise ValueError(f"{p}: neither a diagnostics nor a prior Parquet")
+    diag = pd.concat(diags, ignore_index=True) if diags else pd.DataFrame(
+        columns=["model", "method", "bits", "metric", "x", "value", "std", "n"])
+    return diag, priors
+
+
+def run_cli(argv: Sequence[str]) -> None:
+    ap = argparse.ArgumentParser(prog="fair-calib figures")
+    ap.add_argument("--inputs", nargs="+", required=True,
+                    help="diagnostics parquets and prior parquets")
+    ap.add_argument("--out-dir", required=True)
+    ap.add_argument("--settings", default="{}", help="JSON (module docstring)")
+    a = ap.parse_args(list(argv))
+    diag, priors = load_inputs(a.inputs)
+    Path(a.out_dir).mkdir(parents=True, exist_ok=True)
+    written, skipped = make_figures(diag, priors, a.out_dir, json.loads(a.settings))
+    for p in written:
+        print(f"wrote {p}")
+    for s in skipped:
+        print(f"skipped {s}", file=sys.stderr)

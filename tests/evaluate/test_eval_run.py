@@ -1,0 +1,148 @@
+"""evaluate()/gather() end to end on a tiny random model with local task YAMLs (offline)."""
+import json
+import math
+
+import pandas as pd
+import pytest
+
+from fair_calib import io
+from fair_calib.evaluate import run
+from tiny_eval_helpers import base_settings, make_loaded
+
+MC_TASK = {"name": "synth_mc", "kind": "synthetic_mc", "mc_num": 4, "batch_size": 4, "limit": None}
+
+
+@pytest.fixture(autouse=True)
+def _offline(monkeypatch):
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
+
+def test_synth_mc_runs_offline_through_simple_evaluate(tmp_path, synthetic_dir, tiny_llada):
+    settings = base_settings(MC_TASK, synthetic_dir)
+    out = tmp_path / "eval" / "synth_mc.parquet"
+    df = run.evaluate(settings, None, None, out, loaded=tiny_llada)
+    back, prov = io.read_parquet(out)
+    assert list(back.columns) == [f.name for f in run.EVAL_SCHEMA]
+    row = back.set_index("metric").loc["acc,none"]
+    assert row["n"] == 5 and row["chance"] == pytest.approx(0.25)
+    assert 0.0 <= row["value"] <= 1.0 and (row["model"], row["method"], row["bits"], row["task"]) == \
+        ("tiny-llada", "fp", "fp", "synth_mc")
+    assert json.loads(row["settings"]) == settings and prov["config"] == settings
+    raw = io.read_json(run.raw_json_path(out))
+    assert raw["lm_eval"]["results"]["synth_mc"]["acc,none"] == pytest.approx(row["value"])
+    per_doc = raw["per_doc"]["metrics"]["acc,none"]["synth_mc"]
+    assert sorted(per_doc, key=int) == ["0", "1", "2", "3", "4"]
+    # Re-running gives identical numbers (seeded MC estimates).
+    df2 = run.evaluate(settings, None, None, tmp_path / "again.parquet", loaded=tiny_llada)
+    pd.testing.assert_frame_equal(df, df2)
+
+
+def test_mc_scores_follow_the_model(tmp_path, synthetic_dir, tiny_llada):
+    """acc = 1 where the gold choice is the argmax of the model's own estimates."""
+    from fair_calib.evaluate.lm import DiffusionLM
+    from lm_eval.api.instance import Instance
+
+    lm = DiffusionLM(tiny_llada, likelihood={"mc_num": 4, "batch_size": 4})
+    rows = [json.loads(x) for x in (synthetic_dir / "synth_mc.jsonl").read_text().splitlines()]
+    expected = []
+    for r in rows:
+        reqs = [Instance("loglikelihood", {}, (r["query"], c), i) for i, c in enumerate(r["choices"])]
+        lls = [ll for ll, _ in lm.loglikelihood(reqs)]
+        expected.append(float(max(range(len(lls)), key=lls.__getitem__) == r["gold"]))
+    settings = base_settings(MC_TASK, synthetic_dir)
+    df = run.evaluate(settings, None, None, tmp_path / "o.parquet", loaded=tiny_llada)
+    assert df.set_index("metric").loc["acc,none", "value"] == pytest.approx(sum(expected) / len(expected))
+
+
+def test_shard_and_gather_equal_one_run(tmp_path, synthetic_dir, tiny_llada):
+    settings = base_settings(MC_TASK, synthetic_dir)
+    one = run.evaluate(settings, None, None, tmp_path / "one.parquet", loaded=tiny_llada)
+    shards = []
+    for k in range(2):
+        p = tmp_path / f"shard-{k}.parquet"
+        part = run.evaluate(settings, None, None, p, shard=k, num_shards=2, loaded=tiny_llada)
+        assert int(part["n"].iloc[0]) == (3 if k == 0 else 2)
+        shards.append(p)
+    gathered = run.gather(shards, tmp_path / "all.parquet")
+    pd.testing.assert_frame_equal(one, gathered)
+    back, _ = io.read_parquet(tmp_path / "all.parquet")
+    pd.testing.assert_frame_equal(one, back)
+    with pytest.raises(ValueError, match="two shards"):
+        run.gather([shards[0], shards[0]], tmp_path / "dup.parquet")
+
+
+def test_stderr_is_recomputed_not_averaged():
+    per_doc = {"metrics": {"acc,none": {"a": {"0": 1.0, "1": 0.0}, "b": {"0": 1.0, "1": 1.0}}},
+               "chance": {"a": {"0": 0.5, "1": 0.5}, "b": {"0": 0.25, "1": 0.25}}}
+    (row,) = run.summarize(per_doc)
+    assert row["n"] == 4 and row["value"] == 0.75 and row["chance"] == pytest.approx(0.375)
+    assert row["stderr"] == pytest.approx(math.sqrt(0.25 / 4))   # sample var 0.25, n = 4
+
+
+def test_synth_arith_generates_through_the_decoder(tmp_path, synthetic_dir, tiny_llada):
+    task = {"name": "synth_arith", "kind": "synthetic_gen", "gen_length": 8, "steps": 8,
+            "block_length": 8, "batch_size": 2, "limit": None}
+    settings = base_settings(task, synthetic_dir)
+    out = tmp_path / "arith.parquet"
+    df = run.evaluate(settings, None, None, out, loaded=tiny_llada)
+    row = df.set_index("metric").loc["exact_match,strict-match"]
+    assert row["n"] == 3 and row["chance"] == 0.0 and 0.0 <= row["value"] <= 1.0
+    # The generated strings are what the model decodes (left padding, truncation at EOS/until).
+    from fair_calib.decoding import generate, make_policy
+    from fair_calib.evaluate.lm import DiffusionLM
+
+    lm = DiffusionLM(tiny_llada, decoding={"gen_length": 8, "steps": 8, "block_length": 8})
+    pol = make_policy(tiny_llada.adapter.decoding, {"gen_length": 8, "steps": 8, "block_length": 8})
+    assert lm.policy() == pol
+    prompt = "Question: what is 1 + 2 ?\nAnswer:"
+    from lm_eval.api.instance import Instance
+    got = lm.generate_until([Instance("generate_until", {}, (prompt, {"until": ["Question:"]}), 0),
+                             Instance("generate_until", {}, ("what", {"until": []}), 1)])
+    ids = tiny_llada.tokenizer(prompt)["input_ids"]
+    from fair_calib.evaluate.lm import request_generator
+    ref = generate(tiny_llada, [ids], pol, [request_generator(0, "gen", ids)])[0].tolist()
+    assert got[0] == lm.postprocess(ref, ["Question:"])
+    assert len(got) == 2
+
+
+def test_postprocess_cuts_at_eos_and_until(tiny_llada):
+    from fair_calib.evaluate.lm import DiffusionLM
+
+    lm = DiffusionLM(tiny_llada)
+    tok = tiny_llada.tokenizer
+    ids = tok("3 + 4 = 7 . Question : what", add_special_tokens=False)["input_ids"]
+    assert lm.postprocess(ids, ["Question"]) == "3 + 4 = 7. "
+    ids2 = ids[:4] + [tiny_llada.eos_id] + ids[4:]
+    assert lm.postprocess(ids2, []) == "3 + 4 ="
+
+
+def test_cli_with_saved_model_dir(tmp_path, synthetic_dir):
+    loaded = make_loaded("tiny-llada", seed=1)
+    model_dir = tmp_path / "model"
+    loaded.model.save_pretrained(model_dir)
+    loaded.tokenizer.save_pretrained(model_dir)
+    settings = base_settings({**MC_TASK, "limit": 2}, synthetic_dir)
+    out = tmp_path / "cli" / "synth_mc.parquet"
+    run.run_cli(["--settings", json.dumps(settings), "--model-dir", str(model_dir), "--out", str(out)])
+    df, _ = io.read_parquet(out)
+    assert int(df.set_index("metric").loc["acc,none", "n"]) == 2
+    direct = run.evaluate(settings, None, None, tmp_path / "direct.parquet", loaded=loaded)
+    assert df.set_index("metric").loc["acc,none", "value"] == direct.set_index("metric").loc["acc,none", "value"]
+    run.run_cli(["--gather", "--inputs", str(out), "--out", str(tmp_path / "g.parquet")])
+    g, _ = io.read_parquet(tmp_path / "g.parquet")
+    pd.testing.assert_frame_equal(g, df)
+
+
+def test_offline_mode_follows_task_then_data_source():
+    s = base_settings({"name": "piqa", "kind": "lm_eval"})
+    assert run.is_offline(s)                                   # data_source unset: local
+    assert not run.is_offline({**s, "data_source": "hub"})
+    assert run.is_offline({**s, "data_source": "hub", "task": {**s["task"], "offline": True}})
+    assert not run.is_offline({**s, "task": {**s["task"], "offline": False}})
+    assert run.is_offline({**s, "data_source": "hub", "task": MC_TASK})   # synthetic: always local
+    assert run.lm_eval_task_name({"name": "arc-e", "kind": "lm_eval", "lm_eval_task": "arc_easy"}) == "arc_easy"
+    with pytest.raises(ValueError, match="unknown task kind"):
+        run.lm_eval_task_name({"name": "x", "kind": "bogus"})
+    assert run.shard_indices(10, 7, 1, 3) == [1, 4]
+    assert run.shard_indices(10, None, 0, 4) == [0, 4, 8]

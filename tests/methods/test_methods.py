@@ -1,0 +1,130 @@
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from fair_calib import io, registry
+from fair_calib.calibrate import calibrate
+from fair_calib.methods import REGISTRY, load_quantized, make_method
+from fair_calib.quant.gptq import gptq_quantize
+from fair_calib.quant.quantizers import WeightQuantizer
+from fair_calib.quant.toy import tiny_random_loaded
+
+torch.set_num_threads(1)
+IDS = torch.randint(0, 40, (8, 16), generator=torch.Generator().manual_seed(1))
+QUIET = dict(log=lambda s: None)
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "llada_like.py"
+
+
+def llada_like_loaded(**kw):
+    spec = importlib.util.spec_from_file_location("llada_like_fixture_m", FIXTURE)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.make_loaded(**kw)
+
+
+def kl(p_logits, q_logits):
+    return F.kl_div(q_logits.log_softmax(-1), p_logits.log_softmax(-1), log_target=True,
+                    reduction="batchmean").item()
+
+
+def quantized_kl(tmp_path, make, method_cfg, w_bits, a_bits):
+    with torch.no_grad():
+        fp = make().logits(IDS)
+    calibrate(make(), make_method(method_cfg, w_bits, a_bits), IDS, tmp_path, batch_size=4, **QUIET)
+    with torch.no_grad():
+        q = load_quantized(make(), tmp_path).logits(IDS)
+    return kl(fp, q)
+
+
+def test_registry_keys():
+    assert tuple(REGISTRY) == registry.METHOD_TYPES
+    with pytest.raises(KeyError):
+        make_method({"type": "nope"}, 4, 4)
+
+
+def test_rtn_w8a8_close_to_fp(tmp_path):
+    make = lambda: tiny_random_loaded("llama", layers=2)   # noqa: E731
+    k8 = quantized_kl(tmp_path / "8", make, {"type": "rtn"}, 8, 8)
+    k4 = quantized_kl(tmp_path / "4", make, {"type": "rtn"}, 4, 4)
+    assert k8 < 1e-2 and k8 < k4 / 100, (k8, k4)
+
+
+def test_fp_method_is_identity(tmp_path):
+    make = lambda: tiny_random_loaded("llama", layers=2)   # noqa: E731
+    assert quantized_kl(tmp_path, make, {"type": "fp"}, 16, 16) == 0.0
+
+
+@pytest.mark.parametrize("which", ["llama", "qwen2", "llada"])
+def test_quarot_rotation_preserves_fp_function(which):
+    make = {"llama": lambda: tiny_random_loaded("llama", layers=2),
+            "qwen2": lambda: tiny_random_loaded("qwen2", layers=2, kv_heads=2),
+            "llada": lambda: llada_like_loaded()}[which]
+    lm = make()
+    with torch.no_grad():
+        want = lm.logits(IDS)
+        m = make_method({"type": "quarot"}, 4, 4)
+        m.prepare_model(lm)
+        got = lm.logits(IDS)
+    assert torch.allclose(got, want, atol=1e-4 * want.abs().max()), (got - want).abs().max()
+    tr = m._traces[0]
+    v = {"llama": "self_attn.v_proj", "qwen2": "self_attn.v_proj", "llada": "v_proj"}[which]
+    o = {"llama": "self_attn.o_proj", "qwen2": "self_attn.o_proj", "llada": "attn_out"}[which]
+    assert tr["v_name"] == v and tr["groups"][tr["o_group"]].names == (o,)
+    # norms were folded into the linears
+    norms = [lm.blocks[0].get_submodule(tr["producer"][j]) for j in tr["norm_fed"]]
+    assert len(norms) == 2 and all(torch.all(n.weight == 1) for n in norms)
+
+
+def test_quarot_beats_rtn_w4a4(tmp_path):
+    make = lambda: tiny_random_loaded("llama", layers=2)   # noqa: E731
+    k_rtn = quantized_kl(tmp_path / "rtn", make, {"type": "rtn"}, 4, 4)
+    k_qr = quantized_kl(tmp_path / "qr", make, {"type": "quarot"}, 4, 4)
+    assert k_qr < 0.6 * k_rtn, (k_qr, k_rtn)
+    params, _ = io.load_tensors(tmp_path / "qr" / "params.safetensors")
+    assert params["0.mlp.down_proj.codes"].dtype == torch.int8
+    assert "0.g3.rotation.hfac" in params and "0.g0.rotation.hfac" not in params
+
+
+def test_gptq_beats_rtn_on_correlated_inputs():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(512, 8, generator=g) @ torch.randn(8, 32, generator=g) + 0.1 * torch.randn(512, 32, generator=g)
+    w = torch.randn(16, 32, generator=g)
+    codes, scale = gptq_quantize(w, x.T.double() @ x.double(), 4, damp=0.01, block_size=8)
+    assert codes.dtype == torch.int8 and codes.max() <= 7 and codes.min() >= -8
+    err_gptq = (x @ (codes.float() * scale).T - x @ w.T).pow(2).mean()
+    err_rtn = (x @ WeightQuantizer(16, 4)(w).T - x @ w.T).pow(2).mean()
+    assert err_gptq < 0.7 * err_rtn, (err_gptq, err_rtn)
+
+
+def test_qdrop_calibrates_and_drops_only_in_training(tmp_path):
+    lm = tiny_random_loaded("llama", layers=2)
+    meta = calibrate(lm, make_method({"type": "qdrop", "epochs": 6, "lr": 2e-3,
+                                      "weighting": "prior"}, 4, 4),
+                     IDS, tmp_path, weights=torch.linspace(1, 2, 16), batch_size=4, **QUIET)
+    assert meta["weighting"] == "prior" and meta["propagate"] == "quant"
+    df, _ = io.read_parquet(tmp_path / "stats.parquet")
+    first = df[(df.block == 0) & (df.epoch == -1)].loss.item()
+    last = df[(df.block == 0) & (df.epoch == 5)].loss.item()
+    assert last < first
+    ql = lm.blocks[0].self_attn.q_proj
+    assert ql.inq.act.scale is not None and ql.wq.scale is not None
+    x = torch.randn(2, 16, 64)
+    with torch.no_grad():
+        assert torch.equal(ql.inq(x), ql.inq(x))          # eval: deterministic, fully quantized
+        ql.inq.train()
+        a, b = ql.inq(x), ql.inq(x)
+        ql.inq.eval()
+    assert not torch.equal(a, b)
+
+
+def test_flatquant_on_llada_named_model(tmp_path):
+    k_rtn = quantized_kl(tmp_path / "rtn", llada_like_loaded, {"type": "rtn"}, 4, 4)
+    k_fq = quantized_kl(tmp_path / "fq", llada_like_loaded,
+                        {"type": "flatquant", "epochs": 3}, 4, 4)
+    assert k_fq < k_rtn, (k_fq, k_rtn)
+    meta = io.read_json(tmp_path / "fq" / "meta.json")
+    assert [g["names"] for g in meta["groups"]["0"]] == [["q_proj", "k_proj", "v_proj"], ["attn_out"],
+                                                         ["ff_proj", "up_proj"], ["ff_out"]]

@@ -1,0 +1,193 @@
+"""Stage II driver: weighted loss, resume, NaN detection, outputs."""
+import json
+
+import pytest
+import torch
+
+from fair_calib import io
+from fair_calib.calibrate import NonFiniteError, calibrate, weighted_mse
+from fair_calib.methods import load_quantized, make_method
+from fair_calib.quant.blockio import call_block, capture_block_inputs
+from fair_calib.quant.discovery import discover_groups
+from fair_calib.quant.toy import tiny_random_loaded
+
+torch.set_num_threads(1)
+IDS = torch.randint(0, 60, (8, 16), generator=torch.Generator().manual_seed(0))
+QUIET = dict(log=lambda s: None)
+
+
+def _fq(**cfg):
+    return make_method({"type": "flatquant", "epochs": 3, "lr": 5e-3, **cfg}, 4, 4, seed=0)
+
+
+def test_calibration_lowers_weighted_loss_and_writes_outputs(tmp_path):
+    lm = tiny_random_loaded("llama", layers=2)
+    w = torch.linspace(0.1, 2.0, IDS.shape[1])
+    meta = calibrate(lm, make_method({"type": "fair_calib", "epochs": 8, "lr": 1e-2}, 4, 4), IDS, tmp_path,
+                     weights=w, batch_size=4, run_info={"method_name": "fair-calib"}, **QUIET)
+    df, prov = io.read_parquet(tmp_path / "stats.parquet")
+    assert list(df.columns) == ["block", "epoch", "loss", "seconds", "peak_mem_mb"]
+    for b in (0, 1):
+        rows = df[df.block == b].sort_values("epoch")
+        assert rows.epoch.tolist() == list(range(-1, 8))
+        assert rows.loss.iloc[-1] < 0.93 * rows.loss.iloc[0]
+    assert (df.peak_mem_mb > 0).all()
+    on_disk = json.loads((tmp_path / "meta.json").read_text())
+    assert on_disk["method"] == "fair-calib" and on_disk["type"] == "fair_calib"
+    assert on_disk["weighting"] == "prior" and len(on_disk["position_weights"]) == 16
+    assert abs(sum(on_disk["position_weights"]) / 16 - 1) < 1e-6
+    params, _ = io.load_tensors(tmp_path / "params.safetensors")
+    assert any(k.startswith("1.g0.transform.f1.") for k in params)
+    assert sorted(p.name for p in (tmp_path / "blocks").iterdir()) == ["0.safetensors", "1.safetensors"]
+    assert meta["groups"]["0"][0]["names"] == ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"]
+
+
+def test_zero_weight_position_has_no_influence_on_gradient():
+    lm = tiny_random_loaded("llama", layers=1)
+    inputs = capture_block_inputs(lm.model, lm.blocks[0], IDS[:2], 2)
+    block = lm.blocks[0]
+    groups = discover_groups(block, lambda: call_block(block, inputs, 0))
+    method = _fq()
+    with torch.no_grad():
+        target = call_block(block, inputs, 0)
+    from fair_calib.calibrate import _targets_and_stats
+    _, stats = _targets_and_stats(block, inputs, groups, False, 0)
+    method.quantize_block(block, groups, stats, 0)
+    params = method.parameters(block)
+    w = torch.ones(IDS.shape[1])
+    w[5] = 0.0
+
+    def grads(tgt):
+        for p in params:
+            p.grad = None
+        weighted_mse(call_block(block, inputs, 0), tgt, w).backward()
+        return [p.grad.clone() for p in params]
+
+    g0 = grads(target)
+    moved = target.clone()
+    moved[:, 5] += 10.0                      # change only the zero-weight position's target
+    g1 = grads(moved)
+    assert all(torch.allclose(a, b, atol=1e-7, rtol=0) for a, b in zip(g0, g1))
+    moved2 = target.clone()
+    moved2[:, 6] += 10.0                     # a weighted position does matter
+    g2 = grads(moved2)
+    assert not all(torch.allclose(a, b, atol=1e-6) for a, b in zip(g0, g2))
+
+
+class _Interrupt(Exception):
+    pass
+
+
+@pytest.mark.parametrize("propagate", ["quant"])
+def test_resume_after_interruption_gives_same_params(tmp_path, propagate):
+    def run(out, hook=None):
+        lm = tiny_random_loaded("llama", layers=3)
+        return calibrate(lm, _fq(epochs=2, propagate=propagate), IDS, out, batch_size=4,
+                         on_block_done=hook, **QUIET)
+
+    run(tmp_path / "a")
+
+    def boom(i):
+        if i == 1:
+            raise _Interrupt
+
+    with pytest.raises(_Interrupt):
+        run(tmp_path / "b", boom)
+    assert not (tmp_path / "b" / "meta.json").exists()
+    assert sorted(p.name for p in (tmp_path / "b" / "blocks").iterdir()) == ["0.safetensors", "1.safetensors"]
+    run(tmp_path / "b")
+    pa, _ = io.load_tensors(tmp_path / "a" / "params.safetensors")
+    pb, _ = io.load_tensors(tmp_path / "b" / "params.safetensors")
+    assert pa.keys() == pb.keys()
+    for k in pa:
+        assert torch.equal(pa[k], pb[k]), k
+    sa, _ = io.read_parquet(tmp_path / "a" / "stats.parquet")
+    sb, _ = io.read_parquet(tmp_path / "b" / "stats.parquet")
+    assert sa.loss.tolist() == sb.loss.tolist()
+
+
+def test_resume_refuses_other_settings(tmp_path):
+    lm = tiny_random_loaded("llama", layers=2)
+    calibrate(lm, _fq(epochs=1), IDS, tmp_path, batch_size=4, **QUIET)
+    lm = tiny_random_loaded("llama", layers=2)
+    with pytest.raises(RuntimeError, match="other settings"):
+        calibrate(lm, _fq(epochs=2), IDS, tmp_path, batch_size=4, **QUIET)
+
+
+def test_nan_detection_names_block(tmp_path):
+    lm = tiny_random_loaded("llama", layers=3)
+    with torch.no_grad():
+        lm.blocks[1].mlp.up_proj.weight[0, 0] = float("nan")
+    with pytest.raises(NonFiniteError, match="block 1"):
+        calibrate(lm, _fq(epochs=1), IDS, tmp_path, batch_size=4, **QUIET)
+    lm = tiny_random_loaded("llama", layers=2)
+    m = _fq(epochs=1, lr=float("inf"))          # diverging optimiser
+    with pytest.raises(NonFiniteError, match="block 0"):
+        calibrate(lm, m, IDS, tmp_path / "x", batch_size=4, **QUIET)
+
+
+def test_load_quantized_matches_calibrated_model(tmp_path):
+    lm = tiny_random_loaded("qwen2", layers=2, kv_heads=2)
+    calibrate(lm, _fq(epochs=1), IDS, tmp_path, batch_size=4, **QUIET)
+    with torch.no_grad():
+        y = lm.logits(IDS)
+        y2 = load_quantized(tiny_random_loaded("qwen2", layers=2, kv_heads=2), tmp_path).logits(IDS)
+        fp = tiny_random_loaded("qwen2", layers=2, kv_heads=2).logits(IDS)
+    assert (y - y2).abs().max() < 1e-3 * fp.abs().max()
+    assert (y - fp).abs().max() > 1e-2          # it is quantized
+    with pytest.raises(FileNotFoundError):
+        load_quantized(tiny_random_loaded("qwen2", layers=2, kv_heads=2), tmp_path / "nope")
+
+
+def _tiny_model_dir(root):
+    import random
+
+    from fair_calib.models.tiny.tokenizer import train_tokenizer, wrap_fast
+
+    rng = random.Random(0)
+    words = [f"w{i}" for i in range(30)]
+    texts = [" ".join(rng.choice(words) for _ in range(40)) + " ." for _ in range(20)]
+    tok = wrap_fast(train_tokenizer(texts))
+    lm = tiny_random_loaded("llama", layers=2, vocab=len(tok))
+    mdir = root / "model"
+    lm.model.save_pretrained(mdir)
+    tok.save_pretrained(mdir)
+    sdir = root / "synthetic"
+    sdir.mkdir()
+    (sdir / "calib.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    return mdir, sdir
+
+
+def test_cli_fair_calib_with_prior(tmp_path):
+    import pandas as pd
+    import pyarrow as pa
+
+    from fair_calib.calibrate import run_cli
+
+    mdir, sdir = _tiny_model_dir(tmp_path)
+    prior = tmp_path / "prior.parquet"
+    io.write_parquet(pd.DataFrame({"position": [0, 1, 2, 3], "w_bar": [1.0, 0.5, 0.25, 0.1]}),
+                     prior, pa.schema([("position", pa.int32()), ("w_bar", pa.float64())]),
+                     provenance={"floor": 0.05, "K": 4})
+    settings = {"seed": 0, "device": "cpu", "dtype": "float32", "data_dir": str(tmp_path),
+                "synthetic_dir": str(sdir),
+                "model": {"name": "tiny-llada", "family": "tiny-llada"},
+                "method": {"name": "fair-calib", "type": "fair_calib", "prior": "default",
+                           "epochs": 1, "lr": 5e-3},
+                "bits": {"name": "w4a4", "w_bits": 4, "a_bits": 4},
+                "calibration": {"dataset": "synthetic", "n_samples": 4, "seq_len": 12,
+                                "batch_size": 2}}
+    out = tmp_path / "calib"
+    with pytest.raises(ValueError, match="--prior"):
+        run_cli(["--settings", json.dumps(settings), "--model-dir", str(mdir), "--out-dir", str(out)])
+    run_cli(["--settings", json.dumps(settings), "--model-dir", str(mdir), "--prior", str(prior),
+             "--out-dir", str(out)])
+    meta = io.read_json(out / "meta.json")
+    w = torch.tensor(meta["position_weights"])
+    raw = torch.tensor([0.05] * 8 + [1.0, 0.5, 0.25, 0.1])   # window = last K positions
+    assert torch.allclose(w, raw / raw.mean(), atol=1e-6)
+    assert meta["method"] == "fair-calib" and meta["bits"]["name"] == "w4a4"
+    assert meta["provenance"]["config"]["prior"] == str(prior)
+    assert meta["export_bytes"] > 0 and meta["fp_bf16_bytes"] > 0
+    df, _ = io.read_parquet(out / "stats.parquet")
+    assert sorted(df.block.unique()) == [0, 1]
