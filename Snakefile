@@ -20,6 +20,18 @@ configfile: "config/config.yaml"
 validate(config, "workflow/schemas/config.schema.yaml")
 
 
+# Path segments never contain "/": without this, `results/eval/{model}/{method}/{bits}/{task}.parquet`
+# (gather_eval) also matches the shard files below it; the input function then fails, which
+# Snakemake tolerates while planning but is fatal in a SLURM job step (--target-jobs).
+wildcard_constraints:
+    model="[^/]+",
+    method="[^/]+",
+    bits="[^/]+",
+    task="[^/]+",
+    probe="[^/]+",
+    prior="[^/]+",
+
+
 include: "workflow/rules/common.smk"
 include: "workflow/rules/models.smk"
 include: "workflow/rules/probe.smk"
@@ -33,5 +45,4 @@ include: "workflow/rules/report.smk"
 rule all:
     input:
         expand("results/tables/{table}.tex", table=config["tables"]),
-        expand("results/diagnostics/{model}.parquet", model=DIAG.get("models", []))
-        if diag_enabled() else [],
+        rules.figures.output if diag_enabled() else [],

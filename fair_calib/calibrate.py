@@ -25,7 +25,6 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-import pyarrow as pa
 import torch
 from torch import nn
 
@@ -36,8 +35,14 @@ from .quant.blockio import BlockInputs, call_block, capture_block_inputs
 from .quant.discovery import discover_groups, get_submodule, groups_to_json
 from .quant.qlinear import InputQuant, QuantLinear
 
-STATS_SCHEMA = pa.schema([("block", pa.int32()), ("epoch", pa.int32()), ("loss", pa.float64()),
-                          ("seconds", pa.float64()), ("peak_mem_mb", pa.float64())])
+
+
+def stats_schema():
+    """Schema of ``stats.parquet`` (pyarrow imported lazily: GPU benchmark images lack it)."""
+    import pyarrow as pa
+
+    return pa.schema([("block", pa.int32()), ("epoch", pa.int32()), ("loss", pa.float64()),
+                      ("seconds", pa.float64()), ("peak_mem_mb", pa.float64())])
 FORMAT_VERSION = 1
 
 
@@ -69,16 +74,23 @@ def normalise_weights(w) -> torch.Tensor:
     return (w / w.mean()).float()
 
 
-def _cast_floating(obj: Any, dtype: torch.dtype) -> Any:
+def _cast_floating(obj: Any, dtype: torch.dtype, device: torch.device | None = None) -> Any:
     if isinstance(obj, torch.Tensor):
+        obj = obj.to(device) if device is not None else obj
         return obj.to(dtype) if obj.is_floating_point() else obj
     if isinstance(obj, tuple):
-        return tuple(_cast_floating(o, dtype) for o in obj)
+        return tuple(_cast_floating(o, dtype, device) for o in obj)
     if isinstance(obj, list):
-        return [_cast_floating(o, dtype) for o in obj]
+        return [_cast_floating(o, dtype, device) for o in obj]
     if isinstance(obj, dict):
-        return {k: _cast_floating(v, dtype) for k, v in obj.items()}
+        return {k: _cast_floating(v, dtype, device) for k, v in obj.items()}
     return obj
+
+
+def _autocast(device: torch.device, dtype: torch.dtype, enabled: bool):
+    """bf16/fp16 autocast for the block's matmuls (CUDA, half-precision models only); the
+    quantizers, transform matrices and the weight side W T^{-1} stay in float32."""
+    return torch.autocast(device.type, dtype=dtype, enabled=enabled)
 
 
 def _check_finite(t: torch.Tensor, what: str, block: int) -> None:
@@ -88,7 +100,7 @@ def _check_finite(t: torch.Tensor, what: str, block: int) -> None:
 
 @torch.no_grad()
 def _targets_and_stats(block: nn.Module, inputs: BlockInputs, groups, want_hessian: bool,
-                       block_index: int):
+                       block_index: int, store_dtype: torch.dtype = torch.float32):
     """FP outputs of ``block`` for every micro-batch, and per-group input statistics."""
     amax: list[torch.Tensor | None] = [None] * len(groups)
     tok_sum = [0.0] * len(groups)
@@ -113,7 +125,7 @@ def _targets_and_stats(block: nn.Module, inputs: BlockInputs, groups, want_hessi
     try:
         targets = []
         for b in range(len(inputs)):
-            out = call_block(block, inputs, b).detach().float()
+            out = call_block(block, inputs, b).detach().to(store_dtype)
             _check_finite(out, "the FP outputs", block_index)
             targets.append(out)
     finally:
@@ -131,20 +143,22 @@ def _set_quant_training(block: nn.Module, mode: bool) -> None:
 
 
 @torch.no_grad()
-def _eval_loss(block, inputs, targets, w) -> float:
-    tot = 0.0
+def _eval_loss(block, inputs, targets, w, amp: torch.dtype | None = None) -> float:
+    tot = torch.zeros((), dtype=torch.float64)
     for b in range(len(inputs)):
-        tot += float(weighted_mse(call_block(block, inputs, b), targets[b], w))
-    return tot / len(inputs)
+        with _autocast(inputs.hidden[b].device, amp or torch.bfloat16, amp is not None):
+            loss = weighted_mse(call_block(block, inputs, b), targets[b], w)
+        tot = tot.to(loss.device) + loss.double()
+    return float(tot) / len(inputs)
 
 
 def _train_block(method: QuantMethod, block: nn.Module, inputs: BlockInputs, targets, w,
                  block_index: int, epochs: int, lr: float, weight_decay: float, seed: int,
-                 device: torch.device, log) -> list[dict[str, Any]]:
+                 device: torch.device, log, amp: torch.dtype | None = None) -> list[dict[str, Any]]:
     params = method.parameters(block)
     rows = []
     t0 = time.time()
-    init = _eval_loss(block, inputs, targets, w)
+    init = _eval_loss(block, inputs, targets, w, amp)
     if not math.isfinite(init):
         raise NonFiniteError(f"non-finite initial loss in block {block_index}")
     rows.append({"block": block_index, "epoch": -1, "loss": init, "seconds": time.time() - t0,
@@ -159,26 +173,33 @@ def _train_block(method: QuantMethod, block: nn.Module, inputs: BlockInputs, tar
     try:
         for ep in range(epochs):
             t0 = time.time()
-            tot = 0.0
+            tot = torch.zeros((), dtype=torch.float64, device=targets[0].device)
             for b in torch.randperm(len(inputs), generator=gen).tolist():
                 with torch.enable_grad():
-                    out = call_block(block, inputs, b)
-                    loss = weighted_mse(out, targets[b], w)
-                    if not torch.isfinite(loss):
-                        raise NonFiniteError(f"non-finite loss in block {block_index} (epoch {ep})")
+                    with _autocast(inputs.hidden[b].device, amp or torch.bfloat16, amp is not None):
+                        out = call_block(block, inputs, b)
+                        loss = weighted_mse(out, targets[b], w)
                     opt.zero_grad(set_to_none=True)
                     loss.backward()
-                for p in params:
-                    if p.grad is not None and not bool(torch.isfinite(p.grad).all()):
-                        raise NonFiniteError(f"non-finite gradient in block {block_index} (epoch {ep})")
+                # one host-device synchronisation per step for all finiteness checks
+                grads = [p.grad for p in params if p.grad is not None]
+                flags = torch.stack([torch.isfinite(loss.detach())]
+                                    + [torch.isfinite(g).all() for g in grads])
+                if not bool(flags.all()):
+                    if not bool(flags[0]):
+                        raise NonFiniteError(f"non-finite loss in block {block_index} (epoch {ep})")
+                    raise NonFiniteError(f"non-finite gradient in block {block_index} (epoch {ep})")
                 opt.step()
                 sched.step()
-                tot += float(loss.detach())
+                tot += loss.detach().double()
             for p in params:
                 _check_finite(p.detach(), "the calibrated parameters", block_index)
-            rows.append({"block": block_index, "epoch": ep, "loss": tot / len(inputs),
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            ep_loss = float(tot) / len(inputs)
+            rows.append({"block": block_index, "epoch": ep, "loss": ep_loss,
                          "seconds": time.time() - t0, "peak_mem_mb": peak_memory_mb(device)})
-            log(f"block {block_index} epoch {ep}: loss {tot / len(inputs):.6g}")
+            log(f"block {block_index} epoch {ep}: loss {ep_loss:.6g}")
     finally:
         _set_quant_training(block, False)
     return rows
@@ -200,13 +221,22 @@ def _restore_dtype(method: QuantMethod, block: nn.Module, groups, state, dtype: 
 def calibrate(loaded, method: QuantMethod, input_ids: torch.Tensor, out_dir: str | Path, *,
               weights=None, batch_size: int = 4, run_info: dict[str, Any] | None = None,
               on_block_done: Callable[[int], None] | None = None,
-              log: Callable[[str], None] = print) -> dict[str, Any]:
+              log: Callable[[str], None] = print, device: str | torch.device | None = None,
+              amp: bool | None = None, write_outputs: bool = True) -> dict[str, Any]:
     """Calibrate ``method`` on ``loaded`` (modified in place: its blocks end up fake-quantized)
     and write ``out_dir``/{blocks/, stats.parquet, params.safetensors, meta.json}.
 
     ``weights``: position weights w_bar of length ``input_ids.shape[1]`` (None: uniform).
     ``run_info``: JSON-able settings/provenance stored in meta.json; its hash guards resume.
     ``on_block_done(i)`` is called after block i is saved (tests inject interruptions here).
+    ``device``: where blocks are calibrated (default: the model's device). When it differs from
+    the model's device (model kept in CPU memory), each block is moved there for its
+    calibration and back afterwards, so only one block is resident on the GPU.
+    ``amp`` (default: on for a bfloat16/float16 model on CUDA): keep the block, its captured
+    inputs and FP targets in the model dtype and run the block's matmuls under autocast; the
+    calibrated parameters, quantizers and transform matrices stay float32. Off: everything in
+    float32 (the block is cast up while it is calibrated).
+    ``write_outputs=False`` (benchmarks): skip stats.parquet/params/export, return the meta.
     Returns the meta dict.
     """
     out_dir = Path(out_dir)
@@ -225,16 +255,26 @@ def calibrate(loaded, method: QuantMethod, input_ids: torch.Tensor, out_dir: str
                                  "ids": io.config_hash(input_ids.tolist()),
                                  "weights": None if w is None else [round(float(v), 8) for v in w],
                                  "version": FORMAT_VERSION})
-    device = loaded.device
+    home = loaded.device
+    device = torch.device(device) if device is not None else home
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    offload = device != home
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     torch.manual_seed(method.seed)
     method.prepare_model(loaded)
     blocks = loaded.blocks
     model_dtype = next(loaded.model.parameters()).dtype
-    inputs = capture_block_inputs(loaded.model, blocks[0], input_ids, batch_size, device=device)
-    inputs = BlockInputs(inputs.hidden, _cast_floating(inputs.args, torch.float32),
-                         _cast_floating(inputs.kwargs, torch.float32), inputs.hidden_key)
+    if amp is None:
+        amp = device.type == "cuda" and model_dtype in (torch.bfloat16, torch.float16)
+    amp_dtype = model_dtype if amp else None
+    store_dtype = model_dtype if amp else torch.float32
+    inputs = capture_block_inputs(loaded.model, blocks[0], input_ids, batch_size, device=home,
+                                  hidden_dtype=store_dtype)
+    inputs = BlockInputs([h.to(device) for h in inputs.hidden],
+                         _cast_floating(inputs.args, store_dtype, device),
+                         _cast_floating(inputs.kwargs, store_dtype, device), inputs.hidden_key)
     stats_rows: list[dict[str, Any]] = []
     all_params: dict[str, torch.Tensor] = {}
     all_groups: dict[str, Any] = {}
@@ -242,10 +282,14 @@ def calibrate(loaded, method: QuantMethod, input_ids: torch.Tensor, out_dir: str
     for i, block in enumerate(blocks):
         t_block = time.time()
         torch.manual_seed(method.seed * 1_000_003 + i)
-        block.float()
+        if offload:
+            block.to(device)
+        if not amp:
+            block.float()
         block.eval()
         groups = discover_groups(block, lambda: call_block(block, inputs, 0))
-        targets, gstats = _targets_and_stats(block, inputs, groups, method.needs_hessian, i)
+        targets, gstats = _targets_and_stats(block, inputs, groups, method.needs_hessian, i,
+                                             store_dtype)
         path = blocks_dir / f"{i}.safetensors"
         if path.exists():
             state, prov = io.load_tensors(path)
@@ -260,10 +304,10 @@ def calibrate(loaded, method: QuantMethod, input_ids: torch.Tensor, out_dir: str
             method.quantize_block(block, groups, gstats, i)
             if method.trainable:
                 rows = _train_block(method, block, inputs, targets, w, i, tr["epochs"], tr["lr"],
-                                    tr["weight_decay"], method.seed, device, log)
+                                    tr["weight_decay"], method.seed, device, log, amp_dtype)
             else:
                 t0 = time.time()
-                loss = _eval_loss(block, inputs, targets, w)
+                loss = _eval_loss(block, inputs, targets, w, amp_dtype)
                 rows = [{"block": i, "epoch": -1, "loss": loss, "seconds": time.time() - t0,
                          "peak_mem_mb": peak_memory_mb(device)}]
             if not all(math.isfinite(r["loss"]) for r in rows):
@@ -272,29 +316,37 @@ def calibrate(loaded, method: QuantMethod, input_ids: torch.Tensor, out_dir: str
             for k, v in state.items():
                 _check_finite(v, f"saved parameter {k}", i)
             rows[-1]["seconds"] = time.time() - t_block
-            io.save_tensors(state, path, provenance={"resume_key": resume_key, "block": i,
-                                                     "stats": rows,
-                                                     "groups": groups_to_json(groups)})
+            if write_outputs:
+                io.save_tensors(state, path, provenance={"resume_key": resume_key, "block": i,
+                                                         "stats": rows,
+                                                         "groups": groups_to_json(groups)})
         if propagate == "quant" and method.quantizes:
-            with torch.no_grad():
-                nxt = [call_block(block, inputs, b).detach().float() for b in range(len(inputs))]
+            with torch.no_grad(), _autocast(device, amp_dtype or torch.bfloat16, amp):
+                nxt = [call_block(block, inputs, b).detach().to(store_dtype)
+                       for b in range(len(inputs))]
         else:
             nxt = targets
+        del targets
         for t in nxt:
             _check_finite(t, "the outputs", i)
         _restore_dtype(method, block, groups, state, model_dtype)
+        if offload:
+            block.to(home)
         stats_rows.extend(rows)
         all_params.update({f"{i}.{k}": v for k, v in state.items()})
         all_groups[str(i)] = groups_to_json(groups)
         block_seconds.append(float(rows[-1]["seconds"]))
         inputs = inputs.with_hidden(nxt)
-        del targets
+        del nxt
         if on_block_done is not None:
             on_block_done(i)
+    if not write_outputs:
+        return {"n_blocks": len(blocks), "seconds": sum(block_seconds), "stats": stats_rows,
+                "peak_mem_mb": max((r["peak_mem_mb"] for r in stats_rows), default=0.0)}
     import pandas as pd
 
     prov = io.provenance(run_info, seed=method.seed)
-    io.write_parquet(pd.DataFrame(stats_rows), out_dir / "stats.parquet", STATS_SCHEMA, prov)
+    io.write_parquet(pd.DataFrame(stats_rows), out_dir / "stats.parquet", stats_schema(), prov)
     io.save_tensors(all_params, out_dir / "params.safetensors", provenance=prov)
     meta = {"format_version": FORMAT_VERSION, "method": run_info.get("method_name", method.type_name),
             "type": method.type_name, "method_settings": method.cfg,

@@ -52,21 +52,24 @@ TRAJECTORY_MODES = ("independent", "fixed")
 _FIXED_STREAM_TAG = 2**32 + 7     # never a sample id: the shared stream of fixed-trajectory mode
 
 
-def sharpness_scores(logits: torch.Tensor) -> dict[str, torch.Tensor]:
+def sharpness_scores(logits: torch.Tensor, chunk_bytes: int = 1 << 30) -> dict[str, torch.Tensor]:
     """Teacher sharpness per position of ``logits [B, K, V]``: probability of the argmax token,
     negative entropy (nats) and top1-top2 probability margin, each ``[B, K]`` float64.
 
-    Computed in float64 (one row at a time, to bound memory): min-max normalisation magnifies
-    rounding where a row's scores are close together."""
+    Computed in float64 (min-max normalisation magnifies rounding where a row's scores are close
+    together), a few rows at a time so the float64 copy stays under ``chunk_bytes``."""
+    b, k, v = logits.shape
+    rows = max(1, chunk_bytes // max(1, k * v * 8))
     out: dict[str, list[torch.Tensor]] = {"prob": [], "negentropy": [], "margin": []}
-    for row in logits:
-        logp = torch.log_softmax(row.double(), dim=-1)
+    for lo in range(0, b, rows):
+        logp = torch.log_softmax(logits[lo:lo + rows].double(), dim=-1)
         p = logp.exp()
         top = torch.topk(p, 2, dim=-1).values
         out["prob"].append(top[..., 0])
         out["negentropy"].append((p * logp).nan_to_num(0.0).sum(-1))
         out["margin"].append(top[..., 0] - top[..., 1])
-    return {k: torch.stack(v) for k, v in out.items()}
+        del logp, p
+    return {key: torch.cat(val) for key, val in out.items()}
 
 
 def minmax_over_masked(score: torch.Tensor, masked: torch.Tensor) -> torch.Tensor:
@@ -86,25 +89,34 @@ def minmax_over_masked(score: torch.Tensor, masked: torch.Tensor) -> torch.Tenso
 
 
 class ProbeRecorder:
-    """Decoding recorder accumulating commit steps and the three reliability sums."""
+    """Decoding recorder accumulating commit steps and the three reliability sums.
+
+    Accumulates on the model's device and copies to the host once, in ``finish``: a per-step
+    host copy would synchronise every step and stall the GPU between forwards."""
 
     def start(self, batch: int, gen_length: int, steps: int) -> None:
-        self.commit_step = torch.zeros(batch, gen_length, dtype=torch.long)
-        self.commits = torch.zeros(batch, gen_length, dtype=torch.long)
-        self.rel = {k: torch.zeros(batch, gen_length, dtype=torch.float64) for k in SHARPNESS_COLUMNS}
+        self.shape = (batch, gen_length)
+        self.commit_step = self.commits = None
+        self.rel: dict[str, torch.Tensor] = {}
 
     def step(self, t: int, logits: torch.Tensor, masked: torch.Tensor, committed: torch.Tensor,
              window: torch.Tensor) -> None:
-        scores = sharpness_scores(logits)
-        for name, score in scores.items():
-            self.rel[name] += minmax_over_masked(score, masked).cpu()
-        c = committed.cpu()
-        self.commit_step[c] = t
-        self.commits += c.long()
+        if self.commit_step is None:
+            dev = logits.device
+            self.commit_step = torch.zeros(self.shape, dtype=torch.long, device=dev)
+            self.commits = torch.zeros(self.shape, dtype=torch.long, device=dev)
+            self.rel = {k: torch.zeros(self.shape, dtype=torch.float64, device=dev)
+                        for k in SHARPNESS_COLUMNS}
+        for name, score in sharpness_scores(logits).items():
+            self.rel[name] += minmax_over_masked(score, masked)
+        self.commit_step.masked_fill_(committed, t)
+        self.commits += committed.long()
 
     def finish(self, tokens: torch.Tensor) -> None:
-        if not bool((self.commits == 1).all()):
+        if self.commit_step is None or not bool((self.commits == 1).all()):
             raise RuntimeError("probe: a window position was not committed exactly once")
+        self.commit_step = self.commit_step.cpu()
+        self.rel = {k: v.cpu() for k, v in self.rel.items()}
 
 
 def sample_seed(seed: int, sample_id: int) -> int:

@@ -69,22 +69,25 @@ def pad_left(prompts: Sequence[Sequence[int]], gen_length: int, mask_id: int, pa
     return ids, am, lp
 
 
-def window_logits(model: Any, ids: torch.Tensor, attn: torch.Tensor, lp: int,
+def window_logits(model: Any, ids: torch.Tensor, attn: torch.Tensor | None, lp: int,
                   cfg_scale: float = 0.0) -> torch.Tensor:
     """Logits ``[B, K, V]`` of the generation window (float32), with classifier-free guidance
     when ``cfg_scale > 0`` (second forward with the prompt masked:
     ``un + (cfg + 1) * (cond - un)``). The mask token's logit is set to ``-inf``: it is never a
-    prediction (a trained model gives it ~0 probability; an untrained one must not commit it)."""
+    prediction (a trained model gives it ~0 probability; an untrained one must not commit it).
+    ``attn`` is None when no row is padded. The LM head runs on the window only."""
+    k = ids.shape[1] - lp
     if cfg_scale > 0:
         un = ids.clone()
         prompt_part = torch.zeros_like(ids, dtype=torch.bool)
-        prompt_part[:, :lp] = attn[:, :lp].bool()
+        prompt_part[:, :lp] = True if attn is None else attn[:, :lp].bool()
         un[prompt_part] = model.mask_id
-        both = model.logits(torch.cat([ids, un]), torch.cat([attn, attn]))[:, lp:].float()
+        both = model.logits(torch.cat([ids, un]), None if attn is None else torch.cat([attn, attn]),
+                            keep_last=k).float()
         cond, unc = both.chunk(2, dim=0)
         out = unc + (cfg_scale + 1.0) * (cond - unc)
     else:
-        out = model.logits(ids, attn)[:, lp:].float()
+        out = model.logits(ids, attn, keep_last=k).float()
     out[..., int(model.mask_id)] = float("-inf")
     return out
 
@@ -162,6 +165,8 @@ def generate(model: Any, prompts: Sequence[Sequence[int]], policy: DecodePolicy,
         raise ValueError(f"a prompt contains the mask token id {mask_id}")
     device = model.device
     ids, attn, lp = pad_left(prompts, policy.gen_length, mask_id, int(model.pad_id), device)
+    if len({len(p) for p in prompts}) == 1:
+        attn = None       # no padding: attention without a mask tensor (fast kernels, no sync)
     b, k, T = len(prompts), policy.gen_length, policy.steps
     if recorder is not None:
         recorder.start(b, k, T)
@@ -210,8 +215,9 @@ def _decode_blocks(model, ids, attn, lp, policy: DecodePolicy, generator, record
             else:   # untempered probability of the chosen token, in float64
                 conf = torch.softmax(span.double(), dim=-1).gather(-1, x0[..., None]).squeeze(-1)
             chosen = _select_top(conf, counts[:, s], masked_before[:, lo:hi])
-            block = win[:, lo:hi]
-            block[chosen] = x0[chosen]
+            # torch.where, not boolean indexing: no host sync, so the next forward's kernels
+            # are queued while this step's run.
+            win[:, lo:hi] = torch.where(chosen, x0, win[:, lo:hi])
             if recorder is not None:
                 committed = torch.zeros_like(masked_before)
                 committed[:, lo:hi] = chosen
@@ -224,6 +230,9 @@ def _decode_schedule(model, ids, attn, lp, policy: DecodePolicy, generator, reco
     b, k, T = ids.shape[0], policy.gen_length, policy.steps
     timesteps = torch.linspace(1, policy.eps, T + 1)
     win = ids[:, lp:]
+    # Masked counts per row, tracked on the host: top-k commits exactly min(n, masked) per row,
+    # so no step needs a device->host copy (origin's random commits excepted).
+    n_masked = [k] * b
     for i in range(T):
         t_step = T - i
         last = i == T - 1
@@ -238,7 +247,7 @@ def _decode_schedule(model, ids, attn, lp, policy: DecodePolicy, generator, reco
             u = uniform(b, (k,), generator, ids.device)
             chosen = masked & (u < p_transfer)
         else:
-            mean_masked = masked.sum().float() / b
+            mean_masked = torch.tensor(float(sum(n_masked)), dtype=torch.float32) / b
             n = int(mean_masked * (1 - s / t))
             counts = torch.full((b,), n, dtype=torch.long, device=ids.device)
             if n <= 0:
@@ -251,6 +260,12 @@ def _decode_schedule(model, ids, attn, lp, policy: DecodePolicy, generator, reco
                 chosen = _select_top(scores, counts, masked)
             else:
                 chosen = _select_top(conf.double(), counts, masked)
-        win[chosen] = x0[chosen]
+        win.copy_(torch.where(chosen, x0, win))
+        if last:
+            n_masked = [0] * b
+        elif policy.name == "origin":
+            n_masked = (win == mask_id).sum(-1).tolist()
+        else:
+            n_masked = [m - min(max(n, 0), m) for m in n_masked]
         if recorder is not None:
             recorder.step(t_step, logits, masked, chosen, win.clone())

@@ -35,166 +35,17 @@ and then at the earliest ``until`` string. Instruct models get the tokenizer's c
 """
 from __future__ import annotations
 
-import hashlib
-import json
-import math
-from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 import torch
-import torch.nn.functional as F
 from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 
 from fair_calib.models.adapters import LoadedModel
 
-LIKELIHOOD_ESTIMATORS = ("llada", "dream")
-
-
-@dataclass(frozen=True)
-class LikelihoodSettings:
-    estimator: str
-    mc_num: int
-    batch_size: int
-    cfg_scale: float = 0.0
-    eps: float = 1e-3
-    append_eos: bool = True      # dream: EOS appended to the continuation
-
-    def __post_init__(self) -> None:
-        if self.estimator not in LIKELIHOOD_ESTIMATORS:
-            raise ValueError(f"unknown likelihood estimator {self.estimator!r}; "
-                             f"known: {list(LIKELIHOOD_ESTIMATORS)}")
-        if self.mc_num < 1 or self.batch_size < 1:
-            raise ValueError(f"mc_num and batch_size must be >= 1, got {self.mc_num}, {self.batch_size}")
-        if self.cfg_scale < 0:
-            raise ValueError(f"cfg_scale must be >= 0, got {self.cfg_scale}")
-        if self.cfg_scale > 0 and self.estimator != "llada":
-            raise ValueError("cfg_scale is only defined for the llada estimator")
-        if not 0 < self.eps < 1:
-            raise ValueError(f"eps must lie in (0, 1), got {self.eps}")
-
-    @property
-    def rows(self) -> int:
-        return min(self.batch_size, self.mc_num)
-
-    @property
-    def iterations(self) -> int:
-        return max(self.mc_num // self.rows, 1)
-
-
-def likelihood_settings(adapter_likelihood: Mapping[str, Any],
-                        overrides: Mapping[str, Any] | None = None) -> LikelihoodSettings:
-    """Adapter ``likelihood`` dict merged with overrides (``None`` values are ignored)."""
-    merged = dict(adapter_likelihood)
-    for k, v in (overrides or {}).items():
-        if v is not None:
-            merged[k] = v
-    if "cfg" in merged:
-        merged["cfg_scale"] = merged.pop("cfg")
-    known = {"estimator", "mc_num", "batch_size", "cfg_scale", "eps", "append_eos"}
-    unknown = sorted(set(merged) - known)
-    if unknown:
-        raise ValueError(f"unknown likelihood settings {unknown}; known: {sorted(known)}")
-    return LikelihoodSettings(estimator=str(merged["estimator"]), mc_num=int(merged["mc_num"]),
-                              batch_size=int(merged["batch_size"]),
-                              cfg_scale=float(merged.get("cfg_scale", 0.0)),
-                              eps=float(merged.get("eps", 1e-3)),
-                              append_eos=bool(merged.get("append_eos", True)))
-
-
-def request_generator(seed: int, *parts: Any) -> torch.Generator:
-    """A CPU generator seeded by ``seed`` and the request's content (order/shard independent)."""
-    blob = json.dumps([int(seed), *parts], separators=(",", ":"), default=str).encode()
-    g = torch.Generator(device="cpu")
-    g.manual_seed(int.from_bytes(hashlib.sha256(blob).digest()[:8], "little") & ((1 << 63) - 1))
-    return g
-
-
-def _logits(loaded: LoadedModel, ids: torch.Tensor, prompt_len: int, cfg_scale: float) -> torch.Tensor:
-    if cfg_scale > 0:
-        un = ids.clone()
-        un[:, :prompt_len] = loaded.mask_id
-        both = loaded.logits(torch.cat([ids, un])).float()
-        cond, uncond = both.chunk(2, dim=0)
-        return uncond + (cfg_scale + 1.0) * (cond - uncond)
-    return loaded.logits(ids).float()
-
-
-@torch.no_grad()
-def llada_iteration_losses(loaded: LoadedModel, prefix: Sequence[int], target: Sequence[int],
-                           st: LikelihoodSettings, generator: torch.Generator) -> torch.Tensor:
-    """Per-iteration losses (float64, ``[iterations]``) of the LLaDA stratified estimator."""
-    b, L, P = st.rows, len(target), len(prefix)
-    device = loaded.device
-    seq = torch.tensor(list(prefix) + list(target), dtype=torch.long, device=device)
-    seq = seq.unsqueeze(0).repeat(b, 1)
-    out = []
-    for _ in range(st.iterations):
-        k = int(torch.randint(1, L + 1, (), generator=generator))
-        x = torch.round(torch.linspace(float(k), k + (b - 1) * (L / b), steps=b,
-                                       dtype=torch.float64)).long()
-        x = ((x - 1) % L) + 1
-        order = torch.stack([torch.randperm(L, generator=generator) for _ in range(b)])
-        is_mask = order < x.unsqueeze(1)           # exactly x_i random target positions
-        is_mask = torch.cat([torch.zeros(b, P, dtype=torch.bool), is_mask], dim=1).to(device)
-        noisy = torch.where(is_mask, torch.full_like(seq, loaded.mask_id), seq)
-        logits = _logits(loaded, noisy, P, st.cfg_scale)
-        ce = F.cross_entropy(logits[is_mask], seq[is_mask], reduction="none").double()
-        p_mask = (x.double() / L).to(device).unsqueeze(1).expand(b, P + L)[is_mask]
-        out.append((ce / p_mask).sum().item() / b)
-    return torch.tensor(out, dtype=torch.float64)
-
-
-@torch.no_grad()
-def dream_iteration_losses(loaded: LoadedModel, prefix: Sequence[int], target: Sequence[int],
-                           st: LikelihoodSettings, generator: torch.Generator) -> torch.Tensor:
-    """Per-iteration losses (float64, ``[iterations]``) of the Dream stratified-t estimator.
-
-    ``target`` is scored as given (the caller appends EOS when ``append_eos``)."""
-    b, L, P = st.rows, len(target), len(prefix)
-    device = loaded.device
-    seq = torch.tensor(list(prefix) + list(target), dtype=torch.long, device=device)
-    seq = seq.unsqueeze(0).repeat(b, 1)
-    out = []
-    for _ in range(st.iterations):
-        u0 = torch.rand((), generator=generator, dtype=torch.float64)
-        t = (u0 + torch.arange(b, dtype=torch.float64) / b) % 1.0
-        p = (1.0 - st.eps) * t + st.eps                                    # [b]
-        is_mask = torch.rand((b, L), generator=generator, dtype=torch.float64) < p.unsqueeze(1)
-        is_mask = torch.cat([torch.zeros(b, P, dtype=torch.bool), is_mask], dim=1).to(device)
-        if not bool(is_mask.any()):
-            out.append(0.0)
-            continue
-        noisy = torch.where(is_mask, torch.full_like(seq, loaded.mask_id), seq)
-        logits = _logits(loaded, noisy, P, 0.0)
-        ce = F.cross_entropy(logits[is_mask], seq[is_mask], reduction="none").double()
-        p_mask = p.to(device).unsqueeze(1).expand(b, P + L)[is_mask]
-        out.append((ce / p_mask).sum().item() / b)
-    return torch.tensor(out, dtype=torch.float64)
-
-
-def mc_loglikelihood(loaded: LoadedModel, prefix: Sequence[int], target: Sequence[int],
-                     st: LikelihoodSettings, generator: torch.Generator) -> tuple[float, float]:
-    """MC estimate of ``log p(target | prefix)`` and its standard error (over iterations)."""
-    if len(target) == 0:
-        return 0.0, 0.0
-    fn = llada_iteration_losses if st.estimator == "llada" else dream_iteration_losses
-    losses = fn(loaded, prefix, target, st, generator)
-    se = float(losses.std(unbiased=True) / math.sqrt(len(losses))) if len(losses) > 1 else float("nan")
-    return -float(losses.mean()), se
-
-
-@torch.no_grad()
-def greedy_match(loaded: LoadedModel, prefix: Sequence[int], target: Sequence[int],
-                 cfg_scale: float = 0.0) -> bool:
-    """Does one pass with the whole target masked predict every target token by argmax?"""
-    if len(target) == 0:
-        return True
-    P = len(prefix)
-    ids = torch.tensor([list(prefix) + [loaded.mask_id] * len(target)], device=loaded.device)
-    logits = _logits(loaded, ids, P, cfg_scale)
-    pred = logits[0, P:].argmax(-1).tolist()
-    return pred == list(target)
+from fair_calib.evaluate.likelihood import (  # noqa: F401  (re-exported)
+    LIKELIHOOD_ESTIMATORS, LikelihoodSettings, _logits, dream_iteration_losses, greedy_match,
+    likelihood_settings, llada_iteration_losses, mc_loglikelihood, request_generator)
 
 
 def _model_max_length(loaded: LoadedModel) -> int:

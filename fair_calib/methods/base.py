@@ -86,6 +86,7 @@ class QuantMethod:
             inq = self.make_input_quant(group, j, gs, block, block_index)
             if inq is not None:
                 inq.to(dev)
+                inq.n_users = len(group.names)
             for name in group.names:
                 lin = get_submodule(block, name)
                 if isinstance(lin, QuantLinear):

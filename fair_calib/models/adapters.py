@@ -9,6 +9,8 @@ never branch on a family name; adding a family is one entry in ``ADAPTERS``.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import inspect
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -152,31 +154,48 @@ class LoadedModel:
     def embed(self) -> nn.Module:
         return get_module(self.model, self.adapter.embed_path)
 
-    def logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+    def logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+               keep_last: int | None = None) -> torch.Tensor:
         """Per-position logits aligned so that ``logits[:, i]`` predicts token ``i``.
 
         With left padding, pass the 2-D ``attention_mask``; position ids then count from the
-        first real token, so a padded row gives the same logits as the row alone.
+        first real token, so a padded row gives the same logits as the row alone. Pass ``None``
+        when no row is padded: attention then runs without a mask tensor (the fast kernels).
+        ``keep_last=K`` returns only the last ``K`` positions' logits, and the LM head runs only
+        there when the model supports it (``logits_to_keep``): decoding needs just the window.
         """
         kwargs: dict[str, Any] = {}
         if attention_mask is not None:
             kwargs["attention_mask"] = attention_mask
-            if not bool(attention_mask.all()) and _accepts_position_ids(self.model):
+            if _accepts(self.model, "position_ids") and not bool(attention_mask.all()):
                 kwargs["position_ids"] = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+        length = input_ids.shape[1]
+        # A shifted family needs one more position: the prediction for i comes from i-1.
+        need = None if keep_last is None else keep_last + int(self.adapter.logit_shift)
+        if need is not None and need < length and _accepts(self.model, "logits_to_keep", strict=True):
+            kwargs["logits_to_keep"] = need
         out = self.model(input_ids=input_ids, **kwargs)
         logits = out.logits if hasattr(out, "logits") else out[0]
+        if need is not None and need < length:
+            logits = logits[:, -need:]
+            return logits[:, :-1] if self.adapter.logit_shift else logits
         if self.adapter.logit_shift:
             logits = torch.cat([logits[:, :1], logits[:, :-1]], dim=1)
-        return logits
+        return logits if keep_last is None else logits[:, -keep_last:]
 
 
-def _accepts_position_ids(model: nn.Module) -> bool:
-    """Whether ``model.forward`` takes ``position_ids`` (LLaDA's remote code does not: its
-    padded rows then keep absolute positions, as in the authors' own batched decoding)."""
-    import inspect
+@functools.lru_cache(maxsize=64)
+def _forward_params(model_type: type) -> tuple[frozenset, bool]:
+    params = inspect.signature(model_type.forward).parameters
+    return frozenset(params), any(p.kind is p.VAR_KEYWORD for p in params.values())
 
-    params = inspect.signature(model.forward).parameters
-    return "position_ids" in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
+
+def _accepts(model: nn.Module, name: str, strict: bool = False) -> bool:
+    """Whether ``model.forward`` takes ``name``. LLaDA's remote code takes no ``position_ids``
+    (its padded rows then keep absolute positions, as in the authors' own batched decoding).
+    ``strict``: a ``**kwargs`` catch-all does not count (it may silently ignore the key)."""
+    names, var_kw = _forward_params(type(model))
+    return name in names or (var_kw and not strict)
 
 
 def _trust_remote_code(adapter: FamilyAdapter, source: str, explicit: bool | None) -> bool:
@@ -200,7 +219,14 @@ def load_model(source: str | Path, family: str, dtype: str | torch.dtype = "floa
             f"{source!r} (family {family!r}) needs trust_remote_code, which is only granted to "
             f"{list(adapter.hub_ids)}; set trust_remote_code: true in its config entry to allow it")
     torch_dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
-    tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust)
+    if (Path(source) / "fair_calib.json").is_file():
+        # An embedded tiny model (``fair_calib.models.tiny``): load its word-level tokenizer as
+        # saved. AutoTokenizer would force the model type's own class for some types (qwen2),
+        # which rebuilds a byte-level BPE and ignores tokenizer.json.
+        from transformers import PreTrainedTokenizerFast
+        tokenizer = PreTrainedTokenizerFast.from_pretrained(source)
+    else:
+        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust)
     config = AutoConfig.from_pretrained(source, trust_remote_code=trust)
     loader = AutoModel if adapter.remote_code else AutoModelForCausalLM
     model = loader.from_pretrained(source, config=config, dtype=torch_dtype,

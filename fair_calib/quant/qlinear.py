@@ -15,8 +15,42 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .quantizers import ActQuantizer, WeightQuantizer
+from torch.utils.checkpoint import checkpoint
+
+from .quantizers import SCALE_EPS, ActQuantizer, WeightQuantizer, qmax
 from .transforms import AffineTransform
+
+# Recompute the (elementwise-heavy) quantizer/transform chains in the backward pass instead of
+# storing their float32 intermediates: during calibration this keeps the saved activations of a
+# block to the matmul inputs (the float32 copies of W T^{-1}, x/s, masks, ... are never stored).
+CHECKPOINT_QUANT = True
+
+
+def _act_qdq_eval(x: torch.Tensor, ratio: torch.Tensor, q: int) -> torch.Tensor:
+    """Per-token fake quantization for inference (no gradient), float32 inside, out in x's dtype."""
+    xf = x.float()
+    s = torch.clamp(xf.abs().amax(dim=-1, keepdim=True) * ratio / q, min=SCALE_EPS)
+    return (torch.clamp(torch.round(xf / s), -q - 1, q) * s).to(x.dtype)
+
+
+_COMPILED: dict[str, object] = {}
+
+
+def _act_qdq_fast(x: torch.Tensor, ratio: torch.Tensor, q: int) -> torch.Tensor:
+    """:func:`_act_qdq_eval`, fused by ``torch.compile`` on CUDA when it works (else eager)."""
+    if x.is_cuda and _COMPILED.get("state") != "failed":
+        fn = _COMPILED.get("fn")
+        if fn is None:
+            fn = _COMPILED["fn"] = torch.compile(_act_qdq_eval, dynamic=True)
+        try:
+            return fn(x, ratio, q)
+        except Exception:  # noqa: BLE001 - no triton / compiler: fall back to eager, once
+            _COMPILED["state"] = "failed"
+    return _act_qdq_eval(x, ratio, q)
+
+
+def _no_autocast(device: torch.device):
+    return torch.autocast(device.type, enabled=False)
 
 
 class InputQuant(nn.Module):
@@ -31,6 +65,10 @@ class InputQuant(nn.Module):
         self.act = act
         self.act_drop = float(act_drop)   # QDrop: prob. of keeping an FP activation (training)
         self.rotation = online_rotation   # fixed orthogonal R with ``.rotate(x) = x @ R``
+        # number of linears reading this input (set by QuantMethod.quantize_block): the
+        # transformed/quantized input is computed once per forward and reused by the others
+        self.n_users = 1
+        self._cache: tuple | None = None
 
     def transform_x(self, x: torch.Tensor) -> torch.Tensor:
         if self.rotation is not None:
@@ -47,13 +85,46 @@ class InputQuant(nn.Module):
             w = self.transform.weight_times_inverse(w)
         return w
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xt = self.transform_x(x)
+    def _compute(self, x: torch.Tensor) -> torch.Tensor:
+        """float32 in, float32 out: Q_X(T x) (QDrop: some entries kept at T x)."""
+        xt = self.transform_x(x).float()
         xq = self.act(xt)
         if self.training and self.act_drop > 0.0 and self.act.enabled:
             keep_fp = torch.rand_like(xq) < self.act_drop
             xq = torch.where(keep_fp, xt, xq)
         return xq
+
+    def _compute_folded(self, x: torch.Tensor) -> torch.Tensor:
+        """Inference with folded matrices: transform in x's dtype, fused per-token quantizer."""
+        act = self.act
+        xt = self.transform_x(x)
+        if not act.enabled:
+            return xt
+        if act.scale is not None:
+            return act(xt.float()).to(x.dtype)
+        ratio = (torch.sigmoid(act.clip.float()) if act.clip is not None
+                 else torch.tensor(act.clip_ratio, device=x.device))
+        return _act_qdq_fast(xt, ratio, qmax(act.bits))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Q_X(T x) for the layer input ``x``; float32 result, except for folded inference
+        (no grad, eval mode) where it stays in x's dtype. Linears sharing this module and fed
+        the same tensor object reuse one result."""
+        c = self._cache
+        if c is not None and c[0] is x and c[2] < self.n_users and c[3] == torch.is_grad_enabled():
+            out, uses = c[1], c[2] + 1
+        else:
+            uses = 1
+            folded = self.transform is None or self.transform._folded is not None
+            if folded and not self.training and not torch.is_grad_enabled():
+                out = self._compute_folded(x)
+            elif (CHECKPOINT_QUANT and torch.is_grad_enabled()
+                  and any(p.requires_grad for p in self.parameters())):
+                out = checkpoint(self._compute, x.float(), use_reentrant=False)
+            else:
+                out = self._compute(x.float())
+        self._cache = (x, out, uses, torch.is_grad_enabled()) if uses < self.n_users else None
+        return out
 
     def fold(self) -> None:
         if self.transform is not None:
@@ -92,6 +163,15 @@ class QuantLinear(nn.Module):
         """Q_W(W T^{-1}) computed from the FP weight (differentiable in the quant params)."""
         if self.w_quant is not None:
             return self.w_quant.to(dtype)
+        with _no_autocast(self.linear.weight.device):   # weight side always in full precision
+            trainable = any(p.requires_grad for p in self.wq.parameters())
+            if self.inq is not None and self.inq.transform is not None:
+                trainable = trainable or any(p.requires_grad for p in self.inq.transform.parameters())
+            if CHECKPOINT_QUANT and trainable and torch.is_grad_enabled():
+                return checkpoint(self._weight_chain, dtype, use_reentrant=False)
+            return self._weight_chain(dtype)
+
+    def _weight_chain(self, dtype: torch.dtype) -> torch.Tensor:
         w = self.linear.weight.to(dtype)
         if self.inq is not None:
             w = self.inq.weight_inverse(w)
@@ -99,11 +179,16 @@ class QuantLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         dtype = x.dtype
-        xf = x.float()
-        xq = self.inq(xf) if self.inq is not None else xf
-        w = self.w_folded if self.w_folded is not None else self.effective_weight(torch.float32)
         b = self.linear.bias
-        y = F.linear(xq, w.float(), None if b is None else b.float())
+        if self.w_folded is not None and not torch.is_grad_enabled():
+            # inference: folded weight in the model dtype, matmul in x's dtype
+            xq = self.inq(x) if self.inq is not None else x
+            w = self.w_folded
+            return F.linear(xq.to(w.dtype), w, None if b is None else b.to(w.dtype)).to(dtype)
+        xq = self.inq(x) if self.inq is not None else x.float()
+        w = self.w_folded if self.w_folded is not None else self.effective_weight(torch.float32)
+        # under CUDA autocast (calibration of a bf16 model) this matmul runs in bfloat16
+        y = F.linear(xq.float(), w.float(), None if b is None else b.float())
         return y.to(dtype)
 
     @torch.no_grad()
@@ -123,7 +208,9 @@ class QuantLinear(nn.Module):
             if self.inq is not None:
                 w = self.inq.weight_inverse(w)
             w = self.wq(w.float())
-        self.w_folded = w.detach()
+        # stored in the model dtype (bf16 for evaluation, float32 in the tests): no float32
+        # copy of every weight next to the model's own
+        self.w_folded = w.detach().to(self.linear.weight.dtype)
         if self.inq is not None:
             self.inq.fold()
 

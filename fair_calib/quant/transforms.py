@@ -70,12 +70,23 @@ class InvertibleFactor(nn.Module):
         """(P, P^{-1}) in ``dtype`` (float32 or float64)."""
         if dtype not in (torch.float32, torch.float64):
             raise ValueError("transform matrices are built in float32/float64 only")
-        r0, u, sigma, v = self._parts(dtype)
-        p = r0 @ u @ torch.diag(torch.exp(sigma)) @ v.T
-        # r0 is stored in float32, so it is orthogonal only to ~1e-7: invert it exactly instead
-        # of transposing (a well-conditioned n x n solve, n <= a few hundred).
-        p_inv = v @ torch.diag(torch.exp(-sigma)) @ u.T @ torch.linalg.inv(r0)
+        with torch.autocast(self.a.device.type, enabled=False):   # never in half precision
+            r0, u, sigma, v = self._parts(dtype)
+            p = r0 @ u @ torch.diag(torch.exp(sigma)) @ v.T
+            # r0 is stored in float32, so it is orthogonal only to ~1e-7: invert it exactly
+            # instead of transposing (a well-conditioned n x n solve, n <= a few hundred). It is
+            # fixed, so the inverse is cached (keyed on the buffer's storage and version).
+            p_inv = v @ torch.diag(torch.exp(-sigma)) @ u.T @ self._r0_inverse(dtype)
         return p, p_inv
+
+    def _r0_inverse(self, dtype: torch.dtype) -> torch.Tensor:
+        key = (self.r0.data_ptr(), self.r0._version, self.r0.device, dtype)
+        c = getattr(self, "_r0_inv_cache", None)
+        if c is None or c[0] != key:
+            with torch.no_grad():
+                c = (key, torch.linalg.inv(self.r0.to(dtype)))
+            self._r0_inv_cache = c
+        return c[1]
 
 
 class AffineTransform(nn.Module):

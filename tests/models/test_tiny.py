@@ -101,7 +101,7 @@ def test_tokenizer_round_trip(data_dir, tmp_path):
 
 
 TINY = {"hidden": 32, "layers": 1, "heads": 2, "intermediate": 64, "steps": 4,
-        "batch_size": 4, "lr": 1e-3, "seq_len": 48}
+        "batch_size": 4, "lr": 1e-3, "seq_len": 48, "threads": 1}
 
 
 @pytest.mark.parametrize("family", ["tiny-llada", "tiny-dream"])
@@ -127,6 +127,11 @@ def test_short_training_run_loads_through_adapter(family, data_dir, tmp_path):
 
     lm = load_model(out, family)
     assert lm.mask_id == lm.tokenizer.convert_tokens_to_ids("[MASK]") == 1
+    # the adapter gets the word-level tokenizer as trained (not a model-type default class)
+    ref = build_tokenizer(data_dir / "train.txt")
+    text = "Question: Tom has 3 pens and gets 4 more . How many pens does Tom have now ?\nAnswer:"
+    assert lm.tokenizer(text)["input_ids"] == ref(text)["input_ids"]
+    assert lm.tokenizer.unk_token_id not in lm.tokenizer(text)["input_ids"]
     assert lm.pad_id == 0 and lm.eos_id == 2
     assert len(lm.blocks) == TINY["layers"]
     ids = torch.tensor([lm.tokenizer("Question: Tom has 3 pens .\nAnswer:")["input_ids"] + [lm.mask_id] * 5])
@@ -151,13 +156,14 @@ def test_short_training_run_loads_through_adapter(family, data_dir, tmp_path):
         assert all(getattr(attn, p).bias is None for p in ("q_proj", "k_proj", "v_proj"))
         torch.testing.assert_close(logits, raw)
     assert lm.model.lm_head.weight.data_ptr() != lm.embed.weight.data_ptr()  # untied head
+    assert not lm.model.config.tie_word_embeddings
 
 
 def test_training_is_deterministic_and_learns(data_dir, tmp_path):
     from fair_calib.models.tiny import train as tt
     from safetensors.torch import load_file
 
-    train = {**TINY, "steps": 40, "lr": 1e-2, "batch_size": 8}
+    train = {**TINY, "steps": 25, "lr": 1e-2, "batch_size": 8}
     settings = {"seed": 0, "model": {"name": "tiny-llada", "family": "tiny-llada", "train": train}}
     a = tt.train_tiny(settings, data_dir, tmp_path / "a", progress=False)
     b = tt.train_tiny(settings, data_dir, tmp_path / "b", progress=False)

@@ -87,7 +87,7 @@ REAL_MB=$(( TOTAL_MB - MARGIN_MB ))
 cat > "$CONF" <<EOF
 # written by tests/slurm/slurm_up.sh -- single-node localhost test cluster
 ClusterName=faircalib
-SlurmctldHost=$HOST
+SlurmctldHost=$HOST(127.0.0.1)
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
@@ -116,7 +116,7 @@ SlurmdDebug=info
 SlurmctldTimeout=30
 SlurmdTimeout=60
 KillWait=5
-NodeName=$HOST CPUs=$NCPU RealMemory=$REAL_MB State=UNKNOWN
+NodeName=$HOST NodeAddr=127.0.0.1 CPUs=$NCPU RealMemory=$REAL_MB State=UNKNOWN
 PartitionName=$PARTITION Nodes=$HOST Default=YES MaxTime=INFINITE State=UP
 EOF
 # The executor's job step (snakemake-executor-plugin-slurm-jobstep) strips every SLURM_* variable

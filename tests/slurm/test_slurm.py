@@ -47,7 +47,7 @@ JOBS = os.environ.get("FAIR_CALIB_SLURM_JOBS", "4")
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
 # Calibration cell the fault tests kill, and how long its blocks train there.
 FAULT_CELL = os.environ.get("FAIR_CALIB_SLURM_FAULT_CELL", "tiny-llada/flatquant/w4a4")
-FAULT_EPOCHS = int(os.environ.get("FAIR_CALIB_SLURM_FAULT_EPOCHS", "60"))
+FAULT_EPOCHS = int(os.environ.get("FAIR_CALIB_SLURM_FAULT_EPOCHS", "300"))
 
 # The test cluster has no slurmdbd: sacct fails there and plugin 2.8.0 would wait forever,
 # so status goes through squeue (slurm_up.sh sets MinJobAge well above 3x the init wait).
@@ -157,6 +157,17 @@ def scontrol_job(jobid: str) -> dict[str, str]:
     return rec
 
 
+def resource_table(repo: Path) -> dict:
+    """`resources:` of config/config.yaml overlaid with the test config's (one level deep)."""
+    import yaml
+
+    table = {}
+    for path in (repo / "config" / "config.yaml", repo / CONFIG):
+        for rule, res in ((yaml.safe_load(path.read_text()) or {}).get("resources") or {}).items():
+            table.setdefault(rule, {}).update(res)
+    return table
+
+
 def tail(text: str, n: int = 60) -> str:
     return "\n".join(text.splitlines()[-n:])
 
@@ -249,8 +260,13 @@ def local_run(workdir) -> Path:
 
 
 @pytest.fixture(scope="module")
-def slurm_run(workdir):
-    repo = copy_repo(workdir / "slurm")
+def slurm_repo(workdir) -> Path:
+    return copy_repo(workdir / "slurm")
+
+
+@pytest.fixture(scope="module")
+def slurm_run(slurm_repo, workdir):
+    repo = slurm_repo
     rc, log, secs = run_snakemake(repo, ["--profile", "profiles/slurm", *SLURM_TEST_FLAGS,
                                          *config_args(), TARGET], workdir / "slurm.log")
     print(f"\n[slurm-e2e] SLURM run: {secs:.0f} s (rc={rc})")
@@ -278,9 +294,14 @@ def test_slurm_run_matches_local(local_run, slurm_run):
         assert rec.get("JobState") == "COMPLETED", (jid, rec.get("JobState"))
         assert Path(rec.get("WorkDir", "")).resolve() == repo.resolve(), rec.get("WorkDir")
         assert rec.get("Partition"), rec
-    # memory requests come from the config's resource table (attempt 1: base value)
+    # memory / time requests come from the config's resource table (attempt 1: base value)
     cal = [jid for _, jid, lf in submits if "/rule_calibrate/" in lf]
     assert cal, "no calibration job went through SLURM"
+    want = resource_table(repo).get("calibrate", {})
+    for jid in cal:
+        rec = scontrol_job(jid)
+        if "mem_mb" in want:
+            assert rec["MinMemoryNode"] == f"{want['mem_mb']}M", (jid, rec["MinMemoryNode"])
     problems = compare_trees(local_run, repo)
     assert not problems, "SLURM results differ from the local run:\n" + "\n".join(problems)
     assert (repo / TARGET).is_file()
@@ -355,9 +376,12 @@ def _kill_after_first_block(proc, log: Path, repo: Path) -> str:
     return jid
 
 
-def test_killed_calibration_resumes(slurm_run, workdir):
-    repo, _ = slurm_run
+def test_killed_calibration_resumes(slurm_repo, workdir):
+    # runs after test 1 in the same copy (upstream jobs done); alone, it builds them first
+    repo = slurm_repo
     cdir, blocks, meta, rule_log = _calib_paths(repo)
+    # the overlay changes this cell's settings: its old blocks would be refused, not resumed
+    shutil.rmtree(cdir, ignore_errors=True)
     proc, fh, log = _start_calibration(repo, workdir, "fault_retry", [])
     try:
         killed = _kill_after_first_block(proc, log, repo)
@@ -382,12 +406,12 @@ def test_killed_calibration_resumes(slurm_run, workdir):
     _assert_complete(repo)
 
 
-def test_interrupted_run_is_not_taken_as_complete(slurm_run, workdir):
+def test_interrupted_run_is_not_taken_as_complete(slurm_repo, workdir):
     """Kill the job and Snakemake itself (a lost login node); the next run must not trust the
     half-written output and must resume the calibration from its saved block."""
-    repo, _ = slurm_run
+    repo = slurm_repo
     cdir, blocks, meta, rule_log = _calib_paths(repo)
-    shutil.rmtree(cdir)  # start this cell from scratch (same settings as the previous test)
+    shutil.rmtree(cdir, ignore_errors=True)  # start this cell from scratch (same settings as the previous test)
     proc, fh, log = _start_calibration(repo, workdir, "fault_lost", ["--retries", "0"])
     try:
         # SIGKILL Snakemake first (nothing can clean up), then the job it left behind

@@ -38,10 +38,18 @@ def check_config(cfg):
         if t["kind"] == "lm_eval" and "lm_eval_task" not in t:
             raise ValueError(f"config: tasks.{name} (kind lm_eval) needs `lm_eval_task`")
     for tname, t in cfg["tables"].items():
-        for key, section in (("models", "models"), ("methods", "methods"), ("tasks", "tasks")):
-            for item in t[key]:
-                if item not in cfg[section]:
-                    _fail(f"tables.{tname}.{key}", item, cfg[section])
+        if t["kind"] not in MEMORY_TABLES and "tasks" not in t:
+            raise ValueError(f"config: tables.{tname} (kind {t['kind']}) needs `tasks`")
+        for key in ("models", "methods", "tasks"):
+            for item in t.get(key, []):
+                if item not in cfg[key]:
+                    _fail(f"tables.{tname}.{key}", item, cfg[key])
+        for key, section in (("model", "models"), ("baseline", "methods"), ("method", "methods")):
+            if key in t and t[key] not in cfg[section]:
+                _fail(f"tables.{tname}.{key}", t[key], cfg[section])
+        for method, _ in t.get("rows", []):
+            if method not in cfg["methods"]:
+                _fail(f"tables.{tname}.rows", method, cfg["methods"])
         if t["bits"] not in cfg["bits"]:
             _fail(f"tables.{tname}.bits", t["bits"], cfg["bits"])
     diag = cfg.get("diagnostics", {})
@@ -72,6 +80,7 @@ def check_config(cfg):
             _fail(f"resources.{name}", name, ("default",) + RULES_WITH_RESOURCES)
 
 
+MEMORY_TABLES = ("calib_memory", "deploy_memory")
 RULES_WITH_RESOURCES = ("make_data", "train_tiny", "probe_shard", "prior", "calibrate",
                         "evaluate_shard", "gather_eval", "trajectories", "diagnose", "figures",
                         "table")
@@ -88,16 +97,23 @@ def bits_for(method, bits):
     return "fp" if is_fp(method) else bits
 
 
-def table_cells(table):
+def table_methods(t):
+    extra = [t[k] for k in ("baseline", "method") if k in t] + [m for m, _ in t.get("rows", [])]
+    return list(dict.fromkeys(t["methods"] + extra))
+
+
+def table_inputs(table):
+    """The files a table is made from: eval rows, or calibration stats/meta for memory tables."""
     t = config["tables"][table]
-    for model in t["models"]:
-        for method in t["methods"]:
-            for task in t["tasks"]:
-                yield model, method, bits_for(method, t["bits"]), task
-
-
-def eval_files(table):
-    return sorted({f"results/eval/{m}/{x}/{b}/{t}.parquet" for m, x, b, t in table_cells(table)})
+    models = list(dict.fromkeys(t["models"] + ([t["model"]] if "model" in t else [])))
+    if t["kind"] == "calib_memory":
+        return [f"{calib_dir(m, x, t['bits'])}/stats.parquet"
+                for m in models for x in table_methods(t) if not is_fp(x)]
+    if t["kind"] == "deploy_memory":
+        return [f"{calib_dir(m, x, t['bits'])}/meta.json"
+                for m in models for x in table_methods(t) if not is_fp(x)]
+    return sorted({f"results/eval/{m}/{x}/{bits_for(x, t['bits'])}/{task}.parquet"
+                   for m in models for x in table_methods(t) for task in t["tasks"]})
 
 
 # ---------------------------------------------------------------- paths of stage inputs

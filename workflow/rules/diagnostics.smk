@@ -41,15 +41,15 @@ rule trajectories:
         " --model-dir {params.model_dir} {params.extra} --out {output} > {log} 2>&1"
 
 
-def diag_trajs(model):
-    fp = [m for m in config["methods"] if is_fp(m)][:1]
-    students = [f"results/traj/{model}/{m}/{DIAG['bits']}.parquet" for m in DIAG.get("methods", [])]
-    return [f"results/traj/{model}/{m}/fp.parquet" for m in fp] + students
+def fp_method():
+    return next(m for m in config["methods"] if is_fp(m))
 
 
 rule diagnose:
     input:
-        lambda wc: diag_trajs(wc.model),
+        teacher=lambda wc: f"results/traj/{wc.model}/{fp_method()}/fp.parquet",
+        students=lambda wc: [f"results/traj/{wc.model}/{m}/{DIAG['bits']}.parquet"
+                             for m in DIAG.get("methods", [])],
     output:
         "results/diagnostics/{model}.parquet",
     log:
@@ -58,4 +58,39 @@ rule diagnose:
     resources:
         **resources_for("diagnose"),
     shell:
-        "{PY} diagnose --inputs {input[1:]} --teacher {input[0]} --out {output} > {log} 2>&1"
+        "{PY} diagnose --inputs {input.students} --teacher {input.teacher} --out {output} > {log} 2>&1"
+
+
+FIGURE_NAMES = ["stability_lag_ccdf", "mse_prob_trace", "commit_flips", "post_commit_mismatch",
+                "frontier_margin", "prior_curve"]
+
+
+def figure_settings():
+    return json.dumps({
+        "fp": fp_method(),
+        "methods": [fp_method()] + DIAG.get("methods", []),
+        "labels": {"models": {k: v.get("label", k) for k, v in config["models"].items()},
+                   "methods": {k: v.get("label", k) for k, v in config["methods"].items()}},
+        "cross_corpus": DIAG.get("cross_corpus", []),
+    }, sort_keys=True)
+
+
+rule figures:
+    input:
+        diagnostics=expand("results/diagnostics/{model}.parquet", model=DIAG.get("models", [])),
+        priors=lambda wc: [f"results/prior/{m}/{p}.parquet" for m in DIAG.get("models", [])
+                           for p in sorted({prior_of(x) for x in DIAG.get("methods", [])} - {None})],
+    output:
+        expand("results/figures/{name}_{model}.{ext}", name=FIGURE_NAMES,
+               model=DIAG.get("models", []), ext=["pdf", "png"]),
+        expand("results/figures/stability_lag_ccdf_models.{ext}", ext=["pdf", "png"]),
+    params:
+        settings=figure_settings(),
+    log:
+        "logs/figures/figures.log",
+    threads: threads_for("figures")
+    resources:
+        **resources_for("figures"),
+    shell:
+        "{PY} figures --settings {params.settings:q} --inputs {input} --out-dir results/figures"
+        " > {log} 2>&1"

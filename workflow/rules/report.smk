@@ -13,7 +13,7 @@ def labels():
 
 rule table:
     input:
-        lambda wc: eval_files(wc.table),
+        lambda wc: table_inputs(wc.table),
     output:
         "results/tables/{table}.tex",
     params:

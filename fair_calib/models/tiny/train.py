@@ -9,8 +9,11 @@ Two family styles, both plain transformers classes with bidirectional attention
   logits at ``i-1`` predict token ``i``, exactly the alignment ``LoadedModel.logits`` undoes.
 
 Objective (masked diffusion): per sequence draw ``t ~ U(eps, 1)`` (stratified over the batch),
-mask each maskable token independently with probability ``t`` and minimise
-``sum_masked CE / t / n_maskable``, averaged over sequences. Position 0 (``[BOS]``) is never
+mask each maskable token independently with probability ``t`` and minimise the masked-token
+cross-entropy, averaged over sequences: ``loss_norm="elbo"`` is the LLaDA/MDLM bound
+``sum_masked CE / t / n_maskable``; the default ``"masked_mean"`` (``sum_masked CE / n_masked``)
+has the same expectation at each ``t`` without the ``1/t`` weight, whose variance at small ``t``
+dominates a short small-batch CPU run. Position 0 (``[BOS]``) is never
 masked. Every document is followed by a random number of ``[EOS]`` tokens that are part of the
 sequence and of the loss (LLaDA-style end padding), so a fixed-length generation window ends in
 ``[EOS]``: a share ``long_frac`` of batches fills rows to ``seq_len`` with ``[EOS]`` (the shape of
@@ -18,6 +21,10 @@ prompt + generation window), the rest use short tails and are trimmed to their l
 remainder of a row is ``[PAD]`` with attention mask 0 and no loss. For
 question-answer documents a share ``sft_frac`` of rows masks only the answer and its ``[EOS]``
 tail (the SFT form of the same objective).
+
+With ``tie_train`` (default) the LM head shares the embedding matrix during training, which
+teaches copying numbers from the question much faster at this scale; the saved model has an
+untied head (initialised to the trained shared matrix), like the real checkpoints.
 
 The result is a Hugging Face folder (``save_pretrained`` + tokenizer) plus ``fair_calib.json``
 and ``train_log.parquet``; it is written under a temporary name and renamed into place.
@@ -52,7 +59,7 @@ DEFAULT_TRAIN: dict[str, Any] = {
     "warmup": 0.05, "min_lr_ratio": 0.1, "weight_decay": 0.01, "grad_clip": 1.0,
     "eps": 1e-3, "sft_frac": 0.6, "no_bos_frac": 0.1, "no_eos_frac": 0.1,
     "long_frac": 0.25, "short_tail": 6,
-    "threads": 2,
+    "loss_norm": "masked_mean", "tie_train": True, "threads": 2,
 }
 
 def _log_schema():
@@ -61,8 +68,12 @@ def _log_schema():
                       ("seconds", pa.float64())])
 
 
-def build_model(family: str, vocab_size: int, train: dict, special_ids: dict[str, int]):
-    """A freshly initialised bidirectional Llama / Qwen2 model for ``family``."""
+def build_model(family: str, vocab_size: int, train: dict, special_ids: dict[str, int],
+                tied: bool = False):
+    """A freshly initialised bidirectional Llama / Qwen2 model for ``family``.
+
+    ``tied=True`` shares the LM head with the embedding (used only during training, see
+    :func:`untie`); the saved models always have an untied head."""
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
     arch, _ = FAMILIES[family]
@@ -73,7 +84,7 @@ def build_model(family: str, vocab_size: int, train: dict, special_ids: dict[str
         vocab_size=vocab_size, hidden_size=hidden, intermediate_size=int(train["intermediate"]),
         num_hidden_layers=int(train["layers"]), num_attention_heads=heads,
         num_key_value_heads=heads, max_position_embeddings=max(256, 2 * int(train["seq_len"])),
-        rms_norm_eps=1e-5, tie_word_embeddings=False, use_cache=False, is_causal=False,
+        rms_norm_eps=1e-5, tie_word_embeddings=tied, use_cache=False, is_causal=False,
         pad_token_id=special_ids[PAD], bos_token_id=special_ids[BOS],
         eos_token_id=special_ids[EOS], initializer_range=0.02,
     )
@@ -84,6 +95,17 @@ def build_model(family: str, vocab_size: int, train: dict, special_ids: dict[str
         cfg = Qwen2Config(use_sliding_window=False, **common)
         model = Qwen2ForCausalLM(cfg)
     return model
+
+
+def untie(model, family: str, vocab_size: int, train: dict, special_ids: dict[str, int]):
+    """A copy of ``model`` with an untied LM head (initialised to the shared matrix)."""
+    if not model.config.tie_word_embeddings:
+        return model
+    state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    state["lm_head.weight"] = model.get_input_embeddings().weight.detach().clone()
+    fresh = build_model(family, vocab_size, train, special_ids, tied=False)
+    fresh.load_state_dict(state, strict=True)
+    return fresh.to(next(model.parameters()).dtype)
 
 
 def aligned_logits(logits: torch.Tensor, shift: bool) -> torch.Tensor:
@@ -163,8 +185,14 @@ def lr_at(step: int, total: int, base: float, warmup_frac: float, min_ratio: flo
 
 
 def diffusion_loss(model, input_ids, attn, maskable, mask_id: int, shift: bool, eps: float,
-                   generator: torch.Generator) -> torch.Tensor:
-    """Masked-diffusion loss ``mean_rows( sum_masked CE / t / n_maskable )``."""
+                   generator: torch.Generator, norm: str = "elbo") -> torch.Tensor:
+    """Masked-diffusion loss averaged over rows.
+
+    ``norm="elbo"``: ``sum_masked CE / t / n_maskable`` (the LLaDA / MDLM bound);
+    ``norm="masked_mean"``: ``sum_masked CE / n_masked``, the same quantity in expectation over
+    the masking at a given ``t`` but without the ``1/t`` weight, whose variance at small ``t``
+    dominates a short small-batch run.
+    """
     B, L = input_ids.shape
     u = torch.rand((), generator=generator)
     t = ((u + torch.arange(B, dtype=torch.float32) / B) % 1.0) * (1 - eps) + eps  # stratified
@@ -174,7 +202,12 @@ def diffusion_loss(model, input_ids, attn, maskable, mask_id: int, shift: bool, 
     logits = aligned_logits(out.logits, shift).float()
     ce = torch.nn.functional.cross_entropy(logits.reshape(B * L, -1), input_ids.reshape(-1),
                                            reduction="none").view(B, L)
-    per_row = (ce * masked).sum(1) / t / maskable.sum(1).clamp(min=1)
+    if norm == "elbo":
+        per_row = (ce * masked).sum(1) / t / maskable.sum(1).clamp(min=1)
+    elif norm == "masked_mean":
+        per_row = (ce * masked).sum(1) / masked.sum(1).clamp(min=1)
+    else:
+        raise ValueError(f"unknown loss_norm {norm!r}; use 'elbo' or 'masked_mean'")
     return per_row.mean()
 
 
@@ -209,7 +242,10 @@ def train_tiny(settings: dict, data_dir: Path, out_dir: Path, progress: bool = T
     seq_len = int(train["seq_len"])
     batcher = Batcher(docs, answer_starts, seq_len, ids, train, seed)
 
-    model = build_model(family, len(tokenizer), train, ids).to(device=device, dtype=dtype)
+    # Training with a tied head teaches copying much faster at this scale; the saved model has
+    # an untied head like the real checkpoints.
+    model = build_model(family, len(tokenizer), train, ids, tied=bool(train["tie_train"]))
+    model = model.to(device=device, dtype=dtype)
     model.train()
     decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]
@@ -229,7 +265,8 @@ def train_tiny(settings: dict, data_dir: Path, out_dir: Path, progress: bool = T
             g["lr"] = lr
         x, attn, maskable = batcher.batch(bs)
         loss = diffusion_loss(model, x.to(device), attn.to(device), maskable.to(device),
-                              ids[MASK], shift, float(train["eps"]), gen)
+                              ids[MASK], shift, float(train["eps"]), gen,
+                              norm=str(train["loss_norm"]))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         if train["grad_clip"]:
@@ -242,6 +279,7 @@ def train_tiny(settings: dict, data_dir: Path, out_dir: Path, progress: bool = T
         if step % 20 == 0:
             bar.set_postfix(loss=f"{val:.3f}")
     seconds = time.perf_counter() - t0
+    model = untie(model, family, len(tokenizer), train, ids).to(device)
     model.eval()
 
     n_params = sum(p.numel() for p in model.parameters())
