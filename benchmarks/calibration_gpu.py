@@ -150,6 +150,7 @@ def bench_forward(shape: str, args, dev: str) -> None:
     for i, block in enumerate(lm.blocks):
         method.quantize_block(block, groups, None, i)
         fold_block(block)
+    model.eval()                             # as load_quantized leaves it
     sync(dev)
     t_fold = time.perf_counter() - t0
     if dev == "cuda":
@@ -178,6 +179,25 @@ def bench_forward(shape: str, args, dev: str) -> None:
         torch.cuda.empty_cache()
 
 
+def profile_calibration(shape: str, args, dev: str) -> None:
+    """Where a calibration step's GPU time goes: 1 block, 16 sequences, 1 epoch, profiled."""
+    from torch.profiler import ProfilerActivity, profile
+
+    lm = shapes.build(shape, layers=1, device=dev)
+    lm.model.to("cpu")
+    vocab = shapes.SHAPES[shape]["vocab_size"]
+    ids = torch.randint(0, vocab - 2, (16, args.seq_len), generator=torch.Generator().manual_seed(0))
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev == "cuda" else [])
+    method = make_method({"type": "fair_calib", "epochs": 2}, 4, 4, seed=0)
+    with profile(activities=acts) as prof:
+        calibrate(lm, method, ids, "/nonexistent-not-written", weights=torch.ones(args.seq_len),
+                  batch_size=args.batch_size, log=lambda s: None, device=dev, write_outputs=False)
+    key = "self_cuda_time_total" if dev == "cuda" else "self_cpu_time_total"
+    table = prof.key_averages().table(sort_by=key, row_limit=25, max_name_column_width=60)
+    print(table, flush=True)
+    del lm
+
+
 def dev_name(dev: str) -> str:
     return torch.cuda.get_device_name() if dev == "cuda" else "cpu"
 
@@ -194,6 +214,7 @@ def main(argv=None) -> None:
     ap.add_argument("--fwd-seq", type=int, default=512)
     ap.add_argument("--fwd-layers", type=int, default=None, help="default: full depth")
     ap.add_argument("--skip", default="", help="comma list of: calibration,forward")
+    ap.add_argument("--profile", action="store_true", help="profile a short calibration first")
     ap.add_argument("--smoke", action="store_true", help="tiny shape on CPU (tests the script)")
     args = ap.parse_args(argv)
     dev = "cuda" if torch.cuda.is_available() and not args.smoke else "cpu"
@@ -208,6 +229,8 @@ def main(argv=None) -> None:
         emit({"kind": "matmul", "device": dev_name(dev), "bf16_tflops": peak,
               "torch": torch.__version__, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
     skip = set(filter(None, args.skip.split(",")))
+    if args.profile:
+        profile_calibration(names[0], args, dev)
     for name in names:
         if "calibration" not in skip:
             bench_calibration(name, args, dev, peak)

@@ -34,6 +34,7 @@ from .methods.base import GroupStats, QuantMethod
 from .quant.blockio import BlockInputs, call_block, capture_block_inputs
 from .quant.discovery import discover_groups, get_submodule, groups_to_json
 from .quant.qlinear import InputQuant, QuantLinear
+from .quant.transforms import AffineTransform
 
 
 
@@ -169,12 +170,17 @@ def _train_block(method: QuantMethod, block: nn.Module, inputs: BlockInputs, tar
     total = epochs * len(inputs)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=total, eta_min=0.0)
     gen = torch.Generator().manual_seed(seed * 7919 + block_index)
+    transforms = [m for m in block.modules() if isinstance(m, AffineTransform)]
     _set_quant_training(block, True)
+    for t in transforms:
+        t.step_cache = True
     try:
         for ep in range(epochs):
             t0 = time.time()
             tot = torch.zeros((), dtype=torch.float64, device=targets[0].device)
             for b in torch.randperm(len(inputs), generator=gen).tolist():
+                for t in transforms:      # matrices are rebuilt once per step and group
+                    t.clear_cache()
                 with torch.enable_grad():
                     with _autocast(inputs.hidden[b].device, amp or torch.bfloat16, amp is not None):
                         out = call_block(block, inputs, b)
@@ -202,6 +208,9 @@ def _train_block(method: QuantMethod, block: nn.Module, inputs: BlockInputs, tar
             log(f"block {block_index} epoch {ep}: loss {ep_loss:.6g}")
     finally:
         _set_quant_training(block, False)
+        for t in transforms:
+            t.step_cache = False
+            t.clear_cache()
     return rows
 
 

@@ -197,7 +197,9 @@ def _decode_blocks(model, ids, attn, lp, policy: DecodePolicy, generator, record
     step_index = 0
     for blk in range(n_blocks):
         lo, hi = blk * bl, (blk + 1) * bl
-        n_masked = (win[:, lo:hi] == mask_id).sum(-1).tolist()
+        # Every block starts fully masked (earlier blocks are finished, prompts hold no mask),
+        # so the counts need no device->host copy.
+        n_masked = [hi - lo] * b
         counts = torch.tensor([block_commit_counts(n, spb) for n in n_masked],
                               dtype=torch.long, device=ids.device)       # [B, spb]
         for s in range(spb):

@@ -70,24 +70,31 @@ class InputQuant(nn.Module):
         self.n_users = 1
         self._cache: tuple | None = None
 
-    def transform_x(self, x: torch.Tensor) -> torch.Tensor:
+    def transform_x(self, x: torch.Tensor, mats=None) -> torch.Tensor:
         if self.rotation is not None:
             x = self.rotation.rotate(x)
         if self.transform is not None:
-            x = self.transform(x)
+            x = self.transform(x, mats)
         return x
 
-    def weight_inverse(self, w: torch.Tensor) -> torch.Tensor:
+    def weight_inverse(self, w: torch.Tensor, mats=None) -> torch.Tensor:
         """W R then W T^{-1}: the weight side of the same change of basis."""
         if self.rotation is not None:
             w = self.rotation.rotate(w)
         if self.transform is not None:
-            w = self.transform.weight_times_inverse(w)
+            w = self.transform.weight_times_inverse(w, mats)
         return w
 
-    def _compute(self, x: torch.Tensor) -> torch.Tensor:
+    def transform_mats(self, dtype: torch.dtype = torch.float32):
+        """The transform's matrices for this step, built outside any checkpointed region (so a
+        recomputation reuses them); None without a transform."""
+        if self.transform is None:
+            return None
+        return self.transform._mats(dtype)   # (InvertibleFactor.matrices disables autocast)
+
+    def _compute(self, x: torch.Tensor, mats=None) -> torch.Tensor:
         """float32 in, float32 out: Q_X(T x) (QDrop: some entries kept at T x)."""
-        xt = self.transform_x(x).float()
+        xt = self.transform_x(x, mats).float()
         xq = self.act(xt)
         if self.training and self.act_drop > 0.0 and self.act.enabled:
             keep_fp = torch.rand_like(xq) < self.act_drop
@@ -118,11 +125,13 @@ class InputQuant(nn.Module):
             folded = self.transform is None or self.transform._folded is not None
             if folded and not self.training and not torch.is_grad_enabled():
                 out = self._compute_folded(x)
-            elif (CHECKPOINT_QUANT and torch.is_grad_enabled()
-                  and any(p.requires_grad for p in self.parameters())):
-                out = checkpoint(self._compute, x.float(), use_reentrant=False)
             else:
-                out = self._compute(x.float())
+                mats = self.transform_mats(torch.float32)
+                if (CHECKPOINT_QUANT and torch.is_grad_enabled()
+                        and any(p.requires_grad for p in self.parameters())):
+                    out = checkpoint(self._compute, x.float(), mats, use_reentrant=False)
+                else:
+                    out = self._compute(x.float(), mats)
         self._cache = (x, out, uses, torch.is_grad_enabled()) if uses < self.n_users else None
         return out
 
@@ -167,14 +176,15 @@ class QuantLinear(nn.Module):
             trainable = any(p.requires_grad for p in self.wq.parameters())
             if self.inq is not None and self.inq.transform is not None:
                 trainable = trainable or any(p.requires_grad for p in self.inq.transform.parameters())
+            mats = self.inq.transform_mats(dtype) if self.inq is not None else None
             if CHECKPOINT_QUANT and trainable and torch.is_grad_enabled():
-                return checkpoint(self._weight_chain, dtype, use_reentrant=False)
-            return self._weight_chain(dtype)
+                return checkpoint(self._weight_chain, dtype, mats, use_reentrant=False)
+            return self._weight_chain(dtype, mats)
 
-    def _weight_chain(self, dtype: torch.dtype) -> torch.Tensor:
+    def _weight_chain(self, dtype: torch.dtype, mats=None) -> torch.Tensor:
         w = self.linear.weight.to(dtype)
         if self.inq is not None:
-            w = self.inq.weight_inverse(w)
+            w = self.inq.weight_inverse(w, mats)
         return self.wq(w)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -101,6 +101,8 @@ class AffineTransform(nn.Module):
         self.f2 = InvertibleFactor(self.n2, init, generator) if kron else None
         self.log_d = nn.Parameter(torch.zeros(dim)) if smooth else None
         self._folded: dict[str, torch.Tensor] | None = None
+        self._step_cache: tuple | None = None
+        self.step_cache = False
 
     @torch.no_grad()
     def init_smooth(self, w_absmax: torch.Tensor, x_absmax: torch.Tensor, alpha: float = 0.3) -> None:
@@ -113,9 +115,32 @@ class AffineTransform(nn.Module):
         self.log_d.copy_(torch.log(d).to(self.log_d.dtype))
 
     def _mats(self, dtype: torch.dtype):
+        """(P1, P2, P1^-1, P2^-1, d): folded ones, or built from the parameters.
+
+        With ``step_cache`` on (set by the calibration driver, which calls :meth:`clear_cache`
+        before every optimisation step) built matrices are reused until a parameter changes
+        (its version counter), the dtype or the grad mode changes: within one step the
+        activation side and the weight side W T^{-1} of every linear of the group share one
+        construction (and one backward) of the small matrix exponentials. Off (default) they
+        are built on every call."""
         if self._folded is not None:
             f = self._folded
             return (f.get("p1"), f.get("p2"), f.get("p1_inv"), f.get("p2_inv"), f.get("d"))
+        if not self.step_cache:
+            return self._build_mats(dtype)
+        key = (dtype, torch.is_grad_enabled(), tuple(p._version for p in self.parameters()),
+               tuple(p.data_ptr() for p in self.parameters()))
+        c = self._step_cache
+        if c is not None and c[0] == key:
+            return c[1]
+        mats = self._build_mats(dtype)
+        self._step_cache = (key, mats)
+        return mats
+
+    def clear_cache(self) -> None:
+        self._step_cache = None
+
+    def _build_mats(self, dtype: torch.dtype):
         p1 = p2 = p1i = p2i = d = None
         if self.f1 is not None:
             p1, p1i = self.f1.matrices(dtype)
@@ -124,9 +149,9 @@ class AffineTransform(nn.Module):
             d = torch.exp(self.log_d.to(dtype))
         return p1, p2, p1i, p2i, d
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """T x over the last dimension (x in float32 or float64)."""
-        p1, p2, _, _, d = self._mats(x.dtype)
+    def forward(self, x: torch.Tensor, mats=None) -> torch.Tensor:
+        """T x over the last dimension (``mats``: from :meth:`_mats`, else built here)."""
+        p1, p2, _, _, d = mats if mats is not None else self._mats(x.dtype)
         if d is not None:
             x = x * d.to(x.dtype)
         if p1 is not None:
@@ -147,12 +172,12 @@ class AffineTransform(nn.Module):
             y = y / d.to(y.dtype)
         return y
 
-    def weight_times_inverse(self, w: torch.Tensor) -> torch.Tensor:
+    def weight_times_inverse(self, w: torch.Tensor, mats=None) -> torch.Tensor:
         """W T^{-1} for W of shape [out, dim], with T^{-1} = diag(1/d) K^{-1}.
 
         Columns are first divided by d, then every row r becomes r K^{-1} = (K^{-T} r^T)^T with
         K^{-T} = P1^{-T} (x) P2^{-T}, i.e. reshaped row R -> P1^{-T} R P2^{-1}."""
-        _, _, p1i, p2i, d = self._mats(w.dtype)
+        _, _, p1i, p2i, d = mats if mats is not None else self._mats(w.dtype)
         if d is not None:
             w = w / d.to(w.dtype)
         if p1i is not None:
@@ -164,7 +189,8 @@ class AffineTransform(nn.Module):
     def fold(self, dtype: torch.dtype = torch.float32) -> None:
         """Precompute the matrices (in float64, stored as ``dtype``); later calls reuse them."""
         self._folded = None
-        p1, p2, p1i, p2i, d = self._mats(torch.float64)
+        self._step_cache = None
+        p1, p2, p1i, p2i, d = self._build_mats(torch.float64)
         self._folded = {k: v.to(dtype) for k, v in
                         dict(p1=p1, p2=p2, p1_inv=p1i, p2_inv=p2i, d=d).items() if v is not None}
 
@@ -175,6 +201,7 @@ class AffineTransform(nn.Module):
         # Folded matrices follow the module's device but keep their own (float32/64) dtype, so a
         # model-wide ``.to(bfloat16)`` never turns them into half precision.
         super()._apply(fn, recurse)
+        self._step_cache = None
         if self._folded is not None:
             dev = fn(torch.empty(0)).device
             self._folded = {k: v.to(dev) for k, v in self._folded.items()}

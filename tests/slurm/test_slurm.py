@@ -62,7 +62,9 @@ LOCALRULE_RE = re.compile(r"^localrule (\w+):", re.M)
 # Keys of provenance / meta records that legitimately differ between two runs of the same job.
 VOLATILE_KEYS = {"seconds", "time", "timestamp", "created", "created_at", "started", "finished",
                  "date", "host", "hostname", "node", "pid", "elapsed", "wall_seconds",
-                 "peak_mem_mb", "duration", "runtime_s", "user", "cwd", "slurm_job_id"}
+                 "peak_mem_mb", "duration", "runtime_s", "user", "cwd", "slurm_job_id",
+                 # lm-eval's raw output: wall-clock stamps, its temporary task-config path
+                 "start_time", "end_time", "total_evaluation_time_seconds", "config_source"}
 # Data columns that are measurements of the run itself, not results.
 VOLATILE_COLUMNS = {"seconds", "peak_mem_mb"}
 
@@ -172,12 +174,34 @@ def tail(text: str, n: int = 60) -> str:
     return "\n".join(text.splitlines()[-n:])
 
 
-def strip_volatile(obj):
+def strip_volatile(obj, root: Path | None = None):
+    """Drop volatile keys; with ``root``, paths inside the run's copy become "<repo>/..."."""
     if isinstance(obj, dict):
-        return {k: strip_volatile(v) for k, v in obj.items() if k not in VOLATILE_KEYS}
+        return {k: strip_volatile(v, root) for k, v in obj.items() if k not in VOLATILE_KEYS}
     if isinstance(obj, list):
-        return [strip_volatile(v) for v in obj]
+        return [strip_volatile(v, root) for v in obj]
+    if isinstance(obj, str) and root is not None:
+        return obj.replace(str(root), "<repo>")
     return obj
+
+
+def first_diff(a, b, path: str = "") -> str | None:
+    """Where two JSON-like values first differ (None: equal)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        for k in sorted(set(a) | set(b), key=str):
+            if k not in a or k not in b:
+                return f"{path}/{k} (only in {'slurm' if k not in a else 'local'})"
+            d = first_diff(a[k], b[k], f"{path}/{k}")
+            if d:
+                return d
+        return None
+    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+        for i, (u, v) in enumerate(zip(a, b)):
+            d = first_diff(u, v, f"{path}[{i}]")
+            if d:
+                return d
+        return None
+    return None if a == b else f"{path}: {str(a)[:80]!r} != {str(b)[:80]!r}"
 
 
 def compare_trees(local: Path, slurm: Path) -> list[str]:
@@ -206,8 +230,9 @@ def compare_trees(local: Path, slurm: Path) -> list[str]:
                                               check_exact=True)
             except AssertionError as err:
                 problems.append(f"{rel}: data differ: {str(err)[:300]}")
-            if strip_volatile(prov_a) != strip_volatile(prov_b):
-                problems.append(f"{rel}: provenance differs beyond volatile keys")
+            d = first_diff(strip_volatile(prov_a, local), strip_volatile(prov_b, slurm))
+            if d:
+                problems.append(f"{rel}: provenance differs beyond volatile keys at {d}")
         elif suffix == ".safetensors":
             (ta, prov_a), (tb, prov_b) = io.load_tensors(pa_), io.load_tensors(pb_)
             if ta.keys() != tb.keys():
@@ -216,13 +241,17 @@ def compare_trees(local: Path, slurm: Path) -> list[str]:
                 bad = [k for k in ta if not torch.equal(ta[k], tb[k])]
                 if bad:
                     problems.append(f"{rel}: tensors differ: {bad[:5]}")
-            if strip_volatile(prov_a) != strip_volatile(prov_b):
-                problems.append(f"{rel}: provenance differs beyond volatile keys")
+            d = first_diff(strip_volatile(prov_a, local), strip_volatile(prov_b, slurm))
+            if d:
+                problems.append(f"{rel}: provenance differs beyond volatile keys at {d}")
         elif suffix == ".json":
-            if strip_volatile(json.loads(pa_.read_text())) != strip_volatile(json.loads(pb_.read_text())):
-                problems.append(f"{rel}: JSON differs beyond volatile keys")
+            d = first_diff(strip_volatile(json.loads(pa_.read_text()), local),
+                           strip_volatile(json.loads(pb_.read_text()), slurm))
+            if d:
+                problems.append(f"{rel}: JSON differs beyond volatile keys at {d}")
         elif suffix in (".tex", ".csv", ".txt", ".md", ".tsv"):
-            if pa_.read_text() != pb_.read_text():
+            if pa_.read_text().replace(str(local), "<repo>") != \
+                    pb_.read_text().replace(str(slurm), "<repo>"):
                 problems.append(f"{rel}: text differs")
         # binary figures (pdf/png) embed creation dates; their data is in the Parquet files
     return problems
