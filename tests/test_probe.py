@@ -151,10 +151,11 @@ def test_reliability_sums_match_replayed_trajectory(tmp_path, model_dir, synthet
         traj["c"] = np.where(span > 1e-12, (traj[score] - lo) / span.where(span > 1e-12, 1.0), 0.5)
         expect = traj.groupby(["sample_id", "position"])["c"].sum().to_numpy()
         # The probe's vocabulary-wide passes run in float32 with float64 accumulation (speed),
-        # the trajectory recorder's in float64. On this untrained model a step's scores differ by
-        # ~1e-4, so min-max normalisation magnifies ~1e-10 rounding to ~1e-6. Counting a wrong
-        # step or position would show as an error of order 0.1-1.
-        assert np.allclose(df[col].to_numpy(), expect, rtol=0, atol=1e-5), col
+        # the trajectory recorder's in float64: they agree to ~3e-10 per score. This untrained
+        # model is near-uniform, so a step's entropies differ by only ~1e-6 and min-max
+        # normalisation magnifies that rounding to ~1e-4. Counting a wrong step or position
+        # would show as an error of order 0.1-1.
+        assert np.allclose(df[col].to_numpy(), expect, rtol=0, atol=1e-3), col
 
 
 def test_empty_shard_writes_empty_table(tmp_path, model_dir, synthetic_dir):
