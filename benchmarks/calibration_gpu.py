@@ -39,7 +39,7 @@ from benchmarks import shapes  # noqa: E402
 from fair_calib.calibrate import calibrate  # noqa: E402
 from fair_calib.methods import make_method  # noqa: E402
 from fair_calib.methods.base import fold_block  # noqa: E402
-from fair_calib.quant import qlinear  # noqa: E402
+from fair_calib.quant import qlinear, transforms  # noqa: E402
 from fair_calib.quant.blockio import call_block, capture_block_inputs  # noqa: E402
 from fair_calib.quant.discovery import discover_groups  # noqa: E402
 
@@ -157,13 +157,16 @@ def bench_forward(shape: str, args, dev: str) -> None:
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
     res = {}
-    for mode in ("compiled", "eager"):
+    default_kron = transforms.KRON_MODE
+    for mode in ("compiled", "eager", "compiled_bmm"):
         qlinear._COMPILED.clear()
+        transforms.KRON_MODE = "bmm" if mode.endswith("bmm") else default_kron
         if mode == "eager" or dev != "cuda":
             qlinear._COMPILED["state"] = "failed"
-        t = timed(fwd, dev, warmup=3 if mode == "compiled" else 2)
-        res[mode] = {"sec": t, "ratio_vs_bf16": t / t_fp,
+        t = timed(fwd, dev, warmup=3 if mode.startswith("compiled") else 2)
+        res[mode] = {"sec": t, "ratio_vs_bf16": t / t_fp, "kron_mode": transforms.KRON_MODE,
                      "compile_fell_back": qlinear._COMPILED.get("state") == "failed"}
+    transforms.KRON_MODE = default_kron
     with torch.no_grad():
         y_q = fwd().float()
     rel = float((y_q - y_fp).norm() / y_fp.norm())
@@ -198,6 +201,36 @@ def profile_calibration(shape: str, args, dev: str) -> None:
     del lm
 
 
+def profile_forward(shape: str, args, dev: str, layers: int = 4) -> None:
+    """Where the fake-quant forward's GPU time goes (``layers`` layers, folded W4A4)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    lm = shapes.build(shape, layers=layers, device=dev)
+    model = lm.model
+    ids = torch.randint(0, shapes.SHAPES[shape]["vocab_size"] - 2, (args.fwd_batch, args.fwd_seq)).to(dev)
+    probe = capture_block_inputs(model, lm.blocks[0], ids[:1, :64], 1, device=dev,
+                                 hidden_dtype=next(model.parameters()).dtype)
+    with torch.no_grad():
+        groups = discover_groups(lm.blocks[0], lambda: call_block(lm.blocks[0], probe, 0))
+    method = make_method({"type": "fair_calib"}, 4, 4, seed=0)
+    for i, block in enumerate(lm.blocks):
+        method.quantize_block(block, groups, None, i)
+        fold_block(block)
+    model.eval()
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev == "cuda" else [])
+    with torch.no_grad():
+        for _ in range(3):
+            model(input_ids=ids)
+        sync(dev)
+        with profile(activities=acts) as prof:
+            for _ in range(3):
+                model(input_ids=ids)
+            sync(dev)
+    key = "self_cuda_time_total" if dev == "cuda" else "self_cpu_time_total"
+    print(prof.key_averages().table(sort_by=key, row_limit=20, max_name_column_width=70), flush=True)
+    del lm, model
+
+
 def dev_name(dev: str) -> str:
     return torch.cuda.get_device_name() if dev == "cuda" else "cpu"
 
@@ -215,6 +248,8 @@ def main(argv=None) -> None:
     ap.add_argument("--fwd-layers", type=int, default=None, help="default: full depth")
     ap.add_argument("--skip", default="", help="comma list of: calibration,forward")
     ap.add_argument("--profile", action="store_true", help="profile a short calibration first")
+    ap.add_argument("--profile-forward", action="store_true",
+                    help="profile the fake-quant forward (last shape, 4 layers) first")
     ap.add_argument("--smoke", action="store_true", help="tiny shape on CPU (tests the script)")
     args = ap.parse_args(argv)
     dev = "cuda" if torch.cuda.is_available() and not args.smoke else "cpu"
@@ -231,6 +266,8 @@ def main(argv=None) -> None:
     skip = set(filter(None, args.skip.split(",")))
     if args.profile:
         profile_calibration(names[0], args, dev)
+    if args.profile_forward:
+        profile_forward(names[-1], args, dev)
     for name in names:
         if "calibration" not in skip:
             bench_calibration(name, args, dev, peak)

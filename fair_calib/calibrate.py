@@ -34,7 +34,7 @@ from .methods.base import GroupStats, QuantMethod
 from .quant.blockio import BlockInputs, call_block, capture_block_inputs
 from .quant.discovery import discover_groups, get_submodule, groups_to_json
 from .quant.qlinear import InputQuant, QuantLinear
-from .quant.transforms import AffineTransform
+from .quant.transforms import AffineTransform, InvertibleFactor, plan_squarings
 
 
 
@@ -166,11 +166,13 @@ def _train_block(method: QuantMethod, block: nn.Module, inputs: BlockInputs, tar
                  "peak_mem_mb": peak_memory_mb(device)})
     if not params or epochs <= 0:
         return rows
-    opt = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+    fused = all(p.is_cuda for p in params)   # one kernel per step instead of one per tensor
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, fused=fused or None)
     total = epochs * len(inputs)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=total, eta_min=0.0)
     gen = torch.Generator().manual_seed(seed * 7919 + block_index)
     transforms = [m for m in block.modules() if isinstance(m, AffineTransform)]
+    factors = [m for m in block.modules() if isinstance(m, InvertibleFactor)]
     _set_quant_training(block, True)
     for t in transforms:
         t.step_cache = True
@@ -181,6 +183,7 @@ def _train_block(method: QuantMethod, block: nn.Module, inputs: BlockInputs, tar
             for b in torch.randperm(len(inputs), generator=gen).tolist():
                 for t in transforms:      # matrices are rebuilt once per step and group
                     t.clear_cache()
+                plan_squarings(factors)   # one host sync for all matrix exponentials
                 with torch.enable_grad():
                     with _autocast(inputs.hidden[b].device, amp or torch.bfloat16, amp is not None):
                         out = call_block(block, inputs, b)
@@ -211,6 +214,8 @@ def _train_block(method: QuantMethod, block: nn.Module, inputs: BlockInputs, tar
         for t in transforms:
             t.step_cache = False
             t.clear_cache()
+        for f in factors:
+            f.forget_plan()
     return rows
 
 

@@ -71,7 +71,7 @@ def pad_left(prompts: Sequence[Sequence[int]], gen_length: int, mask_id: int, pa
 
 def window_logits(model: Any, ids: torch.Tensor, attn: torch.Tensor | None, lp: int,
                   cfg_scale: float = 0.0) -> torch.Tensor:
-    """Logits ``[B, K, V]`` of the generation window (float32), with classifier-free guidance
+    """Logits ``[B, K, V]`` of the generation window (model dtype; float32 with CFG), with classifier-free guidance
     when ``cfg_scale > 0`` (second forward with the prompt masked:
     ``un + (cfg + 1) * (cond - un)``). The mask token's logit is set to ``-inf``: it is never a
     prediction (a trained model gives it ~0 probability; an untrained one must not commit it).
@@ -87,7 +87,9 @@ def window_logits(model: Any, ids: torch.Tensor, attn: torch.Tensor | None, lp: 
         cond, unc = both.chunk(2, dim=0)
         out = unc + (cfg_scale + 1.0) * (cond - unc)
     else:
-        out = model.logits(ids, attn, keep_last=k).float()
+        # Kept in the model's dtype: argmax is exact there, and every consumer that needs
+        # probabilities converts the slice it uses (a full float32 copy costs a memory pass).
+        out = model.logits(ids, attn, keep_last=k)
     out[..., int(model.mask_id)] = float("-inf")
     return out
 
@@ -202,6 +204,10 @@ def _decode_blocks(model, ids, attn, lp, policy: DecodePolicy, generator, record
         n_masked = [hi - lo] * b
         counts = torch.tensor([block_commit_counts(n, spb) for n in n_masked],
                               dtype=torch.long, device=ids.device)       # [B, spb]
+        if uniform_conf:
+            # All of the block's draws at once: one host->device copy per block rather than a
+            # synchronising copy per step (per-row generators live on the host).
+            block_u = uniform(b, (spb, hi - lo), generator, ids.device)
         for s in range(spb):
             t = T - step_index
             step_index += 1
@@ -213,7 +219,7 @@ def _decode_blocks(model, ids, attn, lp, policy: DecodePolicy, generator, record
             else:
                 x0 = span.argmax(-1)
             if uniform_conf:
-                conf = uniform(b, (hi - lo,), generator, ids.device)
+                conf = block_u[:, s]
             else:   # untempered probability of the chosen token, in float64
                 conf = torch.softmax(span.double(), dim=-1).gather(-1, x0[..., None]).squeeze(-1)
             chosen = _select_top(conf, counts[:, s], masked_before[:, lo:hi])

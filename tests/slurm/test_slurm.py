@@ -13,8 +13,9 @@ localhost and .ci/slurm.sh runs this file against it. Skipped unless FAIR_CALIB_
    first block is saved; Snakemake resubmits it (attempt 2, with more memory), the retry resumes
    from the saved block, and the final output is complete.
 3. `test_interrupted_run_is_not_taken_as_complete`: the calibration job *and* the Snakemake
-   process are killed mid-calibration; the half-written output must not count as done -- the
-   next invocation reruns the job, which resumes from the saved blocks.
+   process are killed mid-calibration (a lost login node) and the cell is left with truncated
+   outputs plus a bogus completion marker; Snakemake must report them incomplete, the profile
+   (rerun-incomplete) must rerun the job, and the rerun resumes from the saved block.
 
 Environment: FAIR_CALIB_SLURM_TEST=1 (run), FAIR_CALIB_SLURM_REQUIRE=1 (fail instead of skip
 when no cluster answers; CI sets it), FAIR_CALIB_SLURM_STATE (slurm_up.sh's state folder),
@@ -168,6 +169,24 @@ def resource_table(repo: Path) -> dict:
         for rule, res in ((yaml.safe_load(path.read_text()) or {}).get("resources") or {}).items():
             table.setdefault(rule, {}).update(res)
     return table
+
+
+ACTIVE_STATES = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED"}
+
+
+def crash_job(jobid: str) -> None:
+    """SIGKILL every process of a running job at once (the single test node is this host)."""
+    out = subprocess.run(["scontrol", "listpids", jobid], env=_env(), capture_output=True,
+                         text=True, timeout=30)
+    pids = [int(line.split()[0]) for line in out.stdout.splitlines()[1:]
+            if line.split() and line.split()[0].isdigit()]
+    assert pids, f"scontrol listpids {jobid}: {out.stdout} {out.stderr}"
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    subprocess.run(["scancel", jobid], env=_env(), timeout=30)  # in case the batch shell lingers
 
 
 def tail(text: str, n: int = 60) -> str:
@@ -443,29 +462,48 @@ def test_interrupted_run_is_not_taken_as_complete(slurm_repo, workdir):
     shutil.rmtree(cdir, ignore_errors=True)  # start this cell from scratch (same settings as the previous test)
     proc, fh, log = _start_calibration(repo, workdir, "fault_lost", ["--retries", "0"])
     try:
-        # SIGKILL Snakemake first (nothing can clean up), then the job it left behind
+        # SIGKILL Snakemake first (nothing can clean up), then every process of the job, as
+        # a node crash would. (A plain `scancel` sends SIGTERM: the executor's job step then
+        # deletes the job's outputs and its incomplete marker itself -- the easy case.)
         wait_for(lambda: (blocks / "0.safetensors").exists(), RUN_TIMEOUT, what="block 0")
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=60)
         jids = [j for _, j, lf in SUBMIT_RE.findall(log.read_text()) if "/rule_calibrate/" in lf]
         assert jids
-        subprocess.run(["scancel", jids[-1]], env=_env(), check=True, timeout=30)
-        wait_for(lambda: scontrol_job(jids[-1]).get("JobState") in ("CANCELLED", "FAILED"), 60,
+        crash_job(jids[-1])
+        wait_for(lambda: scontrol_job(jids[-1]).get("JobState") not in ACTIVE_STATES, 60,
                  what="the orphaned job to end")
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
         fh.close()
     assert not meta.exists() and not (blocks / "1.safetensors").exists()
+    # Worst case: a writer died half-way and left every output in place -- truncated
+    # params/stats and even a (bogus) completion marker, all newer than the inputs. Only
+    # Snakemake's record that the job started and never finished stands between these files
+    # and a "done" verdict.
+    (cdir / "params.safetensors").write_bytes(b"\0" * 16)
+    (cdir / "stats.parquet").write_bytes(b"PAR1")
+    meta.write_text('{"partial": true}\n')
     # the SIGKILLed Snakemake left its lock behind, as on a lost login node
     subprocess.run(snakemake_cmd("--unlock", "--configfile", CONFIG, timeout=300), cwd=repo,
                    env=_env(repo), capture_output=True, check=True)
-    # Snakemake still knows the job as incomplete (or its outputs as missing): a dry run plans it
+    # without --rerun-incomplete Snakemake refuses to go on and names the incomplete outputs
     dry = subprocess.run(
         snakemake_cmd("-n", "--configfile", CONFIG, str(_fault_overlay(workdir)), "--",
                       str(meta.relative_to(repo)), timeout=300),
         cwd=repo, env=_env(repo), capture_output=True, text=True)
-    assert "rule calibrate:" in dry.stdout + dry.stderr, tail(dry.stdout + dry.stderr)
+    text = dry.stdout + dry.stderr
+    assert dry.returncode != 0 and "incomplete" in text.lower(), tail(text)
+    assert str(meta.relative_to(repo)) in text, tail(text)
+    # the profile's rerun-incomplete plans the job again (the files are not taken as done)
+    dry = subprocess.run(
+        snakemake_cmd("-n", "--profile", "profiles/slurm", "--configfile", CONFIG,
+                      str(_fault_overlay(workdir)), "--", str(meta.relative_to(repo)),
+                      timeout=300),
+        cwd=repo, env=_env(repo), capture_output=True, text=True)
+    assert dry.returncode == 0 and "rule calibrate:" in dry.stdout + dry.stderr, \
+        tail(dry.stdout + dry.stderr)
     proc, fh, log = _start_calibration(repo, workdir, "fault_resume", [])
     try:
         rc = proc.wait(timeout=RUN_TIMEOUT)
