@@ -104,6 +104,7 @@ def bench_calibration(shape: str, args, dev: str, peak_tflops: float | None) -> 
     proj = n_blocks * (overhead + 15 * sec_epoch)
     fl_epoch = 3 * block_fwd_flops(shape, args.n_samples, args.seq_len)
     rec = {"kind": "calibration", "shape": shape, "device": dev_name(dev), "method": "fair_calib",
+           "kron_mode": transforms.KRON_MODE,
            "bits": "W4A4", "n_samples": args.n_samples, "seq_len": args.seq_len,
            "batch_size": args.batch_size, "blocks_measured": layers, "epochs": args.epochs,
            "peak_mem_gb": meta["peak_mem_mb"] / 1024, "resident_before_gb": base / 1024,
@@ -247,6 +248,8 @@ def main(argv=None) -> None:
     ap.add_argument("--fwd-seq", type=int, default=512)
     ap.add_argument("--fwd-layers", type=int, default=None, help="default: full depth")
     ap.add_argument("--skip", default="", help="comma list of: calibration,forward")
+    ap.add_argument("--compare-kron", action="store_true",
+                    help="also calibrate with the batched (bmm) Kronecker product")
     ap.add_argument("--profile", action="store_true", help="profile a short calibration first")
     ap.add_argument("--profile-forward", action="store_true",
                     help="profile the fake-quant forward (last shape, 4 layers) first")
@@ -271,6 +274,10 @@ def main(argv=None) -> None:
     for name in names:
         if "calibration" not in skip:
             bench_calibration(name, args, dev, peak)
+            if args.compare_kron:
+                default_kron, transforms.KRON_MODE = transforms.KRON_MODE, "bmm"
+                bench_calibration(name, args, dev, peak)
+                transforms.KRON_MODE = default_kron
         if "forward" not in skip:
             bench_forward(name, args, dev)
 

@@ -97,3 +97,16 @@ def test_whole_tiny_dag_runs_and_reruns_nothing(ws):
     planned = plan.stdout
     assert "calibrate" in planned and "train_tiny" not in planned and "probe_shard" not in planned
     assert "fair-calib" not in "".join(l for l in planned.splitlines() if l.strip().startswith("output:"))
+
+
+def test_paper_config_plans_the_full_grid(ws):
+    res = subprocess.run(["snakemake", "-n", "--cores", "1", "--configfile", "config/paper.yaml"],
+                         cwd=ws, capture_output=True, text=True)
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, out[-3000:]
+    # 5 models x (4 quantized methods + FP) + ablations + W3A4 + QDrop; no tiny-model jobs.
+    assert "train_tiny" not in out and "make_data" not in out
+    for table in ("main", "components", "nprobe", "schedule", "w3a4", "qdrop", "calib_memory",
+                  "deploy_memory"):
+        assert f"results/tables/{table}.tex" in out
+    assert "resources: tmpdir=/tmp, runtime=240, gpu=1" in out      # calibrate asks for a GPU

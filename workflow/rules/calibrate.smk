@@ -23,7 +23,7 @@ rule calibrate:
             model=model_entry(wc.model),
             method=method_entry(wc.method),
             bits=bits_entry(wc.bits),
-            calibration=calibration_entry(wc.method),
+            calibration=calibration_entry(wc.method, wc.model),
         ),
         model_dir=lambda wc: model_dir(wc.model),
         prior=lambda wc, input: f"--prior {input.prior}" if "prior" in input.keys() else "",

@@ -64,6 +64,13 @@ def check_config(cfg):
             _fail("diagnostics.bits", diag["bits"], cfg["bits"])
         if diag.get("probe") and diag["probe"] not in cfg["probes"]:
             _fail("diagnostics.probe", diag["probe"], cfg["probes"])
+        for i, pair in enumerate(diag.get("cross_corpus", [])):
+            for k in ("a", "b"):
+                model, prior = pair[k].split("/")
+                if model not in cfg["models"]:
+                    _fail(f"diagnostics.cross_corpus[{i}].{k} (model)", model, cfg["models"])
+                if prior not in cfg["priors"]:
+                    _fail(f"diagnostics.cross_corpus[{i}].{k} (prior)", prior, cfg["priors"])
     external = [f"probes.{n}.dataset" for n, p in cfg["probes"].items()
                 if p["dataset"] in ("gsm8k", "wikitext2")]
     if cfg["calibration"]["dataset"] == "wikitext2":
@@ -135,12 +142,30 @@ SYNTHETIC_FILES = ["train.txt", "calib.jsonl", "probe.jsonl", "facts.jsonl", "sy
                    "synth_arith.jsonl", "manifest.json"]
 
 
+def used_names():
+    """Tasks, methods and probes some table or the diagnostics actually need (a config merged
+    over the default keeps the default's unused entries; they must not add jobs)."""
+    tasks, methods = set(), set()
+    for t in config["tables"].values():
+        tasks.update(t.get("tasks", []))
+        methods.update(table_methods(t))
+    diag = config.get("diagnostics", {})
+    if diag.get("enabled", True):
+        methods.update(diag.get("methods", []))
+    priors = {config["methods"][m].get("prior") for m in methods} - {None}
+    probes = {config["priors"][p]["probe"] for p in priors}
+    if diag.get("enabled", True) and diag.get("models"):
+        probes.add(diag.get("probe", "default"))
+    return tasks, methods, probes
+
+
 def uses_synthetic_data():
     """The synthetic corpus feeds the tiny models and any stage configured to read it."""
-    datasets = [p["dataset"] for p in config["probes"].values()] + [config["calibration"]["dataset"]]
-    kinds = [t["kind"] for t in config["tasks"].values()]
-    return (any(d in ("synthetic", "facts") for d in datasets)
-            or any(k.startswith("synthetic") for k in kinds))
+    tasks, methods, probes = used_names()
+    datasets = [config["probes"][p]["dataset"] for p in probes if p in config["probes"]]
+    calib = {calibration_entry(m)["dataset"] for m in methods if not is_fp(m)}
+    return (any(d in ("synthetic", "facts") for d in datasets) or "synthetic" in calib
+            or any(config["tasks"][t]["kind"].startswith("synthetic") for t in tasks))
 
 
 def synthetic_inputs(wc=None):
@@ -184,8 +209,14 @@ def probe_entry(probe):
     return {"name": probe, **config["probes"][probe]}
 
 
-def calibration_entry(method):
-    return {**config["calibration"], **config["methods"][method].get("calibration", {})}
+def calibration_entry(method, model=None):
+    """The calibration section with the method's overrides, and its per-family overrides
+    (`calibration_by_family`, e.g. FlatQuant's 4096 tokens on LLaDA, 2048 on Dream)."""
+    entry = config["methods"][method]
+    out = {**config["calibration"], **entry.get("calibration", {})}
+    if model is not None:
+        out.update(entry.get("calibration_by_family", {}).get(config["models"][model]["family"], {}))
+    return out
 
 
 # ---------------------------------------------------------------- resources from config

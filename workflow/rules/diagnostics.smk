@@ -80,10 +80,14 @@ rule figures:
         diagnostics=expand("results/diagnostics/{model}.parquet", model=DIAG.get("models", [])),
         priors=lambda wc: [f"results/prior/{m}/{p}.parquet" for m in DIAG.get("models", [])
                            for p in sorted({prior_of(x) for x in DIAG.get("methods", [])} - {None})],
+        cross_corpus=[f"results/prior/{pair[k]}.parquet" for pair in DIAG.get("cross_corpus", [])
+                      for k in ("a", "b")],
     output:
         expand("results/figures/{name}_{model}.{ext}", name=FIGURE_NAMES,
                model=DIAG.get("models", []), ext=["pdf", "png"]),
         expand("results/figures/stability_lag_ccdf_models.{ext}", ext=["pdf", "png"]),
+        expand("results/figures/prior_cross_corpus.{ext}", ext=["pdf", "png"])
+        if DIAG.get("cross_corpus") else [],
     params:
         settings=figure_settings(),
     log:

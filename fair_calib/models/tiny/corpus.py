@@ -41,8 +41,8 @@ DEFAULT_CORPUS: dict[str, Any] = {
     "n_arith": 200,
     "max_number": 19,          # operands and results stay in 0..max_number
     "instruction_frac": 0.25,  # share of training problems that carry INSTRUCTION
-    "mix": {"arith": 0.50, "drill": 0.10, "colour": 0.10, "kind": 0.07, "compare": 0.13,
-            "facts": 0.10},
+    "mix": {"arith": 0.60, "drill": 0.10, "colour": 0.08, "kind": 0.06, "compare": 0.10,
+            "facts": 0.06},
 }
 
 NAMES = ("Tom", "Anna", "Ben", "Mia", "Sam", "Lily", "Max", "Zoe", "Leo", "Ella", "Jack", "Nora",
