@@ -44,6 +44,8 @@ _REL_COLUMN = {"prob": "rel_prob", "negentropy": "rel_negentropy", "margin": "re
 def prior_section(prior_settings: Mapping[str, Any]) -> dict[str, Any]:
     """The validated prior section (defaults filled in) of full settings or of the section."""
     sec = dict(prior_settings.get("prior", prior_settings))
+    for key in ("name", "probe"):        # which variant / which probe: identify, do not compute
+        sec.pop(key, None)
     unknown = sorted(set(sec) - set(PRIOR_DEFAULTS))
     if unknown:
         raise ValueError(f"unknown prior settings {unknown}; known: {sorted(PRIOR_DEFAULTS)}")

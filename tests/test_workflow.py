@@ -17,10 +17,10 @@ def _workspace(repo: Path, tmp: Path) -> Path:
 
 
 def _plan(ws: Path, overrides: dict | None = None, target="results/tables/main.tex"):
-    cmd = ["snakemake", "-n", "--cores", "1", target]
+    cmd = ["snakemake", target, "-n", "--cores", "1"]
     if overrides is not None:
         (ws / "override.yaml").write_text(yaml.safe_dump(overrides))
-        cmd[1:1] = ["--configfile", "override.yaml"]
+        cmd += ["--configfile", "override.yaml"]
     res = subprocess.run(cmd, cwd=ws, capture_output=True, text=True)
     res.stderr = res.stdout + res.stderr  # snakemake reports config errors on stdout
     return res
@@ -78,20 +78,21 @@ def test_registry_names_match_the_code():
 @pytest.mark.slow
 def test_whole_tiny_dag_runs_and_reruns_nothing(ws):
     """The smoke config end to end: every stage, then a no-op rerun plans no job."""
-    run = subprocess.run(["snakemake", "--cores", "2", "--configfile", "config/smoke.yaml",
-                          "results/tables/main.tex"], cwd=ws, capture_output=True, text=True)
+    # Targets go before --configfile, which takes several files.
+    run = subprocess.run(["snakemake", "results/tables/main.tex", "--cores", "2",
+                          "--configfile", "config/smoke.yaml"], cwd=ws, capture_output=True, text=True)
     assert run.returncode == 0, run.stderr[-4000:]
     tex = (ws / "results/tables/main.tex").read_text()
     assert "\\toprule" in tex and "FAIR-Calib" in tex and "RTN" in tex
-    again = subprocess.run(["snakemake", "-n", "--cores", "2", "--configfile",
-                            "config/smoke.yaml", "results/tables/main.tex"],
+    again = subprocess.run(["snakemake", "results/tables/main.tex", "-n", "--cores", "2",
+                            "--configfile", "config/smoke.yaml"],
                            cwd=ws, capture_output=True, text=True)
     assert again.returncode == 0
     assert "Nothing to be done" in again.stdout + again.stderr
     # Changing one method's settings reruns that method's jobs and what depends on them only.
     (ws / "bump.yaml").write_text(yaml.safe_dump({"methods": {"flatquant": {"lr": 1.0e-3}}}))
-    plan = subprocess.run(["snakemake", "-n", "--cores", "2", "--configfile", "config/smoke.yaml",
-                           "bump.yaml", "results/tables/main.tex"],
+    plan = subprocess.run(["snakemake", "results/tables/main.tex", "-n", "--cores", "2",
+                           "--configfile", "config/smoke.yaml", "bump.yaml"],
                           cwd=ws, capture_output=True, text=True)
     assert plan.returncode == 0, plan.stderr
     planned = plan.stdout

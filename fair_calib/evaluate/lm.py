@@ -187,8 +187,16 @@ class DiffusionLM(LM):
 
     def policy(self):
         from fair_calib.decoding import make_policy  # lazy: decoding is only for generation
+        from fair_calib.decoding.policies import BLOCK_POLICIES
 
-        return make_policy(self.loaded.adapter.decoding, self.decoding_overrides)
+        overrides = dict(self.decoding_overrides)
+        name = overrides.get("policy", overrides.get("name", self.loaded.adapter.decoding.get("policy")))
+        # A task's block_length is for families that decode in blocks (LLaDA); one task entry
+        # serves every family, so a whole-window policy (Dream's) ignores it unless the task
+        # also names that policy explicitly.
+        if name not in BLOCK_POLICIES and "policy" not in overrides and "name" not in overrides:
+            overrides.pop("block_length", None)
+        return make_policy(self.loaded.adapter.decoding, overrides)
 
     def postprocess(self, ids: Sequence[int], until: Sequence[str]) -> str:
         """Cut at the first EOS/pad token, decode, then cut at the earliest ``until`` string."""

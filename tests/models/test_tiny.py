@@ -192,3 +192,13 @@ def test_batches_and_loss_respect_masking_rules():
                 assert not maskable[r, :3].any() and maskable[r, 3]
     assert tt.lr_at(0, 100, 1.0, 0.1, 0.1) == pytest.approx(0.1)
     assert tt.lr_at(99, 100, 1.0, 0.1, 0.1) == pytest.approx(0.1, abs=1e-3)
+
+
+def test_corpus_setting_aliases_and_typos():
+    a = tc.build_corpus({"seed": 0, "corpus": {**SMALL, "n_train_docs": 300}})
+    alias = {"n_train_docs": 300, "n_calib_docs": SMALL["n_calib"], "n_probe": SMALL["n_probe"],
+             "n_facts": SMALL["n_facts"], "n_mc_items": SMALL["n_mc"], "n_gen_items": SMALL["n_arith"]}
+    b = tc.build_corpus({"seed": 0, "corpus": alias})
+    assert a["synth_mc"] == b["synth_mc"] and a["calib"] == b["calib"] and a["train"] == b["train"]
+    with pytest.raises(KeyError, match="n_trian_docs"):
+        tc.build_corpus({"seed": 0, "corpus": {"n_trian_docs": 10}})

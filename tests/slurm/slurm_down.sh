@@ -25,6 +25,12 @@ stop_pidfile() {  # name pidfile
 if [ -f "$STATE/slurm.conf" ] && command -v scancel >/dev/null; then
     # cancel leftover jobs of the test cluster before the daemons go away
     SLURM_CONF="$STATE/slurm.conf" timeout 10 scancel --full --quiet -u "$(id -un)" 2>/dev/null || true
+    # let slurmd kill the jobs' processes before it goes away (else they are orphaned)
+    for _ in $(seq 1 60); do
+        left="$(SLURM_CONF="$STATE/slurm.conf" timeout 10 squeue -h -t R,CG,S,PD 2>/dev/null | wc -l)"
+        [ "${left:-0}" -eq 0 ] && break
+        sleep 0.5
+    done
 fi
 stop_pidfile slurmd "$STATE/run/slurmd.pid"
 stop_pidfile slurmctld "$STATE/run/slurmctld.pid"

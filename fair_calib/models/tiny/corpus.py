@@ -39,10 +39,10 @@ DEFAULT_CORPUS: dict[str, Any] = {
     "n_facts": 256,
     "n_mc": 200,
     "n_arith": 200,
-    "max_number": 19,          # operands and results stay in 0..max_number
+    "max_number": 9,           # operands and results stay in 0..max_number
     "instruction_frac": 0.25,  # share of training problems that carry INSTRUCTION
-    "mix": {"arith": 0.60, "drill": 0.10, "colour": 0.08, "kind": 0.06, "compare": 0.10,
-            "facts": 0.06},
+    "mix": {"arith": 0.65, "drill": 0.10, "colour": 0.08, "kind": 0.05, "compare": 0.07,
+            "facts": 0.05},
 }
 
 NAMES = ("Tom", "Anna", "Ben", "Mia", "Sam", "Lily", "Max", "Zoe", "Leo", "Ella", "Jack", "Nora",
@@ -239,12 +239,30 @@ def _training_doc(rng: random.Random, world: World, corpus: dict) -> tuple[str, 
     return one_line(format_qa(q, a)), one_line(q)
 
 
+# Alternative spellings accepted in the ``corpus`` settings (config/config.yaml uses these).
+CORPUS_ALIASES = {"n_calib_docs": "n_calib", "n_mc_items": "n_mc", "n_gen_items": "n_arith"}
+_CORPUS_EXTRA_KEYS = {"seed", "n_eval_items"}
+
+
+def normalise_corpus_settings(given: dict | None) -> dict[str, Any]:
+    """Map aliases onto canonical keys; unknown keys are an error (a typo would otherwise be
+    silently ignored)."""
+    out: dict[str, Any] = {}
+    for key, value in (given or {}).items():
+        canon = CORPUS_ALIASES.get(key, key)
+        if canon not in DEFAULT_CORPUS and canon not in _CORPUS_EXTRA_KEYS:
+            known = sorted(set(DEFAULT_CORPUS) | _CORPUS_EXTRA_KEYS | set(CORPUS_ALIASES))
+            raise KeyError(f"make-data: unknown corpus setting {key!r}; known: {known}")
+        out[canon] = value
+    return out
+
+
 def build_corpus(settings: dict) -> dict[str, Any]:
     """All files' contents as Python objects (no I/O). Deterministic in ``settings``."""
     seed = int(settings.get("seed", 0))
-    corpus = {**DEFAULT_CORPUS, **(settings.get("corpus") or {})}
+    given = normalise_corpus_settings(settings.get("corpus"))
+    corpus = {**DEFAULT_CORPUS, **given}
     corpus["mix"] = {**DEFAULT_CORPUS["mix"], **(corpus.get("mix") or {})}
-    given = settings.get("corpus") or {}
     if "n_eval_items" in given:  # one knob for both task sizes unless set separately
         corpus["n_mc"] = given.get("n_mc", given["n_eval_items"])
         corpus["n_arith"] = given.get("n_arith", given["n_eval_items"])
