@@ -452,7 +452,7 @@ def load_inputs(paths: Sequence[str | Path]) -> dict[str, pd.DataFrame]:
                 if m is None:
                     m, x, b = _key3(p)
                 mems.append({"model": m, "method": x, "bits": b,
-                             "export_bytes": r.get("export_bytes"), "fp_bytes": r.get("fp_bytes")})
+                             "export_bytes": r.get("export_bytes"), "fp_bytes": r.get("fp_bytes", r.get("fp_bf16_bytes"))})
             continue
         df, _ = read_parquet(p)
         if "task" in df.columns:
