@@ -305,11 +305,19 @@ def calibrate(loaded, method: QuantMethod, input_ids: torch.Tensor, out_dir: str
         targets, gstats = _targets_and_stats(block, inputs, groups, method.needs_hessian, i,
                                              store_dtype)
         path = blocks_dir / f"{i}.safetensors"
+        state = None
         if path.exists():
             state, prov = io.load_tensors(path)
             if prov.get("resume_key") != resume_key:
-                raise RuntimeError(f"{path} was written by a run with other settings; delete "
-                                   f"{blocks_dir} to recalibrate")
+                # Settings changed since these blocks were saved (Snakemake reruns the job on a
+                # params change): they are stale, so this and every later block is redone.
+                log(f"block {i}: {path} was written with other settings; discarding it and "
+                    "every later block")
+                for stale in blocks_dir.glob("*.safetensors"):
+                    if stale.stem.isdigit() and int(stale.stem) >= i:
+                        stale.unlink()
+                state = None
+        if state is not None:
             method.quantize_block(block, groups, None, i)
             method.load_block_state(block, groups, state)
             rows = prov["stats"]

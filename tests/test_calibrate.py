@@ -106,12 +106,22 @@ def test_resume_after_interruption_gives_same_params(tmp_path, propagate):
     assert sa.loss.tolist() == sb.loss.tolist()
 
 
-def test_resume_refuses_other_settings(tmp_path):
+def test_resume_discards_blocks_of_other_settings(tmp_path):
+    """Blocks saved under other settings are never reused: the run redoes them and equals a
+    fresh run with the new settings."""
     lm = tiny_random_loaded("llama", layers=2)
-    calibrate(lm, _fq(epochs=1), IDS, tmp_path, batch_size=4, **QUIET)
+    calibrate(lm, _fq(epochs=1), IDS, tmp_path / "old", batch_size=4, **QUIET)
+    lines = []
     lm = tiny_random_loaded("llama", layers=2)
-    with pytest.raises(RuntimeError, match="other settings"):
-        calibrate(lm, _fq(epochs=2), IDS, tmp_path, batch_size=4, **QUIET)
+    calibrate(lm, _fq(epochs=2), IDS, tmp_path / "old", batch_size=4, log=lines.append)
+    assert any("other settings" in line for line in lines)
+    assert not any("resumed" in line for line in lines)
+    lm = tiny_random_loaded("llama", layers=2)
+    calibrate(lm, _fq(epochs=2), IDS, tmp_path / "new", batch_size=4, **QUIET)
+    pa, _ = io.load_tensors(tmp_path / "old" / "params.safetensors")
+    pb, _ = io.load_tensors(tmp_path / "new" / "params.safetensors")
+    for k in pb:
+        assert torch.equal(pa[k], pb[k]), k
 
 
 def test_nan_detection_names_block(tmp_path):

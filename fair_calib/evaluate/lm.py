@@ -159,7 +159,7 @@ class DiffusionLM(LM):
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
         """The same estimator over the whole text: the text is cut into disjoint windows of
         ``max_length`` tokens (no shared context) whose estimates are summed. None of the
-        configured tasks (the ten benchmarks, synth_mc, synth_arith) uses it."""
+        configured tasks (the ten benchmarks, synth_mc, synth_gen) uses it."""
         out = []
         for req in requests:
             text = req.args[0]

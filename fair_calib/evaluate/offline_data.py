@@ -240,7 +240,7 @@ def _write_mmlu(data_dir: Path, mmlu_cache: Path, include_dir: Path) -> None:
     (include_dir / "mmlu_group.yaml").write_text(json.dumps(group, indent=1))
 
 
-SYNTHETIC_TASKS = {"synth_mc": "synth_mc.jsonl", "synth_arith": "synth_arith.jsonl"}
+SYNTHETIC_TASKS = {"synth_mc": "synth_mc.jsonl", "synth_gen": "synth_gen.jsonl"}
 
 
 def write_synthetic_tasks(synthetic_dir: str | os.PathLike, include_dir: str | os.PathLike,

@@ -44,7 +44,7 @@ EVAL_SCHEMA = pa.schema([
     ("chance", pa.float64()), ("settings", pa.string()),
 ])
 
-SYNTHETIC_KINDS = {"synthetic_mc": "synth_mc", "synthetic_gen": "synth_arith"}
+SYNTHETIC_KINDS = {"synthetic_mc": "synth_mc", "synthetic_gen": "synth_gen"}
 CODE_EXECUTION_SETTING = "task.allow_code_execution"
 
 

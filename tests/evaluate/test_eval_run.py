@@ -80,8 +80,8 @@ def test_stderr_is_recomputed_not_averaged():
     assert row["stderr"] == pytest.approx(math.sqrt(0.25 / 4))   # sample var 0.25, n = 4
 
 
-def test_synth_arith_generates_through_the_decoder(tmp_path, synthetic_dir, tiny_llada):
-    task = {"name": "synth_arith", "kind": "synthetic_gen", "gen_length": 8, "steps": 8,
+def test_synth_gen_generates_through_the_decoder(tmp_path, synthetic_dir, tiny_llada):
+    task = {"name": "synth_gen", "kind": "synthetic_gen", "gen_length": 8, "steps": 8,
             "block_length": 8, "batch_size": 2, "limit": None}
     settings = base_settings(task, synthetic_dir)
     out = tmp_path / "arith.parquet"

@@ -44,7 +44,7 @@ def make_loaded(family: str = "tiny-llada", seed: int = 0, max_positions: int = 
 
 
 def write_synthetic(d: Path) -> Path:
-    """Small synth_mc / synth_arith files in the make-data formats."""
+    """Small synth_mc / synth_gen files in the make-data formats."""
     d.mkdir(parents=True, exist_ok=True)
     colours = ["red", "blue", "green", "yellow"]
     mc = []
@@ -54,7 +54,7 @@ def write_synthetic(d: Path) -> Path:
     (d / "synth_mc.jsonl").write_text("".join(json.dumps(r) + "\n" for r in mc))
     arith = [{"question": f"what is {a} + {b} ?", "answer": f"{a} + {b} = {a + b} .\n#### {a + b}"}
              for a, b in [(1, 2), (3, 4), (5, 6)]]
-    (d / "synth_arith.jsonl").write_text("".join(json.dumps(r) + "\n" for r in arith))
+    (d / "synth_gen.jsonl").write_text("".join(json.dumps(r) + "\n" for r in arith))
     return d
 
 

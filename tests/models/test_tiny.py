@@ -11,9 +11,9 @@ from fair_calib.models.tiny import corpus as tc
 from fair_calib.models.tiny.tokenizer import SPECIAL_TOKENS, build_tokenizer
 
 SMALL = {"n_train_docs": 1500, "n_calib": 24, "n_probe": 16, "n_facts": 16, "n_mc": 30,
-         "n_arith": 20}
+         "n_gen": 20}
 FILES = ("train.txt", "calib.jsonl", "probe.jsonl", "facts.jsonl", "synth_mc.jsonl",
-         "synth_arith.jsonl", "manifest.json")
+         "synth_gen.jsonl", "manifest.json")
 
 
 def _jsonl(path: Path) -> list[dict]:
@@ -38,7 +38,7 @@ def test_corpus_is_deterministic(data_dir, tmp_path):
 def test_corpus_counts_and_formats(data_dir):
     manifest = json.loads((data_dir / "manifest.json").read_text())
     assert manifest["counts"]["synth_mc"] == SMALL["n_mc"]
-    assert manifest["counts"]["synth_arith"] == SMALL["n_arith"]
+    assert manifest["counts"]["synth_gen"] == SMALL["n_gen"]
     mc = _jsonl(data_dir / "synth_mc.jsonl")
     assert len(mc) == SMALL["n_mc"]
     for it in mc:
@@ -48,7 +48,7 @@ def test_corpus_counts_and_formats(data_dir):
         assert len(set(it["choices"])) == len(it["choices"])
     chance = sum(1 / len(it["choices"]) for it in mc) / len(mc)
     assert manifest["chance"]["synth_mc"] == pytest.approx(chance)
-    for it in _jsonl(data_dir / "synth_arith.jsonl") + _jsonl(data_dir / "probe.jsonl"):
+    for it in _jsonl(data_dir / "synth_gen.jsonl") + _jsonl(data_dir / "probe.jsonl"):
         work, final = it["answer"].rsplit("\n#### ", 1)
         lhs, rhs = work.rstrip(" .").split(" = ")
         a, op, b = lhs.split()
@@ -63,7 +63,7 @@ def test_held_out_items_are_not_in_training(data_dir):
     for name in ("calib.jsonl", "facts.jsonl"):
         for row in _jsonl(data_dir / name):
             assert row["text"] not in train_set
-    for name in ("synth_arith.jsonl", "probe.jsonl"):
+    for name in ("synth_gen.jsonl", "probe.jsonl"):
         for it in _jsonl(data_dir / name):
             # neither the question nor the whole document occurs in any training document
             assert f"Question: {tc.one_line(it['question'])} Answer:" not in train_text
@@ -197,7 +197,7 @@ def test_batches_and_loss_respect_masking_rules():
 def test_corpus_setting_aliases_and_typos():
     a = tc.build_corpus({"seed": 0, "corpus": {**SMALL, "n_train_docs": 300}})
     alias = {"n_train_docs": 300, "n_calib_docs": SMALL["n_calib"], "n_probe": SMALL["n_probe"],
-             "n_facts": SMALL["n_facts"], "n_mc_items": SMALL["n_mc"], "n_gen_items": SMALL["n_arith"]}
+             "n_facts": SMALL["n_facts"], "n_mc_items": SMALL["n_mc"], "n_gen_items": SMALL["n_gen"]}
     b = tc.build_corpus({"seed": 0, "corpus": alias})
     assert a["synth_mc"] == b["synth_mc"] and a["calib"] == b["calib"] and a["train"] == b["train"]
     with pytest.raises(KeyError, match="n_trian_docs"):

@@ -139,7 +139,7 @@ def model_input(wc):
 
 
 SYNTHETIC_FILES = ["train.txt", "calib.jsonl", "probe.jsonl", "facts.jsonl", "synth_mc.jsonl",
-                   "synth_arith.jsonl", "manifest.json"]
+                   "synth_gen.jsonl", "manifest.json"]
 
 
 def used_names():

@@ -38,16 +38,23 @@ DEFAULT_CORPUS: dict[str, Any] = {
     "n_probe": 128,
     "n_facts": 256,
     "n_mc": 200,
-    "n_arith": 200,
+    "n_gen": 200,
     "max_number": 9,           # operands and results stay in 0..max_number
     "instruction_frac": 0.25,  # share of training problems that carry INSTRUCTION
-    "mix": {"arith": 0.65, "drill": 0.10, "colour": 0.08, "kind": 0.05, "compare": 0.07,
-            "facts": 0.05},
+    # Recall questions (colour / kind of a thing) are what a tiny diffusion LM learns within
+    # a minute of CPU training; the arithmetic word problems stay in the corpus as the GSM8K
+    # stand-in that Stage I probes with, but copying numbers out of a question takes tiny
+    # models thousands of steps, so no default task scores them.
+    "mix": {"arith": 0.20, "drill": 0.05, "colour": 0.30, "kind": 0.20, "compare": 0.05,
+            "facts": 0.20},
 }
 
 NAMES = ("Tom", "Anna", "Ben", "Mia", "Sam", "Lily", "Max", "Zoe", "Leo", "Ella", "Jack", "Nora",
          "Finn", "Ruby", "Owen", "Ivy", "Hugo", "Lucy", "Noah", "Emma", "Adam", "Kate", "Paul",
-         "Rosa")
+         "Rosa", "Alex", "Beth", "Carl", "Dana", "Eric", "Fay", "Gus", "Hana", "Ian", "Jill",
+         "Kai", "Lena", "Milo", "Nina", "Otto", "Pia", "Quinn", "Rita", "Seth", "Tara", "Uma",
+         "Vera", "Will", "Xena", "Yuri", "Zack", "Amy", "Bob", "Cleo", "Dave", "Eve", "Fred",
+         "Gina", "Hank", "Iris", "Joel", "Kim", "Liam", "Maya", "Ned")
 ITEMS = ("apples", "pens", "books", "cards", "coins", "shells", "stickers", "marbles", "cookies",
          "stamps", "balls", "eggs")
 COLOURS = ("red", "blue", "green", "yellow", "purple", "orange", "white", "black")
@@ -202,7 +209,15 @@ def _facts_doc(rng: random.Random, world: World) -> str:
     return " ".join(_fact_sentence(rng, world) for _ in range(rng.randint(3, 6)))
 
 
-QA_GENERATORS = {"arith": _arith, "colour": _colour_q, "kind": _kind_q, "compare": _compare_q}
+def _colour_recall(rng: random.Random, world: World) -> tuple[str, str, dict]:
+    """A colour question answered in words, then ``#### colour`` (the generation task)."""
+    q, gold, meta = _colour_q(rng, world)
+    return q, f"it is {gold} .\n#### {gold}", meta
+
+
+QA_GENERATORS = {"arith": _arith, "colour": _colour_recall, "kind": _kind_q,
+                 "compare": _compare_q}
+MC_GENERATORS = {"colour": _colour_q, "kind": _kind_q}
 
 
 def format_qa(question: str, answer: str) -> str:
@@ -240,7 +255,7 @@ def _training_doc(rng: random.Random, world: World, corpus: dict) -> tuple[str, 
 
 
 # Alternative spellings accepted in the ``corpus`` settings (config/config.yaml uses these).
-CORPUS_ALIASES = {"n_calib_docs": "n_calib", "n_mc_items": "n_mc", "n_gen_items": "n_arith"}
+CORPUS_ALIASES = {"n_calib_docs": "n_calib", "n_mc_items": "n_mc", "n_gen_items": "n_gen"}
 _CORPUS_EXTRA_KEYS = {"seed", "n_eval_items"}
 
 
@@ -265,7 +280,7 @@ def build_corpus(settings: dict) -> dict[str, Any]:
     corpus["mix"] = {**DEFAULT_CORPUS["mix"], **(corpus.get("mix") or {})}
     if "n_eval_items" in given:  # one knob for both task sizes unless set separately
         corpus["n_mc"] = given.get("n_mc", given["n_eval_items"])
-        corpus["n_arith"] = given.get("n_arith", given["n_eval_items"])
+        corpus["n_gen"] = given.get("n_gen", given["n_eval_items"])
     if "n_train_docs" in given:
         corpus["n_train_docs"] = given["n_train_docs"]
     seed = int(corpus.get("seed", seed))
@@ -327,17 +342,17 @@ def build_corpus(settings: dict) -> dict[str, Any]:
         q, a, _ = fresh_qa(_arith, rng_p)
         probe.append({"question": q, "answer": a})
 
-    rng_a = random.Random(f"arith-{seed}")
+    rng_a = random.Random(f"gen-{seed}")
     arith = []
-    for _ in range(int(corpus["n_arith"])):
-        q, a, _ = fresh_qa(_arith, rng_a)
+    for _ in range(int(corpus["n_gen"])):
+        q, a, _ = fresh_qa(_colour_recall, rng_a)
         arith.append({"question": q, "answer": a})
 
     rng_m = random.Random(f"mc-{seed}")
     mc = []
-    mc_kinds = ("colour", "kind", "compare")
+    mc_kinds = ("kind",)
     for i in range(int(corpus["n_mc"])):
-        q, a, meta = fresh_qa(QA_GENERATORS[mc_kinds[i % len(mc_kinds)]], rng_m)
+        q, a, meta = fresh_qa(MC_GENERATORS[mc_kinds[i % len(mc_kinds)]], rng_m)
         choices = [meta["gold"], *meta["distractors"]]
         rng_m.shuffle(choices)
         mc.append({"query": PROMPT_TEMPLATE.format(question=q),
@@ -346,7 +361,7 @@ def build_corpus(settings: dict) -> dict[str, Any]:
                    "type": meta["kind"]})
 
     mc_chance = sum(1.0 / len(x["choices"]) for x in mc) / max(len(mc), 1)
-    arith_results = [int(x["answer"].rsplit("####", 1)[1]) for x in arith]
+    arith_results = [x["answer"].rsplit("####", 1)[1].strip() for x in arith]
     # chance for exact match: always answering the most frequent result
     majority = max(set(arith_results), key=arith_results.count) if arith_results else 0
     arith_chance = arith_results.count(majority) / max(len(arith_results), 1)
@@ -354,15 +369,15 @@ def build_corpus(settings: dict) -> dict[str, Any]:
         "seed": seed,
         "corpus": corpus,
         "counts": {"train": len(train), "calib": len(calib), "probe": len(probe),
-                   "facts": len(facts), "synth_mc": len(mc), "synth_arith": len(arith)},
-        "chance": {"synth_mc": mc_chance, "synth_arith": arith_chance},
+                   "facts": len(facts), "synth_mc": len(mc), "synth_gen": len(arith)},
+        "chance": {"synth_mc": mc_chance, "synth_gen": arith_chance},
         "prompt_template": PROMPT_TEMPLATE,
         "instruction": INSTRUCTION,
         "answer_regex": r"#### (\-?[0-9]+)",
         "world": {"objects": world.objects, "colour_of": world.colour_of, "kinds": KINDS},
     }
     return {"train": train, "calib": calib, "probe": probe, "facts": facts, "synth_mc": mc,
-            "synth_arith": arith, "manifest": manifest}
+            "synth_gen": arith, "manifest": manifest}
 
 
 def _jsonl(rows: list[dict]) -> str:
@@ -379,7 +394,7 @@ def make_data(settings: dict, out_dir: str | Path) -> dict[str, Any]:
     io.write_text(out / "probe.jsonl", _jsonl(data["probe"]))
     io.write_text(out / "facts.jsonl", _jsonl(data["facts"]))
     io.write_text(out / "synth_mc.jsonl", _jsonl(data["synth_mc"]))
-    io.write_text(out / "synth_arith.jsonl", _jsonl(data["synth_arith"]))
+    io.write_text(out / "synth_gen.jsonl", _jsonl(data["synth_gen"]))
     manifest = dict(data["manifest"])
     manifest["provenance"] = io.provenance(settings, seed=manifest["seed"])
     # manifest last: its presence marks a complete data folder
