@@ -135,6 +135,19 @@ def _doc_chance(task_obj, example: Mapping[str, Any]) -> float:
     return 1.0 / n_choices if n_choices else 0.0
 
 
+def _majority_chance(per_doc: dict[str, Any], settings: Mapping[str, Any]) -> dict[str, Any]:
+    """Exact-match generation has no uniform chance level; the embedded tasks' manifest gives
+    the share of the most frequent answer (what always answering it would score)."""
+    manifest = Path(settings.get("synthetic_dir") or "") / "manifest.json"
+    if not manifest.is_file():
+        return per_doc
+    share = io.read_json(manifest).get("chance", {}).get(SYNTHETIC_KINDS["synthetic_gen"])
+    if share is None:
+        return per_doc
+    per_doc["chance"] = {t: {d: float(share) for d in docs} for t, docs in per_doc["chance"].items()}
+    return per_doc
+
+
 def _is_number(x: Any) -> bool:
     return isinstance(x, (bool, int, float, np.floating, np.integer)) and not isinstance(x, str)
 
@@ -260,6 +273,8 @@ def evaluate(settings: Mapping[str, Any], model_dir: str | os.PathLike | None,
                     confirm_run_unsafe_code=bool(allow_code and unsafe))
             per_doc = per_doc_values(res, leaf_tasks)
             raw = _json_safe({k: v for k, v in res.items() if k != "samples"})
+    if task.get("kind") == "synthetic_gen":
+        per_doc = _majority_chance(per_doc, settings)
     stats = summarize(per_doc)
     df = _rows_frame(settings, stats)
     prov = io.provenance(settings, seed=seed, shard=shard, num_shards=num_shards,

@@ -48,7 +48,10 @@ def test_corpus_counts_and_formats(data_dir):
         assert len(set(it["choices"])) == len(it["choices"])
     chance = sum(1 / len(it["choices"]) for it in mc) / len(mc)
     assert manifest["chance"]["synth_mc"] == pytest.approx(chance)
-    for it in _jsonl(data_dir / "synth_gen.jsonl") + _jsonl(data_dir / "probe.jsonl"):
+    for it in _jsonl(data_dir / "synth_gen.jsonl"):
+        work, final = it["answer"].rsplit("\n#### ", 1)
+        assert work == f"it is {final} ." and final in tc.COLOURS
+    for it in _jsonl(data_dir / "probe.jsonl"):
         work, final = it["answer"].rsplit("\n#### ", 1)
         lhs, rhs = work.rstrip(" .").split(" = ")
         a, op, b = lhs.split()
