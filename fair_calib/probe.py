@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import zlib
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -121,10 +122,14 @@ class ProbeRecorder:
         self.rel = {k: v.cpu() for k, v in self.rel.items()}
 
 
-def sample_seed(seed: int, sample_id: int) -> int:
-    """Seed of one sample's random stream, derived from (seed, sample_id)."""
-    return int(np.random.SeedSequence([int(seed), int(sample_id)]).generate_state(1, dtype=np.uint64)[0]
-               & ((1 << 63) - 1))
+def sample_seed(seed: int, sample_id: int, stream: str = "") -> int:
+    """Seed of one sample's random stream, derived from (seed, sample_id[, stream]).
+
+    ``stream`` (the probe's dataset in independent-trajectory mode) makes two corpora draw
+    independent commit orders: random commits ignore the model and the prompt, so with one
+    shared stream the frontier-hit term of two corpora would coincide by construction."""
+    key = [int(seed), int(sample_id)] + ([zlib.crc32(stream.encode())] if stream else [])
+    return int(np.random.SeedSequence(key).generate_state(1, dtype=np.uint64)[0] & ((1 << 63) - 1))
 
 
 def shard_batches(n_samples: int, batch_size: int, shard: int, num_shards: int) -> list[list[int]]:
@@ -194,7 +199,9 @@ def probe_model(loaded: Any, prompts: Sequence[Sequence[int]], probe_settings: d
     frames = []
     k = policy.gen_length
     for ids in tqdm(batch_ids, desc="probe", unit="batch", disable=not progress):
-        gens = [torch.Generator().manual_seed(sample_seed(seed, _FIXED_STREAM_TAG if mode == "fixed" else sid))
+        gens = [torch.Generator().manual_seed(
+                    sample_seed(seed, _FIXED_STREAM_TAG) if mode == "fixed"
+                    else sample_seed(seed, sid, str(p.get("dataset", ""))))
                 for sid in ids]
         rec = ProbeRecorder()
         generate(loaded, [by_id[s] for s in ids], policy, generator=gens, recorder=rec)

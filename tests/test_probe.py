@@ -137,7 +137,7 @@ def test_reliability_sums_match_replayed_trajectory(tmp_path, model_dir, synthet
              (synthetic_dir / "probe.jsonl").read_text().splitlines()[:2]]
     prompts = encode_prompts(loaded, texts, instruct=False)
     rec = TrajectoryRecorder()
-    gens = [torch.Generator().manual_seed(sample_seed(3, i)) for i in range(2)]
+    gens = [torch.Generator().manual_seed(sample_seed(3, i, s["probe"]["dataset"])) for i in range(2)]
     generate(loaded, prompts, probe_policy(loaded, s["probe"]), generator=gens, recorder=rec)
     traj = rec.frame()
     cs = rec.commit_steps.numpy()[traj.sample_id.to_numpy(), traj.position.to_numpy()]
@@ -164,3 +164,10 @@ def test_empty_shard_writes_empty_table(tmp_path, model_dir, synthetic_dir):
     back, prov = io.read_parquet(path)
     assert len(df) == 0 and len(back) == 0 and list(back.columns) == [f.name for f in PROBE_SCHEMA]
     assert prov["shard"] == 1 and prov["num_shards"] == 2
+
+
+def test_independent_streams_differ_across_corpora():
+    """Random commits ignore the prompt: only a per-corpus stream keeps two corpora's
+    frontier-hit terms from coinciding by construction."""
+    assert sample_seed(0, 1, "gsm8k") != sample_seed(0, 1, "wikitext2")
+    assert sample_seed(0, 1, "gsm8k") == sample_seed(0, 1, "gsm8k")
