@@ -1,8 +1,6 @@
 """Tiny models for the decoding tests (random weights, no tokenizer)."""
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
 
 import torch
 
@@ -28,9 +26,7 @@ def tiny_llama(family: str = "tiny-llada", seed: int = 0, max_pos: int = 64) -> 
 
 
 def load_llada_like():
-    path = Path(__file__).resolve().parents[1] / "fixtures" / "llada_like.py"
-    spec = importlib.util.spec_from_file_location("llada_like_fixture", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    import fixtures.llada_like as module
+
+    return module
 

@@ -1,6 +1,3 @@
-import importlib.util
-from pathlib import Path
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -11,20 +8,11 @@ from fair_calib.methods import REGISTRY, load_quantized, make_method
 from fair_calib.quant.gptq import gptq_quantize
 from fair_calib.quant.quantizers import WeightQuantizer
 from fair_calib.quant.toy import tiny_random_loaded
+from fixtures.llada_like import make_loaded as llada_like_loaded
 
 torch.set_num_threads(1)
 IDS = torch.randint(0, 40, (8, 16), generator=torch.Generator().manual_seed(1))
 QUIET = dict(log=lambda s: None)
-FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "llada_like.py"
-
-
-def llada_like_loaded(**kw):
-    spec = importlib.util.spec_from_file_location("llada_like_fixture_m", FIXTURE)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod.make_loaded(**kw)
-
-
 def kl(p_logits, q_logits):
     return F.kl_div(q_logits.log_softmax(-1), p_logits.log_softmax(-1), log_target=True,
                     reduction="batchmean").item()

@@ -1,22 +1,12 @@
-import importlib.util
-from pathlib import Path
-
 import pytest
 import torch
 
 from fair_calib.quant.blockio import call_block, capture_block_inputs
 from fair_calib.quant.discovery import discover_groups, groups_from_json, groups_to_json
 from fair_calib.quant.toy import tiny_random_loaded
+from fixtures.llada_like import make_loaded as llada_like_loaded
 
 torch.set_num_threads(1)
-FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "llada_like.py"
-
-
-def llada_like_loaded(**kw):
-    spec = importlib.util.spec_from_file_location("llada_like_fixture", FIXTURE)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod.make_loaded(**kw)
 
 
 def _groups(loaded, block_index=0):
@@ -42,8 +32,6 @@ def test_discovery_transformers_blocks(arch, kv):
 
 
 def test_discovery_llada_named_block():
-    if not FIXTURE.exists():
-        pytest.fail("tests/fixtures/llada_like.py missing")
     loaded = llada_like_loaded()
     groups, inputs = _groups(loaded)
     assert [g.names for g in groups] == [("q_proj", "k_proj", "v_proj"), ("attn_out",),
