@@ -91,14 +91,32 @@ def _logits(loaded: LoadedModel, ids: torch.Tensor, prompt_len: int, cfg_scale: 
     return loaded.logits(ids, keep_last=keep).float()
 
 
+def _weighted_masked_ce(loaded: LoadedModel, seq: torch.Tensor, target_mask: torch.Tensor,
+                        p_mask: torch.Tensor, prompt_len: int, cfg_scale: float) -> float:
+    """One iteration of either estimator: mask ``target_mask`` ([b, L] over the target
+    positions) in ``seq`` ([b, P + L]), score the masked tokens, and return
+    ``sum CE / p_mask`` (``p_mask`` [b]: each row's masking rate) averaged over rows."""
+    b = seq.shape[0]
+    target_mask = target_mask.to(seq.device)
+    is_mask = torch.cat([torch.zeros_like(seq[:, :prompt_len], dtype=torch.bool), target_mask], 1)
+    noisy = torch.where(is_mask, torch.full_like(seq, loaded.mask_id), seq)
+    logits = _logits(loaded, noisy, prompt_len, cfg_scale)          # target positions only
+    ce = F.cross_entropy(logits[target_mask], seq[is_mask], reduction="none").double()
+    rate = p_mask.to(seq.device).unsqueeze(1).expand_as(target_mask)[target_mask]
+    return (ce / rate).sum().item() / b
+
+
+def _repeated(loaded: LoadedModel, prefix: Sequence[int], target: Sequence[int], b: int):
+    seq = torch.tensor(list(prefix) + list(target), dtype=torch.long, device=loaded.device)
+    return seq.unsqueeze(0).repeat(b, 1)
+
+
 @torch.no_grad()
 def llada_iteration_losses(loaded: LoadedModel, prefix: Sequence[int], target: Sequence[int],
                            st: LikelihoodSettings, generator: torch.Generator) -> torch.Tensor:
     """Per-iteration losses (float64, ``[iterations]``) of the LLaDA stratified estimator."""
-    b, L, P = st.rows, len(target), len(prefix)
-    device = loaded.device
-    seq = torch.tensor(list(prefix) + list(target), dtype=torch.long, device=device)
-    seq = seq.unsqueeze(0).repeat(b, 1)
+    b, L = st.rows, len(target)
+    seq = _repeated(loaded, prefix, target, b)
     out = []
     for _ in range(st.iterations):
         k = int(torch.randint(1, L + 1, (), generator=generator))
@@ -106,13 +124,9 @@ def llada_iteration_losses(loaded: LoadedModel, prefix: Sequence[int], target: S
                                        dtype=torch.float64)).long()
         x = ((x - 1) % L) + 1
         order = torch.stack([torch.randperm(L, generator=generator) for _ in range(b)])
-        is_mask = order < x.unsqueeze(1)           # exactly x_i random target positions
-        is_mask = torch.cat([torch.zeros(b, P, dtype=torch.bool), is_mask], dim=1).to(device)
-        noisy = torch.where(is_mask, torch.full_like(seq, loaded.mask_id), seq)
-        logits = _logits(loaded, noisy, P, st.cfg_scale)
-        ce = F.cross_entropy(logits[is_mask[:, P:]], seq[is_mask], reduction="none").double()
-        p_mask = (x.double() / L).to(device).unsqueeze(1).expand(b, P + L)[is_mask]
-        out.append((ce / p_mask).sum().item() / b)
+        target_mask = order < x.unsqueeze(1)           # exactly x_i random target positions
+        out.append(_weighted_masked_ce(loaded, seq, target_mask, x.double() / L, len(prefix),
+                                       st.cfg_scale))
     return torch.tensor(out, dtype=torch.float64)
 
 
@@ -122,25 +136,18 @@ def dream_iteration_losses(loaded: LoadedModel, prefix: Sequence[int], target: S
     """Per-iteration losses (float64, ``[iterations]``) of the Dream stratified-t estimator.
 
     ``target`` is scored as given (the caller appends EOS when ``append_eos``)."""
-    b, L, P = st.rows, len(target), len(prefix)
-    device = loaded.device
-    seq = torch.tensor(list(prefix) + list(target), dtype=torch.long, device=device)
-    seq = seq.unsqueeze(0).repeat(b, 1)
+    b, L = st.rows, len(target)
+    seq = _repeated(loaded, prefix, target, b)
     out = []
     for _ in range(st.iterations):
         u0 = torch.rand((), generator=generator, dtype=torch.float64)
         t = (u0 + torch.arange(b, dtype=torch.float64) / b) % 1.0
         p = (1.0 - st.eps) * t + st.eps                                    # [b]
-        is_mask = torch.rand((b, L), generator=generator, dtype=torch.float64) < p.unsqueeze(1)
-        is_mask = torch.cat([torch.zeros(b, P, dtype=torch.bool), is_mask], dim=1).to(device)
-        if not bool(is_mask.any()):
+        target_mask = torch.rand((b, L), generator=generator, dtype=torch.float64) < p.unsqueeze(1)
+        if not bool(target_mask.any()):
             out.append(0.0)
             continue
-        noisy = torch.where(is_mask, torch.full_like(seq, loaded.mask_id), seq)
-        logits = _logits(loaded, noisy, P, 0.0)
-        ce = F.cross_entropy(logits[is_mask[:, P:]], seq[is_mask], reduction="none").double()
-        p_mask = p.to(device).unsqueeze(1).expand(b, P + L)[is_mask]
-        out.append((ce / p_mask).sum().item() / b)
+        out.append(_weighted_masked_ce(loaded, seq, target_mask, p, len(prefix), 0.0))
     return torch.tensor(out, dtype=torch.float64)
 
 
