@@ -34,7 +34,8 @@ from .methods.base import GroupStats, QuantMethod
 from .quant.blockio import BlockInputs, call_block, capture_block_inputs
 from .quant.discovery import discover_groups, get_submodule, groups_to_json
 from .quant.qlinear import InputQuant, QuantLinear
-from .quant.transforms import AffineTransform, InvertibleFactor, plan_squarings
+from .quant.transforms import (AffineTransform, InvertibleFactor, plan_squarings,
+                               set_squaring_plans, squaring_norms)
 
 
 
@@ -176,6 +177,7 @@ def _train_block(method: QuantMethod, block: nn.Module, inputs: BlockInputs, tar
     _set_quant_training(block, True)
     for t in transforms:
         t.step_cache = True
+    plan_squarings(factors)     # later steps plan from the norms read with their checks
     try:
         for ep in range(epochs):
             t0 = time.time()
@@ -183,24 +185,29 @@ def _train_block(method: QuantMethod, block: nn.Module, inputs: BlockInputs, tar
             for b in torch.randperm(len(inputs), generator=gen).tolist():
                 for t in transforms:      # matrices are rebuilt once per step and group
                     t.clear_cache()
-                plan_squarings(factors)   # one host sync for all matrix exponentials
                 with torch.enable_grad():
                     with _autocast(inputs.hidden[b].device, amp or torch.bfloat16, amp is not None):
                         out = call_block(block, inputs, b)
                         loss = weighted_mse(out, targets[b], w)
                     opt.zero_grad(set_to_none=True)
                     loss.backward()
-                # one host-device synchronisation per step for all finiteness checks
                 grads = [p.grad for p in params if p.grad is not None]
                 flags = torch.stack([torch.isfinite(loss.detach())]
-                                    + [torch.isfinite(g).all() for g in grads])
-                if not bool(flags.all()):
-                    if not bool(flags[0]):
-                        raise NonFiniteError(f"non-finite loss in block {block_index} (epoch {ep})")
-                    raise NonFiniteError(f"non-finite gradient in block {block_index} (epoch {ep})")
+                                    + [torch.isfinite(g).all() for g in grads]).double()
                 opt.step()
                 sched.step()
                 tot += loss.detach().double()
+                # One host-device synchronisation per step reads the finiteness flags and the
+                # norms that size the next step's matrix exponentials. A bad step has already
+                # been applied when it is seen, but the block is abandoned then anyway.
+                norms = squaring_norms(factors).double().flatten() if factors else flags[:0]
+                host = torch.cat([flags, norms]).cpu()
+                if not bool((host[: len(flags)] > 0).all()):
+                    if host[0] == 0:
+                        raise NonFiniteError(f"non-finite loss in block {block_index} (epoch {ep})")
+                    raise NonFiniteError(f"non-finite gradient in block {block_index} (epoch {ep})")
+                if factors:
+                    set_squaring_plans(factors, host[len(flags):].view(-1, 2).tolist())
             for p in params:
                 _check_finite(p.detach(), "the calibrated parameters", block_index)
             if device.type == "cuda":

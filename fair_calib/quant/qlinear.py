@@ -17,7 +17,8 @@ from torch import nn
 
 from torch.utils.checkpoint import checkpoint
 
-from .quantizers import SCALE_EPS, ActQuantizer, WeightQuantizer, qmax
+from . import fused
+from .quantizers import ActQuantizer, WeightQuantizer, qmax
 from .transforms import AffineTransform
 
 # Recompute the (elementwise-heavy) quantizer/transform chains in the backward pass instead of
@@ -26,27 +27,11 @@ from .transforms import AffineTransform
 CHECKPOINT_QUANT = True
 
 
-def _act_qdq_eval(x: torch.Tensor, ratio: torch.Tensor, q: int) -> torch.Tensor:
-    """Per-token fake quantization for inference (no gradient), float32 inside, out in x's dtype."""
-    xf = x.float()
-    s = torch.clamp(xf.abs().amax(dim=-1, keepdim=True) * ratio / q, min=SCALE_EPS)
-    return (torch.clamp(torch.round(xf / s), -q - 1, q) * s).to(x.dtype)
-
-
-_COMPILED: dict[str, object] = {}
-
-
-def _act_qdq_fast(x: torch.Tensor, ratio: torch.Tensor, q: int) -> torch.Tensor:
-    """:func:`_act_qdq_eval`, fused by ``torch.compile`` on CUDA when it works (else eager)."""
-    if x.is_cuda and _COMPILED.get("state") != "failed":
-        fn = _COMPILED.get("fn")
-        if fn is None:
-            fn = _COMPILED["fn"] = torch.compile(_act_qdq_eval, dynamic=True)
-        try:
-            return fn(x, ratio, q)
-        except Exception:  # noqa: BLE001 - no triton / compiler: fall back to eager, once
-            _COMPILED["state"] = "failed"
-    return _act_qdq_eval(x, ratio, q)
+def matmul_dtype(device: torch.device) -> torch.dtype:
+    """The dtype a linear's matmul runs in: the autocast dtype under autocast, else float32."""
+    if torch.is_autocast_enabled(device.type):
+        return torch.get_autocast_dtype(device.type)
+    return torch.float32
 
 
 def _no_autocast(device: torch.device):
@@ -69,6 +54,7 @@ class InputQuant(nn.Module):
         # transformed/quantized input is computed once per forward and reused by the others
         self.n_users = 1
         self._cache: tuple | None = None
+        self._ratio: torch.Tensor | None = None   # folded inference: the clip factor, cached
 
     def transform_x(self, x: torch.Tensor, mats=None) -> torch.Tensor:
         if self.rotation is not None:
@@ -92,31 +78,53 @@ class InputQuant(nn.Module):
             return None
         return self.transform._mats(dtype)   # (InvertibleFactor.matrices disables autocast)
 
-    def _compute(self, x: torch.Tensor, mats=None) -> torch.Tensor:
-        """float32 in, float32 out: Q_X(T x) (QDrop: some entries kept at T x)."""
-        xt = self.transform_x(x, mats).float()
+    def _fusable(self) -> bool:
+        """The FlatQuant/FAIR-Calib structure (optional transform, clipped dynamic quantizer)
+        that :mod:`fused` covers; QuaRot's rotation, LSQ scales and QDrop's drop stay eager."""
+        a = self.act
+        return (self.rotation is None and a.enabled and a.clip is not None and a.scale is None
+                and not (self.training and self.act_drop > 0.0))
+
+    def _compute(self, x: torch.Tensor, mats=None, out_dtype: torch.dtype = torch.float32,
+                 recompute: bool = False) -> torch.Tensor:
+        """Q_X(T x) (QDrop: some entries kept at T x), in ``out_dtype``."""
+        if self._fusable():
+            p1, p2, _, _, d = mats if mats is not None else (None,) * 5
+            t = self.transform
+            n1, n2 = (t.n1, t.n2) if t is not None else (1, self.dim)
+            return fused.call(fused.act_chain, x, d, p1, p2, self.act.clip, qmax(self.act.bits),
+                              n1, n2, out_dtype, device=x.device, recompute=recompute)
+        xt = self.transform_x(x.float(), mats).float()
         xq = self.act(xt)
         if self.training and self.act_drop > 0.0 and self.act.enabled:
             keep_fp = torch.rand_like(xq) < self.act_drop
             xq = torch.where(keep_fp, xt, xq)
-        return xq
+        return xq.to(out_dtype)
 
     def _compute_folded(self, x: torch.Tensor) -> torch.Tensor:
-        """Inference with folded matrices: transform in x's dtype, fused per-token quantizer."""
+        """Inference with folded matrices: transform in x's dtype, per-token quantizer in
+        float32, one compiled function on CUDA."""
         act = self.act
-        xt = self.transform_x(x)
-        if not act.enabled:
-            return xt
-        if act.scale is not None:
+        if self.rotation is not None or not act.enabled or act.scale is not None:
+            xt = self.transform_x(x)
+            if not act.enabled:
+                return xt
             return act(xt.float()).to(x.dtype)
-        ratio = (torch.sigmoid(act.clip.float()) if act.clip is not None
-                 else torch.tensor(act.clip_ratio, device=x.device))
-        return _act_qdq_fast(xt, ratio, qmax(act.bits))
+        t = self.transform
+        d, p1, p2_t = t.folded_mats(x.dtype) if t is not None else (None, None, None)
+        n1, n2 = (t.n1, t.n2) if t is not None else (1, self.dim)
+        ratio = self._ratio
+        if ratio is None or ratio.device != x.device:
+            ratio = self._ratio = (torch.sigmoid(act.clip.detach().float()) if act.clip is not None
+                                   else torch.tensor(act.clip_ratio, device=x.device))
+        return fused.call(fused.act_chain_folded, x, d, p1, p2_t, ratio, qmax(act.bits), n1, n2,
+                          device=x.device)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Q_X(T x) for the layer input ``x``; float32 result, except for folded inference
-        (no grad, eval mode) where it stays in x's dtype. Linears sharing this module and fed
-        the same tensor object reuse one result."""
+        """Q_X(T x) for the layer input ``x``, in the matmul dtype (the autocast dtype under
+        autocast, else float32), except for folded inference (no grad, eval mode) where it
+        stays in x's dtype. Linears sharing this module and fed the same tensor object reuse
+        one result."""
         c = self._cache
         if c is not None and c[0] is x and c[2] < self.n_users and c[3] == torch.is_grad_enabled():
             out, uses = c[1], c[2] + 1
@@ -127,19 +135,23 @@ class InputQuant(nn.Module):
                 out = self._compute_folded(x)
             else:
                 mats = self.transform_mats(torch.float32)
-                if (CHECKPOINT_QUANT and torch.is_grad_enabled()
-                        and any(p.requires_grad for p in self.parameters())):
-                    out = checkpoint(self._compute, x.float(), mats, use_reentrant=False)
-                else:
-                    out = self._compute(x.float(), mats)
+                out_dtype = matmul_dtype(x.device)
+                recompute = (CHECKPOINT_QUANT and torch.is_grad_enabled()
+                             and any(p.requires_grad for p in self.parameters()))
+                if recompute and not self._fusable():
+                    out = checkpoint(self._compute, x, mats, out_dtype, use_reentrant=False)
+                else:   # the fused chain checkpoints itself (inside the compiled graph)
+                    out = self._compute(x, mats, out_dtype, recompute)
         self._cache = (x, out, uses, torch.is_grad_enabled()) if uses < self.n_users else None
         return out
 
     def fold(self) -> None:
+        self._ratio = None
         if self.transform is not None:
             self.transform.fold(torch.float32)
 
     def unfold(self) -> None:
+        self._ratio = None
         if self.transform is not None:
             self.transform.unfold()
 
@@ -168,24 +180,43 @@ class QuantLinear(nn.Module):
     def bias(self):
         return self.linear.bias
 
-    def effective_weight(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        """Q_W(W T^{-1}) computed from the FP weight (differentiable in the quant params)."""
+    def effective_weight(self, dtype: torch.dtype = torch.float32,
+                         out_dtype: torch.dtype | None = None) -> torch.Tensor:
+        """Q_W(W T^{-1}) computed in ``dtype`` from the FP weight (differentiable in the quant
+        params), returned in ``out_dtype`` (default ``dtype``)."""
+        out_dtype = out_dtype or dtype
         if self.w_quant is not None:
-            return self.w_quant.to(dtype)
+            return self.w_quant.to(out_dtype)
         with _no_autocast(self.linear.weight.device):   # weight side always in full precision
             trainable = any(p.requires_grad for p in self.wq.parameters())
             if self.inq is not None and self.inq.transform is not None:
                 trainable = trainable or any(p.requires_grad for p in self.inq.transform.parameters())
             mats = self.inq.transform_mats(dtype) if self.inq is not None else None
-            if CHECKPOINT_QUANT and trainable and torch.is_grad_enabled():
-                return checkpoint(self._weight_chain, dtype, mats, use_reentrant=False)
-            return self._weight_chain(dtype, mats)
+            recompute = CHECKPOINT_QUANT and trainable and torch.is_grad_enabled()
+            if recompute and not (dtype == torch.float32 and self._fusable()):
+                return checkpoint(self._weight_chain, dtype, mats, out_dtype, use_reentrant=False)
+            return self._weight_chain(dtype, mats, out_dtype, recompute)
 
-    def _weight_chain(self, dtype: torch.dtype, mats=None) -> torch.Tensor:
+    def _fusable(self) -> bool:
+        wq, inq = self.wq, self.inq
+        return (wq.enabled and wq.clip is not None and wq.scale is None
+                and (inq is None or inq.rotation is None))
+
+    def _weight_chain(self, dtype: torch.dtype, mats=None, out_dtype: torch.dtype | None = None,
+                      recompute: bool = False) -> torch.Tensor:
+        out_dtype = out_dtype or dtype
+        if dtype == torch.float32 and self._fusable():
+            _, _, p1i, p2i, d = mats if mats is not None else (None,) * 5
+            t = self.inq.transform if self.inq is not None else None
+            n1, n2 = (t.n1, t.n2) if t is not None else (1, self.in_features)
+            w = self.linear.weight
+            return fused.call(fused.weight_chain, w, d, p1i, p2i, self.wq.clip,
+                              qmax(self.wq.bits), n1, n2, out_dtype, device=w.device,
+                              recompute=recompute)
         w = self.linear.weight.to(dtype)
         if self.inq is not None:
             w = self.inq.weight_inverse(w, mats)
-        return self.wq(w)
+        return self.wq(w).to(out_dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         dtype = x.dtype
@@ -195,10 +226,13 @@ class QuantLinear(nn.Module):
             xq = self.inq(x) if self.inq is not None else x
             w = self.w_folded
             return F.linear(xq.to(w.dtype), w, None if b is None else b.to(w.dtype)).to(dtype)
-        xq = self.inq(x) if self.inq is not None else x.float()
-        w = self.w_folded if self.w_folded is not None else self.effective_weight(torch.float32)
-        # under CUDA autocast (calibration of a bf16 model) this matmul runs in bfloat16
-        y = F.linear(xq.float(), w.float(), None if b is None else b.float())
+        # calibration: under CUDA autocast (a bf16 model) the quantized input and weight come
+        # out of their (float32) chains already in bfloat16 and this matmul runs in bfloat16
+        mm = matmul_dtype(x.device)
+        xq = self.inq(x) if self.inq is not None else x.to(mm)
+        w = (self.w_folded.to(mm) if self.w_folded is not None
+             else self.effective_weight(torch.float32, out_dtype=mm))
+        y = F.linear(xq.to(mm), w, None if b is None else b.to(mm))
         return y.to(dtype)
 
     @torch.no_grad()

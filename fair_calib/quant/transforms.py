@@ -85,16 +85,26 @@ def expm(x: torch.Tensor, squarings: int | None = None, degree: int = 12) -> tor
 
 
 @torch.no_grad()
+def squaring_norms(factors: list["InvertibleFactor"]) -> torch.Tensor:
+    """[len(factors), 2]: the 1-norms of each factor's two skew matrices, on their device (no
+    host synchronisation; hand them to :func:`set_squaring_plans` once read)."""
+    return torch.stack([torch.stack([(f.a - f.a.T).abs().sum(dim=0).max(),
+                                     (f.b - f.b.T).abs().sum(dim=0).max()]) for f in factors])
+
+
+def set_squaring_plans(factors: list["InvertibleFactor"], norms: list[list[float]]) -> None:
+    """Store the squaring counts for the factors' next constructions from their skew norms."""
+    for f, (na, nb) in zip(factors, norms):
+        f._plan = (_squarings(na), _squarings(nb))
+
+
+@torch.no_grad()
 def plan_squarings(factors: list["InvertibleFactor"]) -> None:
     """Read the 1-norms of all factors' skew matrices with one host synchronisation and store
-    the squaring counts for their next constructions (cleared by ``plan_squarings([])`` or
+    the squaring counts for their next constructions (cleared by
     :meth:`InvertibleFactor.forget_plan`)."""
-    if not factors:
-        return
-    norms = torch.stack([torch.stack([(f.a - f.a.T).abs().sum(dim=0).max(),
-                                      (f.b - f.b.T).abs().sum(dim=0).max()]) for f in factors])
-    for f, (na, nb) in zip(factors, norms.double().cpu().tolist()):
-        f._plan = (_squarings(na), _squarings(nb))
+    if factors:
+        set_squaring_plans(factors, squaring_norms(factors).double().cpu().tolist())
 
 
 class InvertibleFactor(nn.Module):
@@ -161,6 +171,7 @@ class AffineTransform(nn.Module):
         self.f2 = InvertibleFactor(self.n2, init, generator) if kron else None
         self.log_d = nn.Parameter(torch.zeros(dim)) if smooth else None
         self._folded: dict[str, torch.Tensor] | None = None
+        self._folded_cast: dict[torch.dtype, tuple] = {}
         self._step_cache: tuple | None = None
         self.step_cache = False
 
@@ -248,19 +259,36 @@ class AffineTransform(nn.Module):
     def fold(self, dtype: torch.dtype = torch.float32) -> None:
         """Precompute the matrices (in float64, stored as ``dtype``); later calls reuse them."""
         self._folded = None
+        self._folded_cast = {}
         self._step_cache = None
         p1, p2, p1i, p2i, d = self._build_mats(torch.float64)
         self._folded = {k: v.to(dtype) for k, v in
                         dict(p1=p1, p2=p2, p1_inv=p1i, p2_inv=p2i, d=d).items() if v is not None}
 
+    def folded_mats(self, dtype: torch.dtype):
+        """(d, P1, P2^T) of the folded transform in ``dtype`` (inference in the model dtype),
+        converted once and cached; None entries for absent parts."""
+        if self._folded is None:
+            raise RuntimeError("folded_mats() needs fold() first")
+        c = self._folded_cast.get(dtype)
+        if c is None:
+            f = self._folded
+            conv = (lambda k: None if k not in f else f[k].to(dtype))
+            p2 = conv("p2")
+            c = self._folded_cast[dtype] = (conv("d"), conv("p1"),
+                                            None if p2 is None else p2.T.contiguous())
+        return c
+
     def unfold(self) -> None:
         self._folded = None
+        self._folded_cast = {}
 
     def _apply(self, fn, recurse=True):
         # Folded matrices follow the module's device but keep their own (float32/64) dtype, so a
         # model-wide ``.to(bfloat16)`` never turns them into half precision.
         super()._apply(fn, recurse)
         self._step_cache = None
+        self._folded_cast = {}
         if self._folded is not None:
             dev = fn(torch.empty(0)).device
             self._folded = {k: v.to(dev) for k, v in self._folded.items()}
