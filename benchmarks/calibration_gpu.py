@@ -158,7 +158,7 @@ def bench_forward(shape: str, args, dev: str) -> None:
     t0 = time.perf_counter()
     for i, block in enumerate(lm.blocks):
         method.quantize_block(block, groups, None, i)
-        fold_block(block)
+        fold_block(block, drop_fp=True)       # as load_quantized does
     model.eval()                             # as load_quantized leaves it
     sync(dev)
     t_fold = time.perf_counter() - t0
@@ -306,7 +306,7 @@ def profile_forward(shape: str, args, dev: str, layers: int = 4) -> None:
     method = make_method({"type": "fair_calib"}, 4, 4, seed=0)
     for i, block in enumerate(lm.blocks):
         method.quantize_block(block, groups, None, i)
-        fold_block(block)
+        fold_block(block, drop_fp=True)       # as load_quantized does
     model.eval()
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev == "cuda" else [])
     with torch.no_grad():

@@ -39,12 +39,14 @@ def make_method(method_cfg: dict[str, Any], w_bits: int, a_bits: int, seed: int 
 
 
 @torch.no_grad()
-def load_quantized(loaded, calib_dir: str | Path, fold: bool = True):
+def load_quantized(loaded, calib_dir: str | Path, fold: bool = True, keep_fp: bool = False):
     """FP model + calibrated parameters in ``calib_dir`` -> the fake-quant model (in place).
 
     Reads ``meta.json`` (method, bits, per-block linear groups) and ``params.safetensors``,
     replays the method's model-level preparation (QuaRot rotations), wraps every block's
     linears, loads their parameters and, with ``fold``, precomputes the quantized weights.
+    Folded layers then drop their FP weights (one weight per layer, as much memory as the FP
+    model) unless ``keep_fp`` (needed only to unfold or re-export).
     """
     from .. import io
     from ..quant.discovery import groups_from_json
@@ -69,6 +71,6 @@ def load_quantized(loaded, calib_dir: str | Path, fold: bool = True):
         method.quantize_block(block, groups, None, i)
         method.load_block_state(block, groups, state)
         if fold:
-            fold_block(block)
+            fold_block(block, drop_fp=not keep_fp)
     loaded.model.eval()
     return loaded

@@ -190,7 +190,10 @@ def _load_exact(mod: nn.Module, sub: dict[str, torch.Tensor], what: str) -> None
         t.copy_(v.to(t.dtype))
 
 
-def fold_block(block: nn.Module) -> None:
+def fold_block(block: nn.Module, drop_fp: bool = False) -> None:
+    """Fold every fake-quant linear of ``block``; ``drop_fp``: then free their FP weights."""
     for m in block.modules():
         if isinstance(m, QuantLinear):
             m.fold()
+            if drop_fp:
+                m.drop_fp_weight()

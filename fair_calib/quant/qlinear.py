@@ -171,6 +171,8 @@ class QuantLinear(nn.Module):
         self.register_buffer("w_folded", None)
         # Already-quantized weight in the transformed basis (GPTQ); replaces Q_W(W T^{-1}).
         self.register_buffer("w_quant", None)
+        # set by drop_fp_weight(): the FP weight is gone, only the folded one is left
+        self.fp_weight_dropped = False
 
     @property
     def weight(self) -> torch.Tensor:  # some model code reads ``.weight`` (dtype/device checks)
@@ -187,6 +189,7 @@ class QuantLinear(nn.Module):
         out_dtype = out_dtype or dtype
         if self.w_quant is not None:
             return self.w_quant.to(out_dtype)
+        self._require_fp_weight("effective_weight()")
         with _no_autocast(self.linear.weight.device):   # weight side always in full precision
             trainable = any(p.requires_grad for p in self.wq.parameters())
             if self.inq is not None and self.inq.transform is not None:
@@ -242,6 +245,7 @@ class QuantLinear(nn.Module):
         W T^{-1} is computed in float64 (T^{-1} from float64 factors) and rounded to float32
         before the weight quantizer, which runs in float32 exactly as during calibration: with no
         transform (RTN) the folded weight is bit-identical to the unfolded one."""
+        self._require_fp_weight("fold()")
         self.w_folded = None
         if self.w_quant is not None:
             w = self.w_quant.float()
@@ -259,9 +263,29 @@ class QuantLinear(nn.Module):
             self.inq.fold()
 
     def unfold(self) -> None:
+        self._require_fp_weight("unfold()")
         self.w_folded = None
         if self.inq is not None:
             self.inq.unfold()
+
+    @torch.no_grad()
+    def drop_fp_weight(self) -> None:
+        """Free the FP weight of a folded layer (evaluation): ``linear.weight`` becomes the
+        folded quantized weight itself, so the layer holds one weight instead of two and code
+        that reads ``.weight`` (dtype, device, shape) still works. Irreversible: ``unfold``,
+        ``fold`` and ``effective_weight`` then raise."""
+        if self.w_folded is None:
+            raise RuntimeError("drop_fp_weight() needs fold() first")
+        if self.fp_weight_dropped:
+            return
+        self.linear.weight = nn.Parameter(self.w_folded, requires_grad=False)
+        self.w_quant = None
+        self.fp_weight_dropped = True
+
+    def _require_fp_weight(self, what: str) -> None:
+        if self.fp_weight_dropped:
+            raise RuntimeError(f"{what}: this layer's FP weight was dropped after folding "
+                               "(load_quantized(..., keep_fp=True) keeps it)")
 
     def extra_repr(self) -> str:
         return (f"in={self.in_features}, out={self.out_features}, w_bits={self.wq.bits}, "

@@ -116,3 +116,32 @@ def test_flatquant_on_llada_named_model(tmp_path):
     meta = io.read_json(tmp_path / "fq" / "meta.json")
     assert [g["names"] for g in meta["groups"]["0"]] == [["q_proj", "k_proj", "v_proj"], ["attn_out"],
                                                          ["ff_proj", "up_proj"], ["ff_out"]]
+
+
+def _weight_bytes(model):
+    """Bytes of distinct tensor storages among the model's parameters and buffers."""
+    seen = {}
+    for t in list(model.parameters()) + list(model.buffers()):
+        seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+    return sum(seen.values())
+
+
+@pytest.mark.parametrize("cfg", [{"type": "flatquant", "epochs": 1}, {"type": "quarot"}])
+def test_evaluation_model_drops_fp_weights(tmp_path, cfg):
+    """load_quantized frees the FP copy of every folded weight: same outputs, one weight per
+    layer; what needs the FP weight (unfold) says so."""
+    from fair_calib.quant.qlinear import QuantLinear
+
+    make = lambda: tiny_random_loaded("qwen2", layers=2, kv_heads=2)   # noqa: E731
+    calibrate(make(), make_method(cfg, 4, 4), IDS, tmp_path, batch_size=4, **QUIET)
+    kept = load_quantized(make(), tmp_path, keep_fp=True)
+    lean = load_quantized(make(), tmp_path)
+    with torch.no_grad():
+        assert torch.equal(kept.logits(IDS), lean.logits(IDS))
+    linear_bytes = sum(m.linear.weight.numel() * m.linear.weight.element_size()
+                       for m in lean.model.modules() if isinstance(m, QuantLinear))
+    assert _weight_bytes(kept.model) - _weight_bytes(lean.model) >= linear_bytes
+    ql = next(m for m in lean.model.modules() if isinstance(m, QuantLinear))
+    assert ql.linear.weight is not None and ql.weight.shape == (ql.out_features, ql.in_features)
+    with pytest.raises(RuntimeError, match="FP weight was dropped"):
+        ql.unfold()
