@@ -111,3 +111,17 @@ def test_paper_config_plans_the_full_grid(ws):
                   "deploy_memory"):
         assert f"results/tables/{table}.tex" in out
     assert "resources: tmpdir=/tmp, runtime=240, gpu=1" in out      # calibrate asks for a GPU
+
+
+def test_gpu_model_and_node_features_reach_the_jobs(ws):
+    """SLURM resource names in the config's resource table are passed to the rule's jobs."""
+    (ws / "override.yaml").write_text(yaml.safe_dump({"resources": {"calibrate": {
+        "gpu": 1, "gpu_model": "h100", "constraint": "hopper", "qos": "high", "runtime": 240}}}))
+    res = subprocess.run(["snakemake", "-n", "--cores", "1", "--configfile", "config/paper.yaml",
+                          "override.yaml"], cwd=ws, capture_output=True, text=True)
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, out[-3000:]
+    line = next(l for l in out.splitlines() if "gpu_model=h100" in l)
+    assert "constraint=hopper" in line and "qos=high" in line and "gpu=1" in line
+    bad = _plan(ws, {"resources": {"calibrate": {"gpu_type": "h100"}}})
+    assert bad.returncode != 0 and "gpu_type" in bad.stderr

@@ -233,7 +233,9 @@ def resources_for(rule):
         "mem_mb": lambda wc, attempt: base + step * (attempt - 1),
         "runtime": _res(rule, "runtime", 30),
     }
-    for key in ("gpu", "cpus_per_gpu", "slurm_partition", "slurm_extra"):
+    # passed through as the SLURM executor plugin's resource names
+    for key in ("gpu", "gpu_model", "gres", "cpus_per_gpu", "constraint", "qos",
+                "slurm_partition", "slurm_account", "slurm_extra"):
         val = _res(rule, key)
         if val is not None:
             res[key] = val
