@@ -109,7 +109,7 @@ def bench_calibration(shape: str, args, dev: str, peak_tflops: float | None) -> 
     proj = one_time + n_blocks * (overhead + 15 * sec_epoch)
     fl_epoch = 3 * block_fwd_flops(shape, args.n_samples, args.seq_len)
     rec = {"kind": "calibration", "shape": shape, "device": dev_name(dev), "method": "fair_calib",
-           "kron_mode": transforms.KRON_MODE, "compiled": fused.compile_enabled(),
+           "kron_mode": transforms.KRON_MODE, "compiled": fused.compile_enabled() and dev == "cuda",
            "recompute": qlinear.CHECKPOINT_QUANT,
            "compile_fell_back": fused.fell_back(),
            "bits": "W4A4", "n_samples": args.n_samples, "seq_len": args.seq_len,
@@ -168,7 +168,7 @@ def bench_forward(shape: str, args, dev: str) -> None:
     res = {}
     default_kron = transforms.KRON_MODE
     for mode in ("compiled", "eager", "compiled_mm"):
-        fused._STATE.clear()
+        fused.reset()
         torch._dynamo.reset()
         transforms.KRON_MODE = "mm" if mode.endswith("_mm") else default_kron
         os.environ["FAIR_CALIB_COMPILE"] = "0" if mode == "eager" else "1"

@@ -34,13 +34,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from .quantizers import SCALE_EPS, _ClipFakeQuant, round_ste
-from .transforms import kron_apply
-
-
-def _kron(x: torch.Tensor, left: torch.Tensor, right_t: torch.Tensor, n1: int, n2: int) -> torch.Tensor:
-    """(left (x) right) applied to the last dimension of ``x`` (``right_t`` = right^T)."""
-    shape = x.shape
-    return kron_apply(x.reshape(*shape[:-1], n1, n2), left, right_t).reshape(shape)
+from .transforms import kron_last
 
 
 def clip_qdq(x: torch.Tensor, clip: torch.Tensor, q: int, form: str) -> torch.Tensor:
@@ -74,7 +68,7 @@ def act_chain(x: torch.Tensor, d: torch.Tensor | None, p1: torch.Tensor | None,
     if d is not None:
         x = x * d
     if p1 is not None:
-        x = _kron(x, p1, p2.T, n1, n2)
+        x = kron_last(x, p1, p2.T, n1, n2)
     return clip_qdq(x.float(), clip, q, form).to(out_dtype)
 
 
@@ -87,7 +81,7 @@ def weight_chain(w: torch.Tensor, d: torch.Tensor | None, p1i: torch.Tensor | No
     if d is not None:
         w = w / d
     if p1i is not None:
-        w = _kron(w, p1i.T, p2i, n1, n2)
+        w = kron_last(w, p1i.T, p2i, n1, n2)
     return clip_qdq(w, clip, q, form).to(out_dtype)
 
 
@@ -99,13 +93,25 @@ def act_chain_folded(x: torch.Tensor, d: torch.Tensor | None, p1: torch.Tensor |
     if d is not None:
         x = x * d
     if p1 is not None:
-        x = _kron(x, p1, p2_t, n1, n2)
+        x = kron_last(x, p1, p2_t, n1, n2)
     xf = x.float()
     s = torch.clamp(xf.abs().amax(dim=-1, keepdim=True) * ratio / q, min=SCALE_EPS)
     return (torch.clamp(torch.round(xf / s), -q - 1, q) * s).to(x.dtype)
 
 
-_STATE: dict[object, object] = {}
+# Compiled callables per (chain, recompute, form); chains whose compilation failed (eager from
+# then on); compiled callables whose first call succeeded (later errors are real errors).
+_compiled: dict[tuple, Callable] = {}
+_failed: set[Callable] = set()
+_verified: set[tuple] = set()
+
+
+def reset() -> None:
+    """Forget compiled chains and failures (benchmarks switch settings within one process)."""
+    _compiled.clear()
+    _failed.clear()
+    _verified.clear()
+
 
 # The quantizer form (see :func:`clip_qdq`) inside compiled chains.
 COMPILED_FORM = "gather"
@@ -153,34 +159,34 @@ def call(fn: Callable, *args, device: torch.device, recompute: bool = False) -> 
     process; later errors are real errors and propagate."""
     setting = compile_setting()
     takes_form = fn in _TAKES_FORM
-    if device.type != "cuda" or setting != "1" or _STATE.get(fn) == "failed":
+    if device.type != "cuda" or setting != "1" or fn in _failed:
         form = COMPILED_FORM if setting == "plain" else "custom"
         full = args + ((form,) if takes_form else ())
         if recompute:
             return checkpoint(fn, *full, use_reentrant=False)
         return fn(*full)
     key = (fn, recompute, COMPILED_FORM)
-    c = _STATE.get(key)
+    c = _compiled.get(key)
     if c is None:
         _raise_recompile_limit()
-        c = _STATE[key] = torch.compile(_recomputed(fn) if recompute else fn)
+        c = _compiled[key] = torch.compile(_recomputed(fn) if recompute else fn)
     full = args + ((COMPILED_FORM,) if takes_form else ())
-    if _STATE.get((key, "ok")):
+    if key in _verified:
         return c(*full)
     try:
         out = c(*full)
     except Exception as err:  # noqa: BLE001 - a missing toolchain must not stop the run
-        _STATE[fn] = "failed"
+        _failed.add(fn)
         warnings.warn(f"torch.compile of {fn.__name__} failed ({type(err).__name__}: {err}); "
                       "using the eager version", RuntimeWarning, stacklevel=2)
         return call(fn, *args, device=device, recompute=recompute)
-    _STATE[(key, "ok")] = True
+    _verified.add(key)
     return out
 
 
 def fell_back() -> bool:
     """Whether a compilation failed in this process (the eager chains are in use)."""
-    return "failed" in _STATE.values()
+    return bool(_failed)
 
 
 _TAKES_FORM = (act_chain, weight_chain)

@@ -87,13 +87,20 @@ class InputQuant(nn.Module):
 
     def _compute(self, x: torch.Tensor, mats=None, out_dtype: torch.dtype = torch.float32,
                  recompute: bool = False) -> torch.Tensor:
-        """Q_X(T x) (QDrop: some entries kept at T x), in ``out_dtype``."""
+        """Q_X(T x) (QDrop: some entries kept at T x), in ``out_dtype``; ``recompute``:
+        checkpointed (a fused chain inside its compiled graph, see :func:`fused.call`)."""
         if self._fusable():
             p1, p2, _, _, d = mats if mats is not None else (None,) * 5
             t = self.transform
             n1, n2 = (t.n1, t.n2) if t is not None else (1, self.dim)
             return fused.call(fused.act_chain, x, d, p1, p2, self.act.clip, qmax(self.act.bits),
                               n1, n2, out_dtype, device=x.device, recompute=recompute)
+        if recompute:
+            return checkpoint(self._compute_modules, x, mats, out_dtype, use_reentrant=False)
+        return self._compute_modules(x, mats, out_dtype)
+
+    def _compute_modules(self, x: torch.Tensor, mats, out_dtype: torch.dtype) -> torch.Tensor:
+        """The general path, one module at a time (rotations, LSQ scales, QDrop's drop)."""
         xt = self.transform_x(x.float(), mats).float()
         xq = self.act(xt)
         if self.training and self.act_drop > 0.0 and self.act.enabled:
@@ -138,10 +145,7 @@ class InputQuant(nn.Module):
                 out_dtype = matmul_dtype(x.device)
                 recompute = (CHECKPOINT_QUANT and torch.is_grad_enabled()
                              and any(p.requires_grad for p in self.parameters()))
-                if recompute and not self._fusable():
-                    out = checkpoint(self._compute, x, mats, out_dtype, use_reentrant=False)
-                else:   # the fused chain checkpoints itself (inside the compiled graph)
-                    out = self._compute(x, mats, out_dtype, recompute)
+                out = self._compute(x, mats, out_dtype, recompute)
         self._cache = (x, out, uses, torch.is_grad_enabled()) if uses < self.n_users else None
         return out
 
@@ -196,8 +200,6 @@ class QuantLinear(nn.Module):
                 trainable = trainable or any(p.requires_grad for p in self.inq.transform.parameters())
             mats = self.inq.transform_mats(dtype) if self.inq is not None else None
             recompute = CHECKPOINT_QUANT and trainable and torch.is_grad_enabled()
-            if recompute and not (dtype == torch.float32 and self._fusable()):
-                return checkpoint(self._weight_chain, dtype, mats, out_dtype, use_reentrant=False)
             return self._weight_chain(dtype, mats, out_dtype, recompute)
 
     def _fusable(self) -> bool:
@@ -205,9 +207,10 @@ class QuantLinear(nn.Module):
         return (wq.enabled and wq.clip is not None and wq.scale is None
                 and (inq is None or inq.rotation is None))
 
-    def _weight_chain(self, dtype: torch.dtype, mats=None, out_dtype: torch.dtype | None = None,
-                      recompute: bool = False) -> torch.Tensor:
-        out_dtype = out_dtype or dtype
+    def _weight_chain(self, dtype: torch.dtype, mats, out_dtype: torch.dtype,
+                      recompute: bool) -> torch.Tensor:
+        """Q_W(W T^{-1}) in ``dtype``, returned in ``out_dtype``; ``recompute``: checkpointed
+        (a fused chain inside its compiled graph, see :func:`fused.call`)."""
         if dtype == torch.float32 and self._fusable():
             _, _, p1i, p2i, d = mats if mats is not None else (None,) * 5
             t = self.inq.transform if self.inq is not None else None
@@ -216,6 +219,12 @@ class QuantLinear(nn.Module):
             return fused.call(fused.weight_chain, w, d, p1i, p2i, self.wq.clip,
                               qmax(self.wq.bits), n1, n2, out_dtype, device=w.device,
                               recompute=recompute)
+        if recompute:
+            return checkpoint(self._weight_modules, dtype, mats, out_dtype, use_reentrant=False)
+        return self._weight_modules(dtype, mats, out_dtype)
+
+    def _weight_modules(self, dtype: torch.dtype, mats, out_dtype: torch.dtype) -> torch.Tensor:
+        """The general path, one module at a time (QuaRot's rotation, LSQ scales)."""
         w = self.linear.weight.to(dtype)
         if self.inq is not None:
             w = self.inq.weight_inverse(w, mats)

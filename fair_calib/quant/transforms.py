@@ -58,6 +58,13 @@ def kron_apply(xr: torch.Tensor, a: torch.Tensor, bt: torch.Tensor) -> torch.Ten
     return torch.matmul(z.transpose(-1, -2), a.T).transpose(-1, -2)   # one GEMM over n1
 
 
+def kron_last(x: torch.Tensor, left: torch.Tensor, right_t: torch.Tensor, n1: int,
+              n2: int) -> torch.Tensor:
+    """(left (x) right) applied to the last dimension (n1 * n2) of ``x``; ``right_t`` = right^T."""
+    shape = x.shape
+    return kron_apply(x.reshape(*shape[:-1], n1, n2), left, right_t).reshape(shape)
+
+
 def _squarings(norm: float, target: float = 0.5) -> int:
     if not math.isfinite(norm):      # NaN/inf parameters: let the non-finite check report them
         return 0
@@ -226,18 +233,14 @@ class AffineTransform(nn.Module):
         if d is not None:
             x = x * d.to(x.dtype)
         if p1 is not None:
-            shape = x.shape
-            xr = x.reshape(*shape[:-1], self.n1, self.n2)
-            x = kron_apply(xr, p1.to(x.dtype), p2.to(x.dtype).T).reshape(shape)
+            x = kron_last(x, p1.to(x.dtype), p2.to(x.dtype).T, self.n1, self.n2)
         return x
 
     def inverse(self, y: torch.Tensor) -> torch.Tensor:
         """T^{-1} y over the last dimension."""
         _, _, p1i, p2i, d = self._mats(y.dtype)
         if p1i is not None:
-            shape = y.shape
-            yr = y.reshape(*shape[:-1], self.n1, self.n2)
-            y = kron_apply(yr, p1i.to(y.dtype), p2i.to(y.dtype).T).reshape(shape)
+            y = kron_last(y, p1i.to(y.dtype), p2i.to(y.dtype).T, self.n1, self.n2)
         if d is not None:
             y = y / d.to(y.dtype)
         return y
@@ -251,8 +254,7 @@ class AffineTransform(nn.Module):
         if d is not None:
             w = w / d.to(w.dtype)
         if p1i is not None:
-            wr = w.reshape(w.shape[0], self.n1, self.n2)
-            w = kron_apply(wr, p1i.to(w.dtype).T, p2i.to(w.dtype)).reshape(w.shape)
+            w = kron_last(w, p1i.to(w.dtype).T, p2i.to(w.dtype), self.n1, self.n2)
         return w
 
     @torch.no_grad()

@@ -99,7 +99,7 @@ def test_compiler_failure_falls_back_to_eager_once(monkeypatch):
 
     monkeypatch.setattr(torch, "compile", broken_compile)
     monkeypatch.setenv("FAIR_CALIB_COMPILE", "1")
-    monkeypatch.setattr(fused, "_STATE", {})
+    fused.reset()
     x = torch.randn(4, 12)
     ratio = torch.tensor(0.9)
     expected = fused.act_chain_folded(x, None, None, None, ratio, 7, 3, 4)
@@ -112,6 +112,7 @@ def test_compiler_failure_falls_back_to_eager_once(monkeypatch):
         warnings.simplefilter("error")
         again = fused.call(fused.act_chain_folded, x, None, None, None, ratio, 7, 3, 4, device=fake_cuda)
     assert torch.equal(again, expected) and calls == {"compile": 1, "run": 1}
+    fused.reset()
 
 
 def test_compile_setting_parses_the_environment(monkeypatch):
