@@ -105,7 +105,7 @@ def _targets_and_stats(block: nn.Module, inputs: BlockInputs, groups, want_hessi
                        block_index: int, store_dtype: torch.dtype = torch.float32):
     """FP outputs of ``block`` for every micro-batch, and per-group input statistics."""
     amax: list[torch.Tensor | None] = [None] * len(groups)
-    tok_sum = [0.0] * len(groups)
+    tok_sum: list[torch.Tensor | float] = [0.0] * len(groups)   # on the device: read once
     n_tok = [0] * len(groups)
     hess: list[torch.Tensor | None] = [None] * len(groups)
     handles = []
@@ -115,7 +115,7 @@ def _targets_and_stats(block: nn.Module, inputs: BlockInputs, groups, want_hessi
             x = args[0].detach().float().reshape(-1, args[0].shape[-1])
             a = x.abs().amax(dim=0)
             amax[j] = a if amax[j] is None else torch.maximum(amax[j], a)
-            tok_sum[j] += float(x.abs().amax(dim=-1).sum())
+            tok_sum[j] = tok_sum[j] + x.abs().amax(dim=-1).sum().double()
             n_tok[j] += x.shape[0]
             if want_hessian:
                 h = x.T.double() @ x.double()
@@ -133,7 +133,7 @@ def _targets_and_stats(block: nn.Module, inputs: BlockInputs, groups, want_hessi
     finally:
         for h in handles:
             h.remove()
-    stats = [GroupStats(x_absmax=amax[j], tok_absmax_mean=tok_sum[j] / max(n_tok[j], 1),
+    stats = [GroupStats(x_absmax=amax[j], tok_absmax_mean=float(tok_sum[j]) / max(n_tok[j], 1),
                         n_tokens=n_tok[j], hessian=hess[j]) for j in range(len(groups))]
     return targets, stats
 
