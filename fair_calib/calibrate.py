@@ -417,7 +417,8 @@ def run(settings: dict[str, Any], model_dir: str | Path, out_dir: str | Path,
     model = settings["model"]
     loaded = load_model(model_dir, model["family"], settings.get("dtype", "float32"),
                         settings.get("device", "cpu"),
-                        trust_remote_code=model.get("trust_remote_code"))
+                        trust_remote_code=model.get("trust_remote_code"),
+                        loader=model.get("loader"))
     texts = data.calibration_texts(calib["dataset"], settings.get("data_dir"),
                                    settings.get("synthetic_dir"),
                                    source=settings.get("data_source") or "local")

@@ -8,6 +8,7 @@ import sys
 SUBCOMMANDS = {
     "make-data": "fair_calib.models.tiny.corpus",   # synthetic corpus and task files
     "train-tiny": "fair_calib.models.tiny.train",   # train an embedded tiny diffusion LM
+    "convert-hub": "fair_calib.models.toy_hub",     # a tiny model in a hub checkpoint layout
     "probe": "fair_calib.probe",                    # Stage I: random-commit teacher rollouts
     "prior": "fair_calib.prior",                    # Stage I: aggregate the position prior
     "calibrate": "fair_calib.calibrate",            # Stage II: layer-wise calibration

@@ -456,7 +456,8 @@ def record_trajectories(settings: dict[str, Any], model_dir: str, calib_dir: str
     family = mcfg.get("family") or _family_of(model_dir)
     loaded = load_model(model_dir, family, settings.get("dtype") or "float32",
                         settings.get("device") or "cpu",
-                        trust_remote_code=mcfg.get("trust_remote_code"))
+                        trust_remote_code=mcfg.get("trust_remote_code"),
+                        loader=mcfg.get("loader"))
     if calib_dir:
         from fair_calib.methods import load_quantized
         loaded = load_quantized(loaded, calib_dir)

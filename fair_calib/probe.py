@@ -249,7 +249,8 @@ def probe(settings: dict[str, Any], model_dir: str | Path, shard: int, num_shard
                      "temperature": p.get("temperature", 0.0)})
     loaded = load_model(model_dir, mentry["family"], settings.get("dtype", "float32"),
                         settings.get("device", "cpu"),
-                        trust_remote_code=mentry.get("trust_remote_code"))
+                        trust_remote_code=mentry.get("trust_remote_code"),
+                        loader=mentry.get("loader"))
     kwargs = {"source": p["source"]} if "source" in p else {}
     texts = probe_prompts(p["dataset"], settings.get("data_dir", ""), settings.get("synthetic_dir", ""),
                           n, p.get("instruction"), **kwargs)

@@ -3,6 +3,10 @@ them at parse time). ``tests/test_registry.py`` checks they equal the real regis
 
 # Model families (fair_calib.models.adapters.ADAPTERS).
 FAMILIES = ("llada", "dream", "tiny-llada", "tiny-dream")
+# Families whose released checkpoints load through a hub layout (fair_calib.models.hub).
+HUB_FAMILIES = ("llada", "dream")
+# How a hub family's checkpoint is loaded (fair_calib.models.adapters.LOADERS).
+LOADERS = ("native", "remote")
 
 # Calibration/quantization method types (fair_calib.methods.REGISTRY). A config ``methods:``
 # entry names one of these in its ``type`` key; ``fp`` is the unquantized reference.

@@ -71,11 +71,10 @@ def pad_left(prompts: Sequence[Sequence[int]], gen_length: int, mask_id: int, pa
 
 def window_logits(model: Any, ids: torch.Tensor, attn: torch.Tensor | None, lp: int,
                   cfg_scale: float = 0.0) -> torch.Tensor:
-    """Logits ``[B, K, V]`` of the generation window (model dtype; float32 with CFG), with classifier-free guidance
+    """Logits ``[B, K, V]`` of the generation window in the model's dtype, with classifier-free guidance
     when ``cfg_scale > 0`` (second forward with the prompt masked:
-    ``un + (cfg + 1) * (cond - un)``). The mask token's logit is set to ``-inf``: it is never a
-    prediction (a trained model gives it ~0 probability; an untrained one must not commit it).
-    ``attn`` is None when no row is padded. The LM head runs on the window only."""
+    ``un + (cfg + 1) * (cond - un)``). The logits are the model's, the mask token's included
+    (the decoders never commit it). ``attn`` is None when no row is padded. The LM head runs on the window only."""
     k = ids.shape[1] - lp
     if cfg_scale > 0:
         un = ids.clone()
@@ -83,14 +82,13 @@ def window_logits(model: Any, ids: torch.Tensor, attn: torch.Tensor | None, lp: 
         prompt_part[:, :lp] = True if attn is None else attn[:, :lp].bool()
         un[prompt_part] = model.mask_id
         both = model.logits(torch.cat([ids, un]), None if attn is None else torch.cat([attn, attn]),
-                            keep_last=k).float()
+                            keep_last=k)
         cond, unc = both.chunk(2, dim=0)
         out = unc + (cfg_scale + 1.0) * (cond - unc)
     else:
-        # Kept in the model's dtype: argmax is exact there, and every consumer that needs
-        # probabilities converts the slice it uses (a full float32 copy costs a memory pass).
+        # Kept in the model's dtype, as the authors' decoders compute (their softmax
+        # confidences, and so the order of commits, are in that dtype).
         out = model.logits(ids, attn, keep_last=k)
-    out[..., int(model.mask_id)] = float("-inf")
     return out
 
 
@@ -103,6 +101,27 @@ def _select_top(conf: torch.Tensor, counts: torch.Tensor, allowed: torch.Tensor)
     return (rank < counts[:, None]) & allowed
 
 
+def _topk_over_rows(conf: torch.Tensor, allowed: torch.Tensor, counts: Sequence[int],
+                    offset: int, length: int, per_row: bool) -> torch.Tensor:
+    """The authors' commit choice: ``torch.topk`` over the whole sequence row (prompt and
+    non-candidates at ``-inf``), in the confidences' own dtype. Ties (frequent in bfloat16, and
+    exact zeros of entropy after top-p) are then broken the way their code breaks them.
+    ``conf``/``allowed`` cover positions ``offset..offset+W`` of rows of ``length``; LLaDA's
+    ``generate`` calls topk per row (``per_row``), Dream's ``_sample`` once for the batch (one
+    count). Returns the chosen positions ``[B, W]``."""
+    b, width = conf.shape
+    full = conf.new_full((b, length), float("-inf"))
+    full[:, offset:offset + width] = conf.masked_fill(~allowed, float("-inf"))
+    chosen = torch.zeros((b, length), dtype=torch.bool, device=conf.device)
+    if per_row:
+        for j, n in enumerate(counts):
+            if n > 0:
+                chosen[j, torch.topk(full[j], int(n)).indices] = True
+    elif counts[0] > 0:
+        chosen.scatter_(1, torch.topk(full, int(counts[0]), dim=-1).indices, True)
+    return chosen[:, offset:offset + width] & allowed
+
+
 def _gumbel_argmax(logits: torch.Tensor, temperature: float, generator: Generators) -> torch.Tensor:
     """Gumbel-max in float64: argmax of ``exp(l) / (-log U)^temperature`` (log form)."""
     b = logits.shape[0]
@@ -112,9 +131,8 @@ def _gumbel_argmax(logits: torch.Tensor, temperature: float, generator: Generato
 
 
 def _filter_top_p_top_k(logits: torch.Tensor, top_p: float | None, top_k: int | None) -> torch.Tensor:
-    if top_k is not None and top_k < logits.shape[-1]:
-        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
+    """Dream's ``sample_tokens`` filters: nucleus first, then top-k (the order matters when
+    both are set)."""
     if top_p is not None and top_p < 1:
         sorted_l, idx = torch.sort(logits, dim=-1, descending=True)
         cum = torch.softmax(sorted_l, dim=-1).cumsum(-1)
@@ -123,19 +141,35 @@ def _filter_top_p_top_k(logits: torch.Tensor, top_p: float | None, top_k: int | 
         drop_sorted[..., 0] = False
         drop = torch.zeros_like(drop_sorted).scatter(-1, idx, drop_sorted)
         logits = logits.masked_fill(drop, float("-inf"))
+    if top_k is not None and top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
     return logits
 
 
-def _schedule_tokens(logits: torch.Tensor, policy: DecodePolicy,
-                     generator: Generators) -> tuple[torch.Tensor, torch.Tensor]:
+def _never_the_mask(x0: torch.Tensor, scores: torch.Tensor, mask_id: int) -> torch.Tensor:
+    """Replace a predicted mask token by the best other token (by ``scores``). Only an
+    untrained model predicts the mask (the released ones give it ~0 probability), so wherever
+    the authors' code, which has no such guard, commits a real token, nothing changes."""
+    top2 = torch.topk(scores, 2, dim=-1).indices
+    best_other = torch.where(top2[..., 0] == mask_id, top2[..., 1], top2[..., 0])
+    return torch.where(x0 == mask_id, best_other, x0)
+
+
+def _schedule_tokens(logits: torch.Tensor, policy: DecodePolicy, generator: Generators,
+                     mask_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Tokens and confidences for the schedule policies (Dream's token step)."""
-    lg = logits.float()
+    # The model's dtype throughout, as Dream's ``sample_tokens`` computes (bfloat16 in its
+    # evaluation): the confidences, and so their ties, are the authors'.
+    lg = logits
     if policy.temperature > 0:
         lg = lg / policy.temperature
     lg = _filter_top_p_top_k(lg, policy.top_p, policy.top_k)
     probs = torch.softmax(lg, dim=-1)
     if policy.temperature > 0:
-        x0 = _gumbel_argmax(torch.log(probs), 1.0, generator)
+        noisy = torch.log(probs.double())
+        noisy[..., mask_id] = float("-inf")       # never sample the mask token itself
+        x0 = _gumbel_argmax(noisy, 1.0, generator)
         conf = probs.gather(-1, x0[..., None]).squeeze(-1)
     else:
         conf, x0 = probs.max(-1)
@@ -144,6 +178,11 @@ def _schedule_tokens(logits: torch.Tensor, policy: DecodePolicy,
         conf = top2[..., 0] - top2[..., 1]
     elif policy.name == "entropy":
         conf = (probs * torch.log(probs + 1e-10)).sum(-1)
+    if policy.temperature == 0:
+        fixed = _never_the_mask(x0, probs, mask_id)
+        if policy.name in ("maskgit_plus", "origin"):
+            conf = torch.where(fixed != x0, probs.gather(-1, fixed[..., None]).squeeze(-1), conf)
+        x0 = fixed
     return x0, conf
 
 
@@ -186,6 +225,27 @@ def generate(model: Any, prompts: Sequence[Sequence[int]], policy: DecodePolicy,
     return out
 
 
+def _block_tokens(span: torch.Tensor, policy: DecodePolicy, generator: Generators, mask_id: int,
+                  uniform_conf: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """LLaDA's token step: Gumbel-max (float64) or argmax, and the untempered softmax
+    probability of the chosen token in the logits' dtype (``generate.py``)."""
+    if policy.temperature > 0:
+        noisy_logits = span.double()
+        noisy_logits[..., mask_id] = float("-inf")   # never sample the mask token itself
+        x0 = _gumbel_argmax(noisy_logits, policy.temperature, generator)
+    else:
+        x0 = span.argmax(-1)
+    if uniform_conf:
+        return _never_the_mask(x0, span, mask_id), None
+    probs = torch.softmax(span, dim=-1)
+    conf = probs.gather(-1, x0[..., None]).squeeze(-1)
+    if policy.temperature == 0:
+        fixed = _never_the_mask(x0, probs, mask_id)
+        conf = torch.where(fixed != x0, probs.gather(-1, fixed[..., None]).squeeze(-1), conf)
+        x0 = fixed
+    return x0, conf
+
+
 def _decode_blocks(model, ids, attn, lp, policy: DecodePolicy, generator, recorder) -> None:
     """LLaDA-style semi-autoregressive blocks; ``random_commit`` is one block with uniform
     confidences (positions uniformly at random among masked)."""
@@ -202,8 +262,9 @@ def _decode_blocks(model, ids, attn, lp, policy: DecodePolicy, generator, record
         # Every block starts fully masked (earlier blocks are finished, prompts hold no mask),
         # so the counts need no device->host copy.
         n_masked = [hi - lo] * b
-        counts = torch.tensor([block_commit_counts(n, spb) for n in n_masked],
-                              dtype=torch.long, device=ids.device)       # [B, spb]
+        per_row = [block_commit_counts(n, spb) for n in n_masked]
+        host_counts = [[row[s] for row in per_row] for s in range(spb)]   # [spb][B]
+        counts = torch.tensor(per_row, dtype=torch.long, device=ids.device)   # [B, spb]
         if uniform_conf:
             # All of the block's draws at once: one host->device copy per block rather than a
             # synchronising copy per step (per-row generators live on the host).
@@ -213,16 +274,12 @@ def _decode_blocks(model, ids, attn, lp, policy: DecodePolicy, generator, record
             step_index += 1
             logits = window_logits(model, ids, attn, lp, policy.cfg_scale)   # [B, K, V]
             masked_before = win == mask_id
-            span = logits[:, lo:hi]
-            if policy.temperature > 0:
-                x0 = _gumbel_argmax(span, policy.temperature, generator)
-            else:
-                x0 = span.argmax(-1)
+            x0, conf = _block_tokens(logits[:, lo:hi], policy, generator, mask_id, uniform_conf)
             if uniform_conf:
-                conf = block_u[:, s]
-            else:   # untempered probability of the chosen token, in float64
-                conf = torch.softmax(span.double(), dim=-1).gather(-1, x0[..., None]).squeeze(-1)
-            chosen = _select_top(conf, counts[:, s], masked_before[:, lo:hi])
+                chosen = _select_top(block_u[:, s], counts[:, s], masked_before[:, lo:hi])
+            else:
+                chosen = _topk_over_rows(conf, masked_before[:, lo:hi], host_counts[s],
+                                         lp + lo, ids.shape[1], per_row=True)
             # torch.where, not boolean indexing: no host sync, so the next forward's kernels
             # are queued while this step's run.
             win[:, lo:hi] = torch.where(chosen, x0, win[:, lo:hi])
@@ -247,7 +304,7 @@ def _decode_schedule(model, ids, attn, lp, policy: DecodePolicy, generator, reco
         t, s = timesteps[i], timesteps[i + 1]
         logits = window_logits(model, ids, attn, lp, 0.0)
         masked = win == mask_id
-        x0, conf = _schedule_tokens(logits, policy, generator)
+        x0, conf = _schedule_tokens(logits, policy, generator, mask_id)
         if last:
             chosen = masked.clone()
         elif policy.name == "origin":
@@ -267,7 +324,7 @@ def _decode_schedule(model, ids, attn, lp, policy: DecodePolicy, generator, reco
                 scores = scores - torch.log(-torch.log(u))   # Gumbel-top-k = sampling w/o replacement
                 chosen = _select_top(scores, counts, masked)
             else:
-                chosen = _select_top(conf.double(), counts, masked)
+                chosen = _topk_over_rows(conf, masked, [n] * b, lp, ids.shape[1], per_row=False)
         win.copy_(torch.where(chosen, x0, win))
         if last:
             n_masked = [0] * b

@@ -209,7 +209,9 @@ def make_lm(settings: Mapping[str, Any], model_dir: str | os.PathLike,
         from fair_calib.models.adapters import load_model
 
         loaded = load_model(model_dir, model["family"], dtype=settings.get("dtype", "float32"),
-                            device=settings.get("device", "cpu"))
+                            device=settings.get("device", "cpu"),
+                            trust_remote_code=model.get("trust_remote_code"),
+                            loader=model.get("loader"))
     likelihood = {"mc_num": task.get("mc_num"), "batch_size": task.get("batch_size"),
                   "cfg_scale": task.get("cfg_scale"), "eps": task.get("eps")}
     decoding = dict(task.get("decoding") or {})

@@ -38,14 +38,30 @@ class FamilyAdapter:
     likelihood: dict[str, Any] = field(default_factory=dict)  # MC likelihood estimator settings
     eos_token: str | None = None
     pad_token: str | None = None
+    # Hub families: the layout (``fair_calib.models.hub.LAYOUTS``) that maps the released
+    # checkpoint onto a native transformers class; the paths above are the native ones.
+    hub_layout: str | None = None
+    # Module paths of the authors' own (remote-code) module tree, for ``loader: remote``.
+    remote_paths: dict[str, str] = field(default_factory=dict)
 
-    def resolve_mask_id(self, tokenizer) -> int:
-        if self.mask_id is not None:
-            return self.mask_id
-        mid = tokenizer.convert_tokens_to_ids(self.mask_token)
-        if mid is None or mid == tokenizer.unk_token_id:
+    def resolve_mask_id(self, tokenizer, config_mask_id: int | None = None) -> int:
+        """The checkpoint's ``mask_token_id`` (config.json) if it has one, else the adapter's
+        id, else the tokenizer's id of ``mask_token``. A tokenizer that knows the mask token
+        under another id contradicts the checkpoint: an error, not a guess."""
+        known = config_mask_id if config_mask_id is not None else self.mask_id
+        tok_id = None
+        if tokenizer is not None:
+            tok_id = tokenizer.convert_tokens_to_ids(self.mask_token)
+            if tok_id == getattr(tokenizer, "unk_token_id", None) and self.mask_token != tokenizer.unk_token:
+                tok_id = None
+        if known is not None:
+            if tok_id is not None and int(tok_id) != int(known):
+                raise ValueError(f"adapter {self.name!r}: the tokenizer maps {self.mask_token!r} "
+                                 f"to {tok_id}, the checkpoint's mask_token_id is {known}")
+            return int(known)
+        if tok_id is None:
             raise ValueError(f"adapter {self.name!r}: tokenizer has no mask token {self.mask_token!r}")
-        return int(mid)
+        return int(tok_id)
 
 
 ADAPTERS: dict[str, FamilyAdapter] = {}
@@ -60,12 +76,14 @@ register_adapter(FamilyAdapter(
     name="llada",
     hub_ids=("GSAI-ML/LLaDA-8B-Base", "GSAI-ML/LLaDA-8B-Instruct", "GSAI-ML/LLaDA-1.5"),
     remote_code=True, mask_token="<|mdm_mask|>", mask_id=126336, logit_shift=False,
-    embed_path="model.transformer.wte", blocks_path="model.transformer.blocks",
-    final_norm_path="model.transformer.ln_f",
-    # LLaDA's LM head is ``transformer.ff_out``; the down-projection inside every block is also
-    # named ``ff_out``. Paths here are absolute, so the two are never confused.
-    head_path="model.transformer.ff_out",
-    chat_template=True,
+    # Loaded natively, LLaDA is a bidirectional Llama (``fair_calib.models.hub.LLADA_LAYOUT``).
+    embed_path="model.embed_tokens", blocks_path="model.layers", final_norm_path="model.norm",
+    head_path="lm_head", chat_template=True, hub_layout="llada",
+    # The authors' tree: the LM head is ``transformer.ff_out`` and the down-projection inside
+    # every block is also named ``ff_out``; paths are absolute, so the two never meet.
+    remote_paths={"embed_path": "model.transformer.wte", "blocks_path": "model.transformer.blocks",
+                  "final_norm_path": "model.transformer.ln_f",
+                  "head_path": "model.transformer.ff_out"},
     decoding={"policy": "low_confidence", "steps": 256, "gen_length": 256, "block_length": 8,
               "temperature": 0.0, "cfg_scale": 0.0},
     likelihood={"estimator": "llada", "mc_num": 128, "batch_size": 32, "cfg_scale": 0.0},
@@ -77,7 +95,7 @@ register_adapter(FamilyAdapter(
     hub_ids=("Dream-org/Dream-v0-Base-7B", "Dream-org/Dream-v0-Instruct-7B"),
     remote_code=True, mask_token="<|mask|>", mask_id=151666, logit_shift=True,
     embed_path="model.embed_tokens", blocks_path="model.layers", final_norm_path="model.norm",
-    head_path="lm_head", chat_template=True,
+    head_path="lm_head", chat_template=True, hub_layout="dream",
     decoding={"policy": "entropy", "steps": 256, "gen_length": 256, "temperature": 0.0,
               "alg_temp": 0.0, "eps": 1e-3},
     likelihood={"estimator": "dream", "mc_num": 128, "batch_size": 32, "eps": 1e-3},
@@ -176,12 +194,35 @@ class LoadedModel:
             kwargs["logits_to_keep"] = need
         out = self.model(input_ids=input_ids, **kwargs)
         logits = out.logits if hasattr(out, "logits") else out[0]
+        if not self.adapter.logit_shift:
+            return logits if keep_last is None else logits[:, -keep_last:]
         if need is not None and need < length:
-            logits = logits[:, -need:]
-            return logits[:, :-1] if self.adapter.logit_shift else logits
-        if self.adapter.logit_shift:
-            logits = torch.cat([logits[:, :1], logits[:, :-1]], dim=1)
-        return logits if keep_last is None else logits[:, -keep_last:]
+            window = logits[:, -need:]             # raw logits of positions [L-K-1, L)
+            shifted, own, start = window[:, :-1], window[:, 1:], length - keep_last
+        else:
+            shifted = torch.cat([logits[:, :1], logits[:, :-1]], dim=1)
+            own, start = logits, 0
+            if keep_last is not None:
+                shifted, own, start = shifted[:, -keep_last:], own[:, -keep_last:], length - keep_last
+        return _first_token_own_logits(shifted, own, attention_mask, start)
+
+
+def _first_token_own_logits(shifted: torch.Tensor, own: torch.Tensor,
+                            attention_mask: torch.Tensor | None, start: int) -> torch.Tensor:
+    """A shifted family reads position i's prediction from i-1; the first token of a sequence
+    has no i-1 and reads its own (the authors' ``cat([logits[:, :1], logits[:, :-1]])``). With
+    left padding a row's first real token would read the pad before it instead; give it its own
+    logits, so a padded row equals the row alone. In place, without a host sync."""
+    if attention_mask is None:
+        return shifted
+    first = attention_mask.long().argmax(-1) - start          # window index of the first token
+    width = shifted.shape[1]
+    inside = (first >= 0) & (first < width)
+    rows = torch.arange(shifted.shape[0], device=shifted.device)
+    col = first.clamp(0, width - 1)
+    own_rows, cur_rows = own[rows, col], shifted[rows, col]
+    shifted[rows, col] = torch.where(inside[:, None], own_rows, cur_rows)
+    return shifted
 
 
 @functools.lru_cache(maxsize=64)
@@ -198,49 +239,112 @@ def _accepts(model: nn.Module, name: str, strict: bool = False) -> bool:
     return name in names or (var_kw and not strict)
 
 
-def _trust_remote_code(adapter: FamilyAdapter, source: str, explicit: bool | None) -> bool:
-    if explicit is not None:
-        return explicit
-    return adapter.remote_code and source in adapter.hub_ids
+LOADERS = ("native", "remote")
 
 
 def load_model(source: str | Path, family: str, dtype: str | torch.dtype = "float32",
-               device: str = "cpu", trust_remote_code: bool | None = None) -> LoadedModel:
-    """Load a checkpoint (hub id or local folder) through its family adapter."""
-    from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoTokenizer
+               device: str = "cpu", trust_remote_code: bool | None = None,
+               loader: str | None = None) -> LoadedModel:
+    """Load a checkpoint (hub id, HF cache or local folder) through its family adapter.
 
+    Hub families load ``native`` by default: the released checkpoint on transformers' own
+    class (``fair_calib.models.hub``), no remote code run. ``loader="remote"`` runs the
+    authors' modeling files instead (transformers 4.x only). Tiny families are native models.
+    """
     adapter = get_adapter(family)
     source = str(source)
-    if Path(source).exists() is False and "/" not in source:
-        raise FileNotFoundError(f"model source {source!r} is neither a local folder nor a hub id")
-    trust = _trust_remote_code(adapter, source, trust_remote_code)
-    if adapter.remote_code and not trust and not Path(source).exists():
-        raise PermissionError(
-            f"{source!r} (family {family!r}) needs trust_remote_code, which is only granted to "
-            f"{list(adapter.hub_ids)}; set trust_remote_code: true in its config entry to allow it")
+    local = Path(source).exists()
+    first = Path(source).parts[0] if Path(source).parts else source
+    if not local and ("/" not in source or source.startswith((".", "/")) or source.count("/") > 1
+                      or Path(first).is_dir()):
+        raise FileNotFoundError(f"model source {source!r} is neither an existing local folder "
+                                f"nor a hub id of the form 'org/name'")
+    loader = loader or "native"
+    if loader not in LOADERS:
+        raise ValueError(f"loader {loader!r} is not one of {list(LOADERS)}")
     torch_dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
-    if (Path(source) / "fair_calib.json").is_file():
-        # An embedded tiny model (``fair_calib.models.tiny``): load its word-level tokenizer as
-        # saved. AutoTokenizer would force the model type's own class for some types (qwen2),
-        # which rebuilds a byte-level BPE and ignores tokenizer.json.
-        from transformers import PreTrainedTokenizerFast
-        tokenizer = PreTrainedTokenizerFast.from_pretrained(source)
+    if loader == "remote":
+        model, tokenizer, config_mask = _load_remote(adapter, source, torch_dtype, trust_remote_code)
+        adapter = with_overrides(adapter, **adapter.remote_paths)
+    elif adapter.hub_layout is not None:
+        model, tokenizer, config_mask = _load_hub_native(adapter, source, torch_dtype)
     else:
-        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust)
-    config = AutoConfig.from_pretrained(source, trust_remote_code=trust)
-    loader = AutoModel if adapter.remote_code else AutoModelForCausalLM
-    model = loader.from_pretrained(source, config=config, dtype=torch_dtype,
-                                   trust_remote_code=trust)
+        model, tokenizer, config_mask = _load_plain(source, torch_dtype)
     model.to(device).eval()
     if hasattr(model.config, "use_cache"):
         model.config.use_cache = False
-    mask_id = adapter.resolve_mask_id(tokenizer)
+    return _wrap(model, tokenizer, adapter, config_mask)
+
+
+def load_model_entry(source: str | Path, entry: dict, dtype: str | torch.dtype = "float32",
+                     device: str = "cpu") -> LoadedModel:
+    """:func:`load_model` with the settings of a config ``models:`` entry."""
+    return load_model(source, entry["family"], dtype, device,
+                      trust_remote_code=entry.get("trust_remote_code"), loader=entry.get("loader"))
+
+
+def _wrap(model, tokenizer, adapter: FamilyAdapter, config_mask: int | None) -> LoadedModel:
+    mask_id = adapter.resolve_mask_id(tokenizer, config_mask)
     pad_id = tokenizer.pad_token_id
     if pad_id is None and adapter.pad_token:
         pad_id = tokenizer.convert_tokens_to_ids(adapter.pad_token)
     eos_id = tokenizer.convert_tokens_to_ids(adapter.eos_token) if adapter.eos_token else tokenizer.eos_token_id
     return LoadedModel(model=model, tokenizer=tokenizer, adapter=adapter, mask_id=int(mask_id),
                        pad_id=int(pad_id if pad_id is not None else eos_id), eos_id=eos_id)
+
+
+def _load_plain(source: str, torch_dtype):
+    """An embedded tiny model (or any native transformers checkpoint)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
+
+    if (Path(source) / "fair_calib.json").is_file():
+        # The embedded tiny model's word-level tokenizer, as saved. AutoTokenizer would force
+        # the model type's own class for some types (qwen2), which rebuilds a byte-level BPE
+        # and ignores tokenizer.json.
+        tokenizer = PreTrainedTokenizerFast.from_pretrained(source)
+    else:
+        tokenizer = AutoTokenizer.from_pretrained(source)
+    model = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype)
+    return model, tokenizer, None
+
+
+def _load_hub_native(adapter: FamilyAdapter, source: str, torch_dtype):
+    from .hub import LAYOUTS, load_hub_tokenizer, load_native_model, read_hub_config
+
+    layout = LAYOUTS[adapter.hub_layout]
+    model = load_native_model(layout, source, torch_dtype)
+    tokenizer = load_hub_tokenizer(layout, source)
+    config_mask = read_hub_config(source).get("mask_token_id")
+    return model, tokenizer, config_mask
+
+
+def _load_remote(adapter: FamilyAdapter, source: str, torch_dtype, trust: bool | None):
+    """The authors' modeling files. They were written for transformers 4.x and fail to load
+    under 5.x (``docs/fidelity.md`` lists how), so 5.x is refused up front."""
+    import transformers
+    from transformers import AutoConfig, AutoModel, AutoTokenizer
+
+    if not adapter.remote_code:
+        raise ValueError(f"family {adapter.name!r} has no remote code; use loader: native")
+    major = int(transformers.__version__.split(".")[0])
+    if major >= 5:
+        raise RuntimeError(
+            f"loader: remote runs the {adapter.name} authors' modeling files, which do not load "
+            f"under transformers {transformers.__version__} (they were written for 4.x; "
+            f"4.57.1 loads them). Use loader: native (the default; numerically the same model, "
+            f"see docs/fidelity.md), or run in an environment with transformers 4.57.1.")
+    if trust is None:
+        trust = source in adapter.hub_ids
+    if not trust:
+        raise PermissionError(
+            f"{source!r} (family {adapter.name!r}) needs trust_remote_code for loader: remote, "
+            f"which is only granted to {list(adapter.hub_ids)}; set trust_remote_code: true in "
+            f"its config entry to allow it")
+    tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=True)
+    config = AutoConfig.from_pretrained(source, trust_remote_code=True)
+    model = AutoModel.from_pretrained(source, config=config, torch_dtype=torch_dtype,
+                                      trust_remote_code=True)
+    return model, tokenizer, getattr(config, "mask_token_id", None)
 
 
 def with_overrides(adapter: FamilyAdapter, **changes: Any) -> FamilyAdapter:

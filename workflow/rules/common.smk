@@ -13,6 +13,16 @@ def _fail(key, value, valid):
     raise ValueError(f"config: {key} = {value!r} is not valid; choose one of {sorted(valid)}")
 
 
+def _check_convert(cfg, name, m):
+    """source: convert writes a trained tiny model in a hub family's checkpoint layout."""
+    if m["family"] not in registry.HUB_FAMILIES:
+        _fail(f"models.{name}.family (source: convert)", m["family"], registry.HUB_FAMILIES)
+    src = m.get("convert_from")
+    trained_models = [k for k, v in cfg["models"].items() if v["source"] == "train"]
+    if src not in trained_models:
+        _fail(f"models.{name}.convert_from", src, trained_models)
+
+
 def check_config(cfg):
     """Cross-reference checks the JSON schema cannot express. Every error names the key."""
     for name, m in cfg["models"].items():
@@ -20,6 +30,10 @@ def check_config(cfg):
             _fail(f"models.{name}.family", m["family"], registry.FAMILIES)
         if m["source"] == "train" and not m["family"].startswith("tiny-"):
             raise ValueError(f"config: models.{name}.source = 'train' is only valid for tiny families")
+        if m["source"] == "convert":
+            _check_convert(cfg, name, m)
+        elif "convert_from" in m:
+            raise ValueError(f"config: models.{name}.convert_from is only read with source: convert")
     for name in cfg["bits"]:
         if not re.fullmatch(r"w\d+a\d+", name):
             raise ValueError(f"config: bits.{name}: names must look like w4a4 (weights/activations)")
@@ -88,7 +102,7 @@ def check_config(cfg):
 
 
 MEMORY_TABLES = ("calib_memory", "deploy_memory")
-RULES_WITH_RESOURCES = ("make_data", "train_tiny", "probe_shard", "prior", "calibrate",
+RULES_WITH_RESOURCES = ("make_data", "train_tiny", "convert_hub", "probe_shard", "prior", "calibrate",
                         "evaluate_shard", "gather_eval", "trajectories", "diagnose", "figures",
                         "table")
 check_config(config)
@@ -128,14 +142,23 @@ def trained(model):
     return config["models"][model]["source"] == "train"
 
 
+def converted(model):
+    return config["models"][model]["source"] == "convert"
+
+
 def model_dir(model):
     src = config["models"][model]["source"]
-    return f"resources/models/{model}" if src == "train" else src
+    if src == "train":
+        return f"resources/models/{model}"
+    return f"resources/hub/{model}" if src == "convert" else src
 
 
 def model_input(wc):
-    """A trained tiny model is a file input; a hub id or external folder is not tracked."""
-    return [f"resources/models/{wc.model}"] if trained(wc.model) else []
+    """A trained tiny model or its hub-layout copy is a file input; a hub id or external
+    folder is not tracked."""
+    if trained(wc.model) or converted(wc.model):
+        return [model_dir(wc.model)]
+    return []
 
 
 SYNTHETIC_FILES = ["train.txt", "calib.jsonl", "probe.jsonl", "facts.jsonl", "synth_mc.jsonl",

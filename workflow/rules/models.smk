@@ -34,3 +34,21 @@ rule train_tiny:
     shell:
         "OMP_NUM_THREADS={threads} {PY} train-tiny --settings {params.settings:q}"
         " --data {params.data} --out {output} > {log} 2>&1"
+
+
+rule convert_hub:
+    """A trained tiny model written in a hub family's checkpoint layout (config.json field
+    names, safetensors key names, special tokens): the real-checkpoint code path on CPU."""
+    input:
+        lambda wc: f"resources/models/{config['models'][wc.model]['convert_from']}",
+    output:
+        directory("resources/hub/{model}"),
+    params:
+        family=lambda wc: config["models"][wc.model]["family"],
+    log:
+        "logs/convert_hub/{model}.log",
+    threads: 1
+    resources:
+        **resources_for("convert_hub"),
+    shell:
+        "{PY} convert-hub --src {input} --family {params.family} --out {output} > {log} 2>&1"

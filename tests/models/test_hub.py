@@ -1,0 +1,163 @@
+"""Released LLaDA / Dream checkpoints on transformers' native classes (fair_calib.models.hub).
+
+Hand-built folders in the hub's layout (tests/fixtures/hub_checkpoints.py) are loaded through
+``load_model`` and compared with a forward the test computes from the same weights."""
+import json
+
+import pytest
+import torch
+import transformers
+
+from fixtures.hub_checkpoints import (dream_checkpoint, llada_checkpoint, llada_config,
+                                      reference_logits)
+from fair_calib.models.adapters import load_model
+from fair_calib.models.hub import DREAM_LAYOUT, LLADA_LAYOUT, HubConfigError, save_hub_layout
+
+CHECKPOINTS = {"llada": llada_checkpoint, "dream": dream_checkpoint}
+
+
+def _ids(n_rows=2, n=11, seed=1):
+    return torch.randint(0, 90, (n_rows, n), generator=torch.Generator().manual_seed(seed))
+
+
+def _shifted(raw):
+    return torch.cat([raw[:, :1], raw[:, :-1]], dim=1)
+
+
+@pytest.mark.parametrize("family", ["llada", "dream"])
+def test_native_forward_equals_the_authors_arithmetic(family, tmp_path):
+    cfg, state = CHECKPOINTS[family](tmp_path / family)
+    lm = load_model(tmp_path / family, family)
+    ids = _ids()
+    with torch.no_grad():
+        got = lm.logits(ids)
+    raw = reference_logits(family, cfg, state, ids)
+    want = _shifted(raw) if family == "dream" else raw     # Dream's shift, exactly once
+    assert got.shape == (2, 11, 96)
+    assert (got - want).abs().max() <= 1e-4 * want.abs().max()
+
+
+def test_llada_grouped_query_heads(tmp_path):
+    cfg, state = llada_checkpoint(tmp_path / "gqa", kv_heads=2)
+    lm = load_model(tmp_path / "gqa", "llada")
+    ids = _ids()
+    with torch.no_grad():
+        got = lm.logits(ids)
+    want = reference_logits("llada", cfg, state, ids)
+    assert (got - want).abs().max() <= 1e-4 * want.abs().max()
+
+
+@pytest.mark.parametrize("family", ["llada", "dream"])
+def test_bf16_checkpoint_loads_in_bf16_within_bf16_noise(family, tmp_path):
+    cfg, state = CHECKPOINTS[family](tmp_path / family, dtype=torch.bfloat16)
+    lm = load_model(tmp_path / family, family, dtype="bfloat16")
+    assert {p.dtype for p in lm.model.parameters()} == {torch.bfloat16}
+    ids = _ids()
+    with torch.no_grad():
+        got = lm.logits(ids).float()
+    raw = reference_logits(family, cfg, {k: v.bfloat16() for k, v in state.items()}, ids)
+    want = _shifted(raw) if family == "dream" else raw
+    # bf16 keeps 8 bits of mantissa; two blocks of bf16 matmuls stay within a few percent.
+    assert (got - want).abs().max() <= 0.05 * want.abs().max()
+
+
+@pytest.mark.parametrize("family", ["llada", "dream"])
+def test_left_padded_rows_equal_the_rows_alone(family, tmp_path):
+    cfg, state = CHECKPOINTS[family](tmp_path / family)
+    lm = load_model(tmp_path / family, family)
+    rows = [_ids(1, n, seed=n)[0] for n in (11, 7, 4)]
+    batch = torch.full((3, 11), lm.pad_id)
+    keep = torch.zeros(3, 11, dtype=torch.long)
+    for r, row in enumerate(rows):
+        batch[r, 11 - len(row):] = row
+        keep[r, 11 - len(row):] = 1
+    with torch.no_grad():
+        padded = lm.logits(batch, attention_mask=keep)
+        for r, row in enumerate(rows):
+            alone = lm.logits(row[None])
+            assert torch.allclose(padded[r, 11 - len(row):], alone[0], atol=1e-5), (family, r)
+    raw = reference_logits(family, cfg, state, batch, keep)
+    want = _shifted(raw) if family == "dream" else raw.clone()
+    for r, row in enumerate(rows):              # a first token reads its own logits
+        want[r, 11 - len(row)] = raw[r, 11 - len(row)]
+    real = keep.bool()
+    assert (padded[real] - want[real]).abs().max() <= 1e-4 * want.abs().max()
+
+
+@pytest.mark.parametrize("family", ["llada", "dream"])
+def test_mask_eos_and_pad_come_from_the_checkpoint(family, tmp_path):
+    CHECKPOINTS[family](tmp_path / family)
+    lm = load_model(tmp_path / family, family)
+    assert lm.mask_id == 93
+    assert lm.eos_id == (92 if family == "llada" else 90)   # <|eot_id|> / <|endoftext|>
+    assert lm.pad_id == 90
+
+
+def test_round_trip_of_a_native_model_through_the_hub_layout(tmp_path):
+    cfg, state = llada_checkpoint(tmp_path / "a")
+    lm = load_model(tmp_path / "a", "llada")
+    save_hub_layout(lm.model, LLADA_LAYOUT, tmp_path / "b", max_shard_bytes=4096)
+    written = json.loads((tmp_path / "b" / "model.safetensors.index.json").read_text())
+    assert set(written["weight_map"]) == set(state)        # the authors' key names exactly
+    hub_cfg = json.loads((tmp_path / "b" / "config.json").read_text())
+    for key in ("d_model", "n_heads", "n_kv_heads", "n_layers", "mlp_hidden_size", "rope_theta",
+                "rms_norm_eps", "block_type", "activation_type", "weight_tying"):
+        assert hub_cfg[key] == cfg[key], key
+
+
+@pytest.mark.parametrize("field,value", [("block_type", "sequential"), ("scale_logits", True),
+                                         ("include_qkv_bias", True), ("activation_type", "swiglu"),
+                                         ("input_emb_norm", True)])
+def test_llada_config_the_native_class_cannot_reproduce_is_refused(field, value, tmp_path):
+    llada_checkpoint(tmp_path / "m")
+    cfg = llada_config()
+    cfg[field] = value
+    (tmp_path / "m" / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(HubConfigError, match=field):
+        load_model(tmp_path / "m", "llada")
+
+
+def test_a_missing_tensor_is_named_not_initialised(tmp_path):
+    from safetensors.torch import load_file, save_file
+    llada_checkpoint(tmp_path / "m")
+    shard = tmp_path / "m" / "model-00002-of-00002.safetensors"
+    tensors = load_file(str(shard))
+    dropped = sorted(tensors)[0]
+    del tensors[dropped]
+    save_file(tensors, str(shard), metadata={"format": "pt"})
+    with pytest.raises(HubConfigError, match="missing"):
+        load_model(tmp_path / "m", "llada")
+
+
+def test_wrong_family_names_the_model_type(tmp_path):
+    dream_checkpoint(tmp_path / "d")
+    with pytest.raises(HubConfigError, match="model_type='Dream'"):
+        load_model(tmp_path / "d", "llada")
+
+
+def test_remote_loader_is_refused_under_transformers_5_naming_the_version(tmp_path):
+    llada_checkpoint(tmp_path / "m")
+    if int(transformers.__version__.split(".")[0]) < 5:
+        pytest.skip("the refusal is for transformers 5")
+    with pytest.raises(RuntimeError, match=transformers.__version__):
+        load_model(tmp_path / "m", "llada", loader="remote")
+
+
+def test_a_missing_local_folder_is_not_taken_for_a_hub_id(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "resources").mkdir()
+    with pytest.raises(FileNotFoundError, match="neither"):
+        load_model("resources/llada", "llada")
+
+
+def test_window_logits_of_a_padded_shifted_batch_equal_the_full_ones(tmp_path):
+    dream_checkpoint(tmp_path / "d")
+    lm = load_model(tmp_path / "d", "dream")
+    batch = _ids(2, 9)
+    keep = torch.ones_like(batch)
+    keep[1, :5] = 0                             # row 1's first token sits inside the window
+    with torch.no_grad():
+        full = lm.logits(batch, attention_mask=keep)
+        for k in (3, 4, 5, 9):
+            assert torch.allclose(lm.logits(batch, attention_mask=keep, keep_last=k),
+                                  full[:, -k:], atol=1e-6), k
