@@ -161,3 +161,23 @@ def test_window_logits_of_a_padded_shifted_batch_equal_the_full_ones(tmp_path):
         for k in (3, 4, 5, 9):
             assert torch.allclose(lm.logits(batch, attention_mask=keep, keep_last=k),
                                   full[:, -k:], atol=1e-6), k
+
+
+@pytest.mark.parametrize("family,hub_id", [("llada", "GSAI-ML/LLaDA-8B-Base"),
+                                           ("dream", "Dream-org/Dream-v0-Base-7B")])
+def test_hub_id_loads_offline_from_a_hugging_face_cache(family, hub_id, tmp_path):
+    """The cluster path: a pre-downloaded HF cache, HF_HUB_OFFLINE=1, the real hub id."""
+    import os
+    import subprocess
+    import sys
+    cache = tmp_path / "hub"
+    snap = cache / f"models--{hub_id.replace('/', '--')}" / "snapshots" / ("0" * 40)
+    CHECKPOINTS[family](snap)
+    (snap.parents[1] / "refs").mkdir()
+    (snap.parents[1] / "refs" / "main").write_text("0" * 40)
+    env = {**os.environ, "HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1"}
+    code = ("from fair_calib.models.adapters import load_model; "
+            f"lm = load_model({hub_id!r}, {family!r}); print(lm.mask_id, len(lm.blocks))")
+    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert res.stdout.split()[-2:] == ["93", "2"]
