@@ -124,7 +124,7 @@ def _flush(folder: Path, shards: list, save_file, last: bool = False) -> None:
     (folder / "model.safetensors.index.json").write_text(json.dumps(index))
 
 
-def measure(family: str, folder: Path, smoke: bool) -> None:
+def measure(family: str, folder: Path, smoke: bool, skip_calibration: bool = False) -> None:
     from fair_calib.models.hub import load_native_model
 
     from transformers import LlamaForCausalLM, Qwen2ForCausalLM  # noqa: F401  (imports not timed)
@@ -135,16 +135,33 @@ def measure(family: str, folder: Path, smoke: bool) -> None:
     t0 = time.perf_counter()
     model = load_native_model(layout, str(folder), torch.bfloat16).eval()
     load_s = time.perf_counter() - t0
+    lazy = {"rss_gb": rss_gb(), "peak_rss_gb": peak_rss_gb()}
+    # transformers may leave the tensors memory-mapped: reading every byte once is what makes
+    # the weights resident, so the load is timed and measured up to that point.
+    touched = sum(_checksum(p) for p in model.parameters())
+    read_s = time.perf_counter() - t0
     dtypes = sorted({str(p.dtype) for p in model.parameters()})
-    emit({"kind": "load", "family": family, "seconds": load_s, "weights_gb": weight_bytes / 2**30,
-          "rss_before_gb": before, "peak_rss_gb": peak_rss_gb(), "rss_after_gb": rss_gb(),
-          "peak_over_weights": (peak_rss_gb() - before) / (weight_bytes / 2**30),
-          "param_dtypes": dtypes, "n_params_b": sum(p.numel() for p in model.parameters()) / 1e9})
+    gb = weight_bytes / 2**30
+    emit({"kind": "load", "family": family, "from_pretrained_s": load_s,
+          "with_every_byte_read_s": read_s, "weights_gb": gb, "rss_before_gb": before,
+          "after_from_pretrained": lazy, "rss_after_read_gb": rss_gb(),
+          "peak_rss_gb": peak_rss_gb(), "peak_over_weights": (peak_rss_gb() - before) / gb,
+          "param_dtypes": dtypes, "checksum": touched,
+          "n_params_b": sum(p.numel() for p in model.parameters()) / 1e9})
     cfg = json.loads((folder / "config.json").read_text())
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     decode_step(family, model, cfg["mask_token_id"], dev, smoke)
+    if skip_calibration:
+        return
     calibration_block(family, model, cfg["mask_token_id"], dev, smoke,
                       vocab=int(cfg["vocab_size"]))
+
+
+def _checksum(p: torch.Tensor, chunk: int = 1 << 24) -> int:
+    """Reads every byte of ``p``; in chunks, so the int64 accumulation of a 4 GB embedding
+    does not allocate a 4 GB temporary (which would count as load memory)."""
+    flat = p.detach().reshape(-1).view(torch.int16)
+    return sum(int(flat[i:i + chunk].sum()) for i in range(0, flat.numel(), chunk))
 
 
 def _loaded(family, model, mask_id):
@@ -204,15 +221,17 @@ def main(argv=None) -> None:
     ap.add_argument("--dir", type=Path, required=True)
     ap.add_argument("--smoke", action="store_true", help="toy shape, CPU")
     ap.add_argument("--step", choices=["all", "write", "measure"], default="all")
+    ap.add_argument("--skip-calibration", action="store_true")
     args = ap.parse_args(argv)
     if args.step in ("all", "write") and not (args.dir / "config.json").exists():
         write(args.family, args.dir, args.smoke)
     if args.step == "all":       # measure in a fresh process: its peak RSS is the load's own
         cmd = [sys.executable, __file__, "--family", args.family, "--dir", str(args.dir),
-               "--step", "measure"] + (["--smoke"] if args.smoke else [])
+               "--step", "measure"] + (["--smoke"] if args.smoke else []) + \
+            (["--skip-calibration"] if args.skip_calibration else [])
         subprocess.run(cmd, check=True)
     elif args.step == "measure":
-        measure(args.family, args.dir, args.smoke)
+        measure(args.family, args.dir, args.smoke, args.skip_calibration)
 
 
 if __name__ == "__main__":
