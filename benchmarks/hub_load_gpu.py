@@ -72,7 +72,6 @@ def hub_config(family: str, smoke: bool) -> dict:
 def write(family: str, folder: Path, smoke: bool, shard_gb: float = 5.0) -> None:
     """Random bf16 tensors under the hub's names, one shard in memory at a time."""
     from safetensors.torch import save_file
-    from transformers import AutoModelForCausalLM  # noqa: F401  (registers the classes)
 
     layout = LAYOUTS[family]
     cfg = hub_config(family, smoke)

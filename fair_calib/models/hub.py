@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -44,7 +44,6 @@ class HubLayout:
     # For folders without tokenizer.json (Dream ships vocab.json + merges.txt and a remote-code
     # tokenizer class): the transformers class that builds the same tokenizer.
     tokenizer_class: str | None = None
-    hub_files: dict[str, Any] = field(default_factory=dict)  # extra hub config.json fields
 
     # ------------------------------------------------------------------ key names
     def _rules(self, forward: bool) -> list[tuple[re.Pattern, str]]:

@@ -11,7 +11,7 @@ import transformers
 from fixtures.hub_checkpoints import (dream_checkpoint, llada_checkpoint, llada_config,
                                       reference_logits)
 from fair_calib.models.adapters import load_model
-from fair_calib.models.hub import DREAM_LAYOUT, LLADA_LAYOUT, HubConfigError, save_hub_layout
+from fair_calib.models.hub import LLADA_LAYOUT, HubConfigError, save_hub_layout
 
 CHECKPOINTS = {"llada": llada_checkpoint, "dream": dream_checkpoint}
 
