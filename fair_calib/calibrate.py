@@ -154,9 +154,24 @@ def _eval_loss(block, inputs, targets, w, amp: torch.dtype | None = None) -> flo
     return float(tot) / len(inputs)
 
 
+def _make_optimizer(method: QuantMethod, block: nn.Module, tr: dict[str, Any], steps: int):
+    """AdamW over the method's parameter groups, cosine schedule over ``steps`` to
+    ``lr * eta_min_ratio`` (one absolute floor for every group, as FlatQuant's
+    ``CosineAnnealingLR(eta_min=flat_lr * 1e-3)``)."""
+    groups = method.param_groups(block, tr["lr"])
+    params = [p for g in groups for p in g["params"]]
+    fused = bool(params) and all(p.is_cuda for p in params)   # one kernel per step
+    opt = torch.optim.AdamW(groups, lr=tr["lr"], weight_decay=tr["weight_decay"],
+                            fused=fused or None)
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(
+        opt, T_max=steps, eta_min=tr["lr"] * tr.get("eta_min_ratio", 0.0))
+    return opt, sched
+
+
 def _train_block(method: QuantMethod, block: nn.Module, inputs: BlockInputs, targets, w,
-                 block_index: int, epochs: int, lr: float, weight_decay: float, seed: int,
+                 block_index: int, tr: dict[str, Any], seed: int,
                  device: torch.device, log, amp: torch.dtype | None = None) -> list[dict[str, Any]]:
+    epochs = tr["epochs"]
     params = method.parameters(block)
     rows = []
     t0 = time.time()
@@ -167,10 +182,7 @@ def _train_block(method: QuantMethod, block: nn.Module, inputs: BlockInputs, tar
                  "peak_mem_mb": peak_memory_mb(device)})
     if not params or epochs <= 0:
         return rows
-    fused = all(p.is_cuda for p in params)   # one kernel per step instead of one per tensor
-    opt = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, fused=fused or None)
-    total = epochs * len(inputs)
-    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=total, eta_min=0.0)
+    opt, sched = _make_optimizer(method, block, tr, epochs * len(inputs))
     gen = torch.Generator().manual_seed(seed * 7919 + block_index)
     transforms = [m for m in block.modules() if isinstance(m, AffineTransform)]
     factors = [m for m in block.modules() if isinstance(m, InvertibleFactor)]
@@ -182,7 +194,9 @@ def _train_block(method: QuantMethod, block: nn.Module, inputs: BlockInputs, tar
         for ep in range(epochs):
             t0 = time.time()
             tot = torch.zeros((), dtype=torch.float64, device=targets[0].device)
-            for b in torch.randperm(len(inputs), generator=gen).tolist():
+            order = (torch.randperm(len(inputs), generator=gen).tolist() if tr.get("shuffle", True)
+                     else range(len(inputs)))   # FlatQuant: in order
+            for b in order:
                 for t in transforms:      # matrices are rebuilt once per step and group
                     t.clear_cache()
                 with torch.enable_grad():
@@ -190,7 +204,8 @@ def _train_block(method: QuantMethod, block: nn.Module, inputs: BlockInputs, tar
                         out = call_block(block, inputs, b)
                         loss = weighted_mse(out, targets[b], w)
                     opt.zero_grad(set_to_none=True)
-                    loss.backward()
+                    # FlatQuant divides the loss by its detached value (unit-size gradients)
+                    (loss / loss.detach() if tr.get("normalize_loss") else loss).backward()
                 grads = [p.grad for p in params if p.grad is not None]
                 flags = torch.stack([torch.isfinite(loss.detach())]
                                     + [torch.isfinite(g).all() for g in grads]).double()
@@ -332,8 +347,8 @@ def calibrate(loaded, method: QuantMethod, input_ids: torch.Tensor, out_dir: str
         else:
             method.quantize_block(block, groups, gstats, i)
             if method.trainable:
-                rows = _train_block(method, block, inputs, targets, w, i, tr["epochs"], tr["lr"],
-                                    tr["weight_decay"], method.seed, device, log, amp_dtype)
+                rows = _train_block(method, block, inputs, targets, w, i, tr, method.seed,
+                                    device, log, amp_dtype)
             else:
                 t0 = time.time()
                 loss = _eval_loss(block, inputs, targets, w, amp_dtype)

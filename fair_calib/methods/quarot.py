@@ -25,102 +25,14 @@ import torch
 from torch import nn
 
 from ..quant.blockio import call_block, capture_block_inputs
-from ..quant.discovery import discover_groups, get_submodule
+from ..quant.discovery import get_submodule
+from ..quant.trace import head_dim as _head_dim
+from ..quant.trace import trace_block
 from ..quant.gptq import gptq_quantize
 from ..quant.hadamard import KronRotation
 from ..quant.qlinear import InputQuant, QuantLinear
 from ..quant.quantizers import ActQuantizer, WeightQuantizer
 from .base import QuantMethod
-
-
-def _head_dim(config) -> int:
-    for attr in ("head_dim",):
-        v = getattr(config, attr, None)
-        if isinstance(v, int) and v > 0:
-            return v
-    for h, n in (("hidden_size", "num_attention_heads"), ("d_model", "n_heads")):
-        hv, nv = getattr(config, h, None), getattr(config, n, None)
-        if isinstance(hv, int) and isinstance(nv, int) and nv > 0:
-            return hv // nv
-    raise ValueError("cannot read the attention head dimension from the model config")
-
-
-def _is_rmsnorm_like(mod: nn.Module, dim: int) -> bool:
-    w = getattr(mod, "weight", None)
-    b = getattr(mod, "bias", None)
-    return (isinstance(w, torch.Tensor) and w.dim() == 1 and w.shape[0] == dim
-            and not isinstance(mod, nn.Linear) and b is None)
-
-
-@torch.no_grad()
-def trace_block(block: nn.Module, run) -> dict[str, Any]:
-    """Groups, the module producing each group's input, and which linears are v / o."""
-    producers: dict[int, tuple[torch.Tensor, str]] = {}
-    handles = []
-    for name, mod in block.named_modules():
-        if name and not isinstance(mod, nn.Linear):
-            def hook(_m, _a, out, name=name):
-                if isinstance(out, torch.Tensor):
-                    producers[id(out)] = (out, name)
-            handles.append(mod.register_forward_hook(hook))
-    group_inputs: dict[str, torch.Tensor] = {}
-
-    def pre(_m, args, name):
-        group_inputs.setdefault(name, args[0])
-
-    linears = {n: m for n, m in block.named_modules() if isinstance(m, nn.Linear)}
-    for n, m in linears.items():
-        handles.append(m.register_forward_pre_hook(lambda mod, args, n=n: pre(mod, args, n)))
-    try:
-        groups = discover_groups(block, run)
-    finally:
-        for h in handles:
-            h.remove()
-    producer = []
-    for g in groups:
-        x = group_inputs[g.names[0]]
-        rec = producers.get(id(x))
-        producer.append(rec[1] if rec is not None and rec[0] is x else None)
-    # value projection / o-projection: scale each q/k/v member's output by 2
-    norm_fed = [j for j, p in enumerate(producer)
-                if p is not None and _is_rmsnorm_like(get_submodule(block, p), groups[j].in_features)]
-    internal = [j for j in range(len(groups)) if j not in norm_fed]
-    v_name = o_group = None
-    base_inputs: dict[str, torch.Tensor] = {}
-    hk = [linears[groups[j].names[0]].register_forward_pre_hook(
-        lambda m, a, j=j: base_inputs.__setitem__(groups[j].names[0], a[0].clone())) for j in internal]
-    try:
-        run()
-    finally:
-        for h in hk:
-            h.remove()
-    for j in norm_fed:
-        if len(groups[j].names) < 2:
-            continue
-        for cand in groups[j].names:
-            seen: dict[str, torch.Tensor] = {}
-            h1 = linears[cand].register_forward_hook(lambda m, a, out: out * 2)
-            hs = [linears[groups[k].names[0]].register_forward_pre_hook(
-                lambda m, a, k=k: seen.__setitem__(groups[k].names[0], a[0].clone())) for k in internal]
-            try:
-                run()
-            finally:
-                h1.remove()
-                for h in hs:
-                    h.remove()
-            for k in internal:
-                key = groups[k].names[0]
-                b0, b1 = base_inputs[key], seen[key]
-                if b0.abs().max() > 0 and torch.allclose(b1, 2 * b0, rtol=1e-4, atol=1e-6) \
-                        and not torch.allclose(b1, b0):
-                    v_name, o_group = cand, k
-                    break
-            if v_name is not None:
-                break
-        if v_name is not None:
-            break
-    return {"groups": groups, "producer": producer, "norm_fed": norm_fed, "internal": internal,
-            "v_name": v_name, "o_group": o_group}
 
 
 class QuaRotMethod(QuantMethod):
