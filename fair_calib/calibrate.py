@@ -346,6 +346,11 @@ def calibrate(loaded, method: QuantMethod, input_ids: torch.Tensor, out_dir: str
             log(f"block {i}: resumed from {path}")
         else:
             method.quantize_block(block, groups, gstats, i)
+
+            def run_batch(b, block=block):
+                with torch.no_grad(), _autocast(device, amp_dtype or torch.bfloat16, amp):
+                    return call_block(block, inputs, b)
+            method.fit_block(block, groups, inputs, i, run_batch)
             if method.trainable:
                 rows = _train_block(method, block, inputs, targets, w, i, tr, method.seed,
                                     device, log, amp_dtype)
@@ -365,7 +370,8 @@ def calibrate(loaded, method: QuantMethod, input_ids: torch.Tensor, out_dir: str
                                                          "stats": rows,
                                                          "groups": groups_to_json(groups)})
         if propagate == "quant" and method.quantizes:
-            with torch.no_grad(), _autocast(device, amp_dtype or torch.bfloat16, amp):
+            with torch.no_grad(), _autocast(device, amp_dtype or torch.bfloat16, amp), \
+                    method.propagation(block):
                 nxt = [call_block(block, inputs, b).detach().to(store_dtype)
                        for b in range(len(inputs))]
         else:

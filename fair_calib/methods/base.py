@@ -8,6 +8,7 @@ hands it (per-channel input maxima, optionally input Hessians).
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -101,6 +102,16 @@ class QuantMethod:
     def param_groups(self, block: nn.Module, lr: float) -> list[dict[str, Any]]:
         """AdamW parameter groups of a wrapped block (default: one group at ``lr``)."""
         return [{"params": self.parameters(block), "lr": lr}]
+
+    def fit_block(self, block: nn.Module, groups: list[LinearGroup], inputs, block_index: int,
+                  run) -> None:
+        """Data-driven fitting of a wrapped block before its loss is read (QuaRot: sequential
+        GPTQ). ``run(b)`` calls the block on micro-batch b (no grad, the driver's autocast)."""
+
+    def propagation(self, block: nn.Module):
+        """Context in which the driver computes a block's outputs for the next block with
+        ``propagate: quant`` (QuaRot: activation quantizers off)."""
+        return contextlib.nullcontext()
 
     def parameters(self, block: nn.Module) -> list[nn.Parameter]:
         """Calibrated parameters of a wrapped block (deduplicated, requires_grad)."""

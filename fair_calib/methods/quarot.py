@@ -19,6 +19,7 @@ FP block inputs, not from the partially quantized block (no sequential in-block 
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -28,7 +29,7 @@ from ..quant.blockio import call_block, capture_block_inputs
 from ..quant.discovery import get_submodule
 from ..quant.trace import head_dim as _head_dim
 from ..quant.trace import trace_block
-from ..quant.gptq import gptq_quantize
+from ..quant.gptq import gptq_quantize, mse_clip_scale
 from ..quant.hadamard import KronRotation
 from ..quant.qlinear import InputQuant, QuantLinear
 from ..quant.quantizers import ActQuantizer, WeightQuantizer
@@ -37,7 +38,7 @@ from .base import QuantMethod
 
 class QuaRotMethod(QuantMethod):
     type_name = "quarot"
-    needs_hessian = True
+    needs_hessian = False      # Hessians come from the sequential pass (fit_block)
 
     def __init__(self, cfg, w_bits, a_bits, seed=0):
         super().__init__(cfg, w_bits, a_bits, seed)
@@ -60,7 +61,7 @@ class QuaRotMethod(QuantMethod):
         probe_ids = torch.arange(8, device=device).unsqueeze(0) % embed.weight.shape[0]
         inputs = capture_block_inputs(model, blocks[0], probe_ids, 1, device=device,
                                       hidden_dtype=embed.weight.dtype)
-        hd = _head_dim(model.config)
+        hd = self._head_dim = _head_dim(model.config)
 
         # embeddings
         embed.weight.copy_((embed.weight.double() @ Q).to(embed.weight.dtype))
@@ -104,43 +105,92 @@ class QuaRotMethod(QuantMethod):
         fnorm.weight.fill_(1.0)   # an LM-head bias is output-side: unaffected by the rotation
 
     # ---------------------------------------------------------------- block quantization
+    def training_settings(self):
+        s = super().training_settings()
+        s["propagate"] = str(self.cfg.get("propagate", "quant"))   # gptq_fwrd: inps, outs swap
+        return s
+
     def make_input_quant(self, group, j, stats, block, block_index):
         tr = self._traces.get(block_index)
         if tr is None:
             raise RuntimeError("QuaRot: prepare_model must run before quantize_block")
-        act = ActQuantizer(self.a_bits, clip_ratio=float(self.cfg.get("a_clip_ratio", 0.9)))
+        act = ActQuantizer(self.a_bits, clip_ratio=float(self.cfg.get("a_clip_ratio", 1.0)))
         rot = None
-        if j in tr["internal"] and j != tr["o_group"] and bool(self.cfg.get("online_hadamard", True)):
-            gen = torch.Generator().manual_seed(self.seed * 65_537 + 1000 + block_index)
-            rot = KronRotation(group.in_features, gen)
+        if j in tr["internal"] and bool(self.cfg.get("online_hadamard", True)):
+            if j == tr["o_group"]:
+                # online_partial_had: a Hadamard across heads (the head_dim one is in v/o)
+                hd = self._head_dim
+                rot = KronRotation(group.in_features, None, signs=False,
+                                   split=(group.in_features // hd, hd), right=False)
+            else:
+                rot = KronRotation(group.in_features, None, signs=False)   # online_full_had
         return InputQuant(group.in_features, act, online_rotation=rot)
 
     def make_weight_quant(self, name, linear, inq, stats):
         return WeightQuantizer(linear.out_features, self.w_bits)
 
+    @contextmanager
+    def propagation(self, block):
+        """QuaRot runs GPTQ (and propagates its outputs) before it configures the activation
+        quantizers: weights quantized, activations in full precision."""
+        acts = [m for m in block.modules() if isinstance(m, ActQuantizer)]
+        saved = [a.enabled for a in acts]
+        for a in acts:
+            a.enabled = False
+        try:
+            yield
+        finally:
+            for a, e in zip(acts, saved):
+                a.enabled = e
+
     @torch.no_grad()
-    def after_wrap(self, block, groups, stats, block_index) -> None:
+    def fit_block(self, block, groups, inputs, block_index, run) -> None:
+        """QuaRot's sequential GPTQ (``gptq_fwrd``): group by group in execution order
+        (q/k/v, o, gate/up, down), each group's Hessian from the block run with the earlier
+        groups already quantized (activations in full precision), inputs after the online
+        rotation; then its linears are quantized. ``run(b)`` calls the block on micro-batch b."""
         if not (0 < self.w_bits < 16):
             return
-        damp = float(self.cfg.get("damp", 0.01))
-        for j, g in enumerate(groups):
-            H = stats[j].hessian
-            if H is None:
-                raise RuntimeError("QuaRot needs input Hessians")
-            first = get_submodule(block, g.names[0])
-            H = H.to(first.weight.device)
-            if first.inq is not None and first.inq.rotation is not None:
-                HR = first.inq.rotation.rotate(H)          # H R
-                H = first.inq.rotation.rotate(HR.T)        # R^T H R (H symmetric)
-            for n in g.names:
-                ql: QuantLinear = get_submodule(block, n)
-                w = ql.linear.weight.double()
-                if ql.inq is not None:
-                    w = ql.inq.weight_inverse(w)
-                codes, scale = gptq_quantize(w, H, self.w_bits, damp=damp,
-                                             clip_ratio=float(self.cfg.get("w_clip_ratio", 1.0)))
-                ql.w_quant = (codes.float() * scale).to(w.device)
-                ql._gptq = (codes.cpu(), scale.cpu())
+        with self.propagation(block):
+            for g in groups:
+                H = self._group_hessian(block, g, len(inputs), run)
+                for n in g.names:
+                    self._gptq(get_submodule(block, n), H)
+
+    def _group_hessian(self, block, group, n_batches, run) -> torch.Tensor:
+        first: QuantLinear = get_submodule(block, group.names[0])
+        acc: list[torch.Tensor] = []
+
+        def hook(_m, args):
+            x = args[0].detach().float().reshape(-1, args[0].shape[-1]).double()
+            h = x.T @ x
+            if acc:
+                acc[0] += h
+            else:
+                acc.append(h)
+        handle = first.register_forward_pre_hook(hook)
+        try:
+            for b in range(n_batches):
+                run(b)
+        finally:
+            handle.remove()
+        H = acc[0]
+        if first.inq is not None and first.inq.rotation is not None:
+            HR = first.inq.rotation.rotate(H)          # H R
+            H = first.inq.rotation.rotate(HR.T)        # R^T H R (H symmetric)
+        return H
+
+    def _gptq(self, ql: QuantLinear, H: torch.Tensor) -> None:
+        w = ql.linear.weight.double()
+        if ql.inq is not None:
+            w = ql.inq.weight_inverse(w)
+        scale = None
+        if bool(self.cfg.get("w_clip", True)):
+            scale = mse_clip_scale(w.float(), self.w_bits)
+        codes, scale = gptq_quantize(w, H, self.w_bits, damp=float(self.cfg.get("damp", 0.01)),
+                                     scale=scale)
+        ql.w_quant = (codes.float() * scale).to(w.device)
+        ql._gptq = (codes.cpu(), scale.cpu())
 
     def extra_linear_state(self, name, ql):
         if ql.w_quant is None:
