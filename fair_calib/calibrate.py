@@ -9,8 +9,12 @@ For every transformer block, in order:
    for FAIR-Calib) with AdamW and a cosine schedule;
 4. the block's parameters go to ``blocks/{i}.safetensors`` (atomic); a rerun resumes after the
    last finished block (its recorded settings must match);
-5. the next block is fed the FP outputs (``propagate: fp``, FlatQuant) or the quantized outputs
-   (``propagate: quant``).
+5. the next block is fed the FP outputs (``propagate: fp``, FlatQuant), or the quantized outputs
+   (``propagate: quant``: targets are then the FP block's outputs on those quantized inputs;
+   QuaRot's and QDrop's loops), or the quantized outputs with the FP teacher's hidden states as
+   targets (``propagate: teacher``, FAIR-Calib's Eq. layerwise_loss: h^q_l(x; theta_<=l) of the
+   quantized model with earlier blocks calibrated and frozen, against h*_l(x) of the FP model;
+   a second, FP stream is carried; input statistics come from the quantized stream).
 Finally ``stats.parquet``, ``params.safetensors`` and, last, ``meta.json`` are written; the output
 is complete only once ``meta.json`` exists.
 """
@@ -46,6 +50,7 @@ def stats_schema():
     return pa.schema([("block", pa.int32()), ("epoch", pa.int32()), ("loss", pa.float64()),
                       ("seconds", pa.float64()), ("peak_mem_mb", pa.float64())])
 FORMAT_VERSION = 1
+PROPAGATE = ("fp", "quant", "teacher")
 
 
 class NonFiniteError(RuntimeError):
@@ -280,8 +285,8 @@ def calibrate(loaded, method: QuantMethod, input_ids: torch.Tensor, out_dir: str
     run_info = dict(run_info or {})
     tr = method.training_settings()
     propagate = tr["propagate"]
-    if propagate not in ("fp", "quant"):
-        raise ValueError(f"propagate must be 'fp' or 'quant', got {propagate!r}")
+    if propagate not in PROPAGATE:
+        raise ValueError(f"propagate must be one of {PROPAGATE}, got {propagate!r}")
     w = None if weights is None else normalise_weights(weights)
     if w is not None and w.shape[0] != input_ids.shape[1]:
         raise ValueError(f"position weights have length {w.shape[0]} but sequences {input_ids.shape[1]}")
@@ -311,6 +316,9 @@ def calibrate(loaded, method: QuantMethod, input_ids: torch.Tensor, out_dir: str
     inputs = BlockInputs([h.to(device) for h in inputs.hidden],
                          _cast_floating(inputs.args, store_dtype, device),
                          _cast_floating(inputs.kwargs, store_dtype, device), inputs.hidden_key)
+    # propagate: teacher: the FP stream (inputs of the FP model's blocks); same object as the
+    # quantized stream until the first block has been quantized
+    teacher = inputs if propagate == "teacher" else None
     stats_rows: list[dict[str, Any]] = []
     all_params: dict[str, torch.Tensor] = {}
     all_groups: dict[str, Any] = {}
@@ -326,6 +334,9 @@ def calibrate(loaded, method: QuantMethod, input_ids: torch.Tensor, out_dir: str
         groups = discover_groups(block, lambda: call_block(block, inputs, 0))
         targets, gstats = _targets_and_stats(block, inputs, groups, method.needs_hessian, i,
                                              store_dtype)
+        if teacher is not None and teacher is not inputs:
+            del targets           # the FP teacher's h*_l, from the FP stream
+            targets, _ = _targets_and_stats(block, teacher, groups, False, i, store_dtype)
         path = blocks_dir / f"{i}.safetensors"
         state = None
         if path.exists():
@@ -369,7 +380,9 @@ def calibrate(loaded, method: QuantMethod, input_ids: torch.Tensor, out_dir: str
                 io.save_tensors(state, path, provenance={"resume_key": resume_key, "block": i,
                                                          "stats": rows,
                                                          "groups": groups_to_json(groups)})
-        if propagate == "quant" and method.quantizes:
+        if teacher is not None:
+            teacher = teacher.with_hidden(targets)
+        if propagate in ("quant", "teacher") and method.quantizes:
             with torch.no_grad(), _autocast(device, amp_dtype or torch.bfloat16, amp), \
                     method.propagation(block):
                 nxt = [call_block(block, inputs, b).detach().to(store_dtype)
