@@ -33,7 +33,7 @@ import torch
 
 from torch.utils.checkpoint import checkpoint
 
-from .quantizers import lac_fake_quant, lwc_clamp, minmax_fake_quant, qmax
+from .quantizers import lac_fake_quant, lwc_clamp, lwc_fake_quant, minmax_fake_quant, qmax
 from .transforms import kron_last
 
 
@@ -90,6 +90,8 @@ def weight_chain(w: torch.Tensor, d: torch.Tensor | None, p1i: torch.Tensor | No
         w = w / d
     if p1i is not None:
         w = kron_last(w, p1i.T, p2i, n1, n2)
+    if c_max is not None and out_fac is None:
+        return lwc_fake_quant(w, c_max, c_min, bits).to(out_dtype)
     if c_max is not None:
         w = lwc_clamp(w, c_max, c_min)
     if out_fac is not None:

@@ -97,8 +97,21 @@ def lwc_clamp(w: torch.Tensor, c_max: torch.Tensor, c_min: torch.Tensor) -> torc
 
 def lwc_fake_quant(w: torch.Tensor, c_max: torch.Tensor, c_min: torch.Tensor,
                    bits: int) -> torch.Tensor:
-    """Clamp (LWC), then the min/max quantizer on the clamped weight, as FlatQuant."""
-    return minmax_fake_quant(lwc_clamp(w, c_max, c_min), bits)
+    """Clamp (LWC), then the min/max quantizer on the clamped weight, as FlatQuant.
+
+    The clamped row's max and min are the clamp bounds themselves (or, on a side where the row
+    has no element of that sign, both the bound and the reference's value give 0 in the scale),
+    so the scale is taken from the bounds instead of two more reductions over the weight: the
+    reference's values and gradients (the scale's gradient reaches the bound through a clamped
+    element in the reference, directly here), except where sigmoid(c) rounds to exactly 1."""
+    q = qmax(bits)
+    hi, lo = _row_max(w, "index")
+    hi = hi * torch.sigmoid(c_max.to(w.dtype))
+    lo = lo * torch.sigmoid(c_min.to(w.dtype))
+    wc = torch.clamp(w, min=lo, max=hi)
+    zero = torch.zeros((), dtype=w.dtype, device=w.device)
+    s = torch.maximum(torch.minimum(lo, zero).abs(), torch.maximum(hi, zero)).clamp(min=1e-5) / q
+    return torch.clamp(round_ste(wc / s), -q - 1, q) * s
 
 
 class WeightQuantizer(nn.Module):
@@ -157,6 +170,8 @@ class WeightQuantizer(nn.Module):
     def forward(self, w: torch.Tensor, out_fac: torch.Tensor | None = None) -> torch.Tensor:
         """Q_W(w); ``out_fac``: FlatQuant's output-side head transform of v_proj, applied after
         the clamp and before the scale is computed (``flat_linear.py`` order)."""
+        if self.enabled and self.learnable_clip and self.scale is None and out_fac is None:
+            return lwc_fake_quant(w, self.clip_max, self.clip_min, self.bits)
         w = self._prepared(w, out_fac)
         if not self.enabled:
             return w
