@@ -1,21 +1,23 @@
-"""``quarot``: QuaRot (Ashkboos et al.), implemented from the paper's description.
+"""``quarot``: QuaRot (Ashkboos et al.) as spcl/QuaRot's ``fake_quant`` computes it.
 
 Model preparation (``prepare_model``, replayed identically from the seed when loading):
 1. every linear group fed by an RMSNorm gets the norm's weight folded into its columns (norm
    weight set to 1); the final norm is folded into the LM head (a tied head is untied first);
-2. the residual stream is rotated by a random Hadamard-type Q (``fair_calib.quant.hadamard``):
-   embedding rows E Q, norm-fed linears W Q, residual writers (linears not fed by a norm whose
-   output width is the hidden size: o-proj, down-proj) Q^T W, head W Q. RMSNorm without weight
-   commutes with Q, so the FP model's outputs are unchanged;
+2. the residual stream is rotated by a random Hadamard Q = diag(s) H / sqrt(n) with a true
+   Hadamard factor (``fair_calib.quant.hadamard``): embedding rows E Q, norm-fed linears W Q,
+   residual writers (linears not fed by a norm whose output width is the hidden size: o-proj,
+   down-proj) Q^T W, head W Q. RMSNorm without weight commutes with Q, so the FP model's
+   outputs are unchanged;
 3. per-head Hadamard H on the value path: v rows per head H^T W_v, o-proj columns per head W_o H.
-   The value projection is found without names: the one member of the q/k/v group whose output,
-   scaled by 2, exactly doubles the o-proj input (attention is linear in V only).
-Block quantization: the down-projection input (the non-norm-fed group other than o-proj) gets an
-online Hadamard-type rotation; activations are per-token with clip ratio ``a_clip_ratio`` (0.9);
-weights are quantized by GPTQ (``damp`` 0.01, block 128) with the Hessian of the FP (rotated)
-block's inputs over all calibration sequences (128 in the paper grid; ``calibration.n_samples``).
-Limitations: only RMSNorm (no mean subtraction / bias) is supported; the Hessians come from the
-FP block inputs, not from the partially quantized block (no sequential in-block update).
+   The value projection is found without names (``fair_calib.quant.trace``).
+Block quantization: online exact Hadamards (no random signs) on the down-projection input
+(``online_full_had``) and across heads on the o_proj input (``online_partial_had``: the head_dim
+part is already in v/o); activations per token with clip ratio ``a_clip_ratio`` (1.0, the README
+command's default); weights by GPTQ (``damp`` 0.01, block 128) run sequentially inside the block
+as ``gptq_fwrd`` (:meth:`QuaRotMethod.fit_block`), with the ``--w_clip`` MSE scale search
+(``w_clip``, on); the next block is fed the outputs with quantized weights and FP activations
+(``propagate: quant``). ``online_hadamard: false`` drops the online rotations.
+Limitations: only RMSNorm (no mean subtraction / bias) is supported; no KV-cache quantization.
 """
 from __future__ import annotations
 
