@@ -2,9 +2,9 @@
 
 Three chains cover the hot paths of calibration and evaluation:
 
-- :func:`act_chain`:    x -> Q_X(K (d * x))                 (calibration, activation side)
-- :func:`weight_chain`: W -> Q_W((W / d) K^{-1})            (calibration, weight side)
-- :func:`act_chain_folded`: the activation side with folded matrices and a fixed clip ratio
+- :func:`act_chain`:    x -> Q_X,k(K (d * x)) for every reading linear k (calibration)
+- :func:`weight_chain`: W -> Q_W(LWC((W / d) K^{-1}))       (calibration, weight side)
+- :func:`act_chain_folded`: the activation side with folded matrices and fixed clip factors
   (evaluation, no gradient).
 
 In eager mode each is a handful of elementwise passes over tensors as large as the block's
@@ -16,9 +16,8 @@ difference between a 1.2-1.3x and a 1.6-1.9x fake-quant forward. The compiled an
 versions compute the same function. Compiled code rounds a few operations differently in the
 last bit (the sigmoid of a clip, fused multiply-adds), which flips about one 4-bit grid point
 in 10^7; ``benchmarks/calibration_gpu.py --check-fused`` measures this on the GPU. The
-compiled chains use an autograd formulation of the clipped quantizer (``form="gather"``, see
-:func:`clip_qdq`) so that Inductor derives and fuses the backward itself; eager mode uses the
-memory-lean custom Function.
+compiled chains take the token maximum's gradient through the arg-max (``form="gather"``, see
+:func:`clip_qdq`); eager mode shares it among exact ties as FlatQuant's ``amax`` does.
 
 ``FAIR_CALIB_COMPILE=0`` keeps everything eager; a compiler failure on first use (no Triton,
 no C compiler) also falls back to eager, once, with a warning.
@@ -63,8 +62,8 @@ def act_chain(x: torch.Tensor, d: torch.Tensor | None, p1: torch.Tensor | None,
               bits: int, n1: int, n2: int, out_dtype: torch.dtype,
               form: str = "custom") -> tuple[torch.Tensor, ...]:
     """Q_X,k(T x) for every reader k of the input, T x = (P1 (x) P2)(d * x) (P2 None: P1 over
-    the first axis only); one transform, then one quantization per clip pair (``c_max[k]``,
-    ``c_min[k]``, or one shared quantizer without learnable clips when they are None). float32
+    the first axis only); one transform, then one quantization per learnable clip pair
+    (``c_max[k]``, ``c_min[k]``: one per reading linear, FlatQuant's LAC). float32
     arithmetic (the Kronecker matmuls follow the caller's autocast), results in ``out_dtype``."""
     x = x.float()
     if d is not None:
