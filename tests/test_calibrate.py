@@ -23,7 +23,10 @@ def _fq(**cfg):
 def test_calibration_lowers_weighted_loss_and_writes_outputs(tmp_path):
     lm = tiny_random_loaded("llama", layers=2)
     w = torch.linspace(0.1, 2.0, IDS.shape[1])
-    meta = calibrate(lm, make_method({"type": "fair_calib", "epochs": 8, "lr": 1e-2}, 4, 4), IDS, tmp_path,
+    # propagate: fp: with the teacher default, block 1's loss also holds the error inherited
+    # from block 0, which block 1 cannot remove (teacher propagation has its own test below)
+    meta = calibrate(lm, make_method({"type": "fair_calib", "epochs": 8, "lr": 1e-2,
+                                      "propagate": "fp"}, 4, 4), IDS, tmp_path,
                      weights=w, batch_size=4, run_info={"method_name": "fair-calib"}, **QUIET)
     df, prov = io.read_parquet(tmp_path / "stats.parquet")
     assert list(df.columns) == ["block", "epoch", "loss", "seconds", "peak_mem_mb"]
