@@ -149,8 +149,10 @@ def bench_forward(shape: str, args, dev: str) -> None:
         y_fp = fwd().float()
     mem_fp = torch.cuda.max_memory_allocated() / 2**30 if dev == "cuda" else 0.0
     # wrap every block the way FAIR-Calib/FlatQuant does (random orthogonal Kronecker factors,
-    # smooth scale 1, clip 0.98), then fold: bf16 quantized weights + online transform
+    # smooth scale 1, clip logits 4, o_proj heads transform folded into v_proj), then fold:
+    # bf16 quantized weights + online transform
     method = make_method({"type": "fair_calib"}, 4, 4, seed=0)
+    method.prepare_model(lm)
     probe = capture_block_inputs(model, lm.blocks[0], ids[:1, :64], 1, device=dev,
                                  hidden_dtype=next(model.parameters()).dtype)
     with torch.no_grad():
@@ -218,14 +220,17 @@ def check_fused(shape: str, dev: str, tokens: int = 1024) -> None:
         d = torch.rand(dim, device=dev, generator=g) + 0.5
         p1 = torch.linalg.qr(torch.randn(n1, n1, device=dev, generator=g))[0]
         p2 = torch.linalg.qr(torch.randn(n2, n2, device=dev, generator=g))[0]
-        cases = {"act": (fused.act_chain, (x, d, p1, p2, torch.tensor(2.0, device=dev))),
+        cases = {"act": (fused.act_chain, (x, d, p1, p2, torch.full((1,), 2.0, device=dev),
+                                           torch.full((1,), 1.5, device=dev))),
                  "weight": (fused.weight_chain, (w, d, torch.linalg.inv(p1), torch.linalg.inv(p2),
-                                                 torch.full((512, 1), 2.0, device=dev)))}
+                                                 torch.full((512, 1), 2.0, device=dev),
+                                                 torch.full((512, 1), 1.5, device=dev)))}
         for name, (fn, args) in cases.items():
             outs = []
             for f in (fn, torch.compile(fn)):
                 a = [t.clone().requires_grad_() for t in args]
-                y = f(*a, 7, n1, n2, torch.float32, fused.COMPILED_FORM)
+                y = f(*a, 4, n1, n2, torch.float32, form=fused.COMPILED_FORM)
+                y = y[0] if isinstance(y, tuple) else y
                 (y * torch.linspace(-1, 1, dim, device=dev)).sum().backward()
                 outs.append((y.detach(), [t.grad for t in a]))
             (ye, ge), (yc, gc) = outs
@@ -243,12 +248,13 @@ def check_fused(shape: str, dev: str, tokens: int = 1024) -> None:
     with torch.no_grad():
         groups = discover_groups(block, lambda: call_block(block, inputs, 0))
     method = make_method({"type": "fair_calib"}, 4, 4, seed=0)
+    method.prepare_model(lm)                    # v_proj / o_proj for the heads transform
     method.quantize_block(block, groups, None, 0)
     with torch.no_grad():
         for p in method.parameters(block):      # move off the identity-like start
             p.add_(0.01 * torch.randn_like(p))
 
-    clips = [m.clip for m in block.modules() if getattr(m, "clip", None) is not None]
+    clips = [p for n, p in block.named_parameters() if n.endswith(("clip_max", "clip_min"))]
 
     def out(env, scale=1.0):
         os.environ["FAIR_CALIB_COMPILE"] = env
@@ -304,6 +310,7 @@ def profile_forward(shape: str, args, dev: str, layers: int = 4) -> None:
     with torch.no_grad():
         groups = discover_groups(lm.blocks[0], lambda: call_block(lm.blocks[0], probe, 0))
     method = make_method({"type": "fair_calib"}, 4, 4, seed=0)
+    method.prepare_model(lm)
     for i, block in enumerate(lm.blocks):
         method.quantize_block(block, groups, None, i)
         fold_block(block, drop_fp=True)       # as load_quantized does

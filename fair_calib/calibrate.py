@@ -9,8 +9,12 @@ For every transformer block, in order:
    for FAIR-Calib) with AdamW and a cosine schedule;
 4. the block's parameters go to ``blocks/{i}.safetensors`` (atomic); a rerun resumes after the
    last finished block (its recorded settings must match);
-5. the next block is fed the FP outputs (``propagate: fp``, FlatQuant) or the quantized outputs
-   (``propagate: quant``).
+5. the next block is fed the FP outputs (``propagate: fp``, FlatQuant), or the quantized outputs
+   (``propagate: quant``: targets are then the FP block's outputs on those quantized inputs;
+   QuaRot's and QDrop's loops), or the quantized outputs with the FP teacher's hidden states as
+   targets (``propagate: teacher``, FAIR-Calib's Eq. layerwise_loss: h^q_l(x; theta_<=l) of the
+   quantized model with earlier blocks calibrated and frozen, against h*_l(x) of the FP model;
+   a second, FP stream is carried; input statistics come from the quantized stream).
 Finally ``stats.parquet``, ``params.safetensors`` and, last, ``meta.json`` are written; the output
 is complete only once ``meta.json`` exists.
 """
@@ -46,6 +50,7 @@ def stats_schema():
     return pa.schema([("block", pa.int32()), ("epoch", pa.int32()), ("loss", pa.float64()),
                       ("seconds", pa.float64()), ("peak_mem_mb", pa.float64())])
 FORMAT_VERSION = 1
+PROPAGATE = ("fp", "quant", "teacher")
 
 
 class NonFiniteError(RuntimeError):
@@ -154,9 +159,24 @@ def _eval_loss(block, inputs, targets, w, amp: torch.dtype | None = None) -> flo
     return float(tot) / len(inputs)
 
 
+def _make_optimizer(method: QuantMethod, block: nn.Module, tr: dict[str, Any], steps: int):
+    """AdamW over the method's parameter groups, cosine schedule over ``steps`` to
+    ``lr * eta_min_ratio`` (one absolute floor for every group, as FlatQuant's
+    ``CosineAnnealingLR(eta_min=flat_lr * 1e-3)``)."""
+    groups = method.param_groups(block, tr["lr"])
+    params = [p for g in groups for p in g["params"]]
+    fused = bool(params) and all(p.is_cuda for p in params)   # one kernel per step
+    opt = torch.optim.AdamW(groups, lr=tr["lr"], weight_decay=tr["weight_decay"],
+                            fused=fused or None)
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(
+        opt, T_max=steps, eta_min=tr["lr"] * tr.get("eta_min_ratio", 0.0))
+    return opt, sched
+
+
 def _train_block(method: QuantMethod, block: nn.Module, inputs: BlockInputs, targets, w,
-                 block_index: int, epochs: int, lr: float, weight_decay: float, seed: int,
+                 block_index: int, tr: dict[str, Any], seed: int,
                  device: torch.device, log, amp: torch.dtype | None = None) -> list[dict[str, Any]]:
+    epochs = tr["epochs"]
     params = method.parameters(block)
     rows = []
     t0 = time.time()
@@ -167,10 +187,7 @@ def _train_block(method: QuantMethod, block: nn.Module, inputs: BlockInputs, tar
                  "peak_mem_mb": peak_memory_mb(device)})
     if not params or epochs <= 0:
         return rows
-    fused = all(p.is_cuda for p in params)   # one kernel per step instead of one per tensor
-    opt = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, fused=fused or None)
-    total = epochs * len(inputs)
-    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=total, eta_min=0.0)
+    opt, sched = _make_optimizer(method, block, tr, epochs * len(inputs))
     gen = torch.Generator().manual_seed(seed * 7919 + block_index)
     transforms = [m for m in block.modules() if isinstance(m, AffineTransform)]
     factors = [m for m in block.modules() if isinstance(m, InvertibleFactor)]
@@ -182,7 +199,9 @@ def _train_block(method: QuantMethod, block: nn.Module, inputs: BlockInputs, tar
         for ep in range(epochs):
             t0 = time.time()
             tot = torch.zeros((), dtype=torch.float64, device=targets[0].device)
-            for b in torch.randperm(len(inputs), generator=gen).tolist():
+            order = (torch.randperm(len(inputs), generator=gen).tolist() if tr.get("shuffle", True)
+                     else range(len(inputs)))   # FlatQuant: in order
+            for b in order:
                 for t in transforms:      # matrices are rebuilt once per step and group
                     t.clear_cache()
                 with torch.enable_grad():
@@ -190,7 +209,8 @@ def _train_block(method: QuantMethod, block: nn.Module, inputs: BlockInputs, tar
                         out = call_block(block, inputs, b)
                         loss = weighted_mse(out, targets[b], w)
                     opt.zero_grad(set_to_none=True)
-                    loss.backward()
+                    # FlatQuant divides the loss by its detached value (unit-size gradients)
+                    (loss / loss.detach() if tr.get("normalize_loss") else loss).backward()
                 grads = [p.grad for p in params if p.grad is not None]
                 flags = torch.stack([torch.isfinite(loss.detach())]
                                     + [torch.isfinite(g).all() for g in grads]).double()
@@ -265,8 +285,8 @@ def calibrate(loaded, method: QuantMethod, input_ids: torch.Tensor, out_dir: str
     run_info = dict(run_info or {})
     tr = method.training_settings()
     propagate = tr["propagate"]
-    if propagate not in ("fp", "quant"):
-        raise ValueError(f"propagate must be 'fp' or 'quant', got {propagate!r}")
+    if propagate not in PROPAGATE:
+        raise ValueError(f"propagate must be one of {PROPAGATE}, got {propagate!r}")
     w = None if weights is None else normalise_weights(weights)
     if w is not None and w.shape[0] != input_ids.shape[1]:
         raise ValueError(f"position weights have length {w.shape[0]} but sequences {input_ids.shape[1]}")
@@ -296,6 +316,9 @@ def calibrate(loaded, method: QuantMethod, input_ids: torch.Tensor, out_dir: str
     inputs = BlockInputs([h.to(device) for h in inputs.hidden],
                          _cast_floating(inputs.args, store_dtype, device),
                          _cast_floating(inputs.kwargs, store_dtype, device), inputs.hidden_key)
+    # propagate: teacher: the FP stream (inputs of the FP model's blocks); same object as the
+    # quantized stream until the first block has been quantized
+    teacher = inputs if propagate == "teacher" else None
     stats_rows: list[dict[str, Any]] = []
     all_params: dict[str, torch.Tensor] = {}
     all_groups: dict[str, Any] = {}
@@ -311,6 +334,9 @@ def calibrate(loaded, method: QuantMethod, input_ids: torch.Tensor, out_dir: str
         groups = discover_groups(block, lambda: call_block(block, inputs, 0))
         targets, gstats = _targets_and_stats(block, inputs, groups, method.needs_hessian, i,
                                              store_dtype)
+        if teacher is not None and teacher is not inputs:
+            del targets           # the FP teacher's h*_l, from the FP stream
+            targets, _ = _targets_and_stats(block, teacher, groups, False, i, store_dtype)
         path = blocks_dir / f"{i}.safetensors"
         state = None
         if path.exists():
@@ -331,9 +357,14 @@ def calibrate(loaded, method: QuantMethod, input_ids: torch.Tensor, out_dir: str
             log(f"block {i}: resumed from {path}")
         else:
             method.quantize_block(block, groups, gstats, i)
+
+            def run_batch(b, block=block):
+                with torch.no_grad(), _autocast(device, amp_dtype or torch.bfloat16, amp):
+                    return call_block(block, inputs, b)
+            method.fit_block(block, groups, inputs, i, run_batch)
             if method.trainable:
-                rows = _train_block(method, block, inputs, targets, w, i, tr["epochs"], tr["lr"],
-                                    tr["weight_decay"], method.seed, device, log, amp_dtype)
+                rows = _train_block(method, block, inputs, targets, w, i, tr, method.seed,
+                                    device, log, amp_dtype)
             else:
                 t0 = time.time()
                 loss = _eval_loss(block, inputs, targets, w, amp_dtype)
@@ -349,8 +380,11 @@ def calibrate(loaded, method: QuantMethod, input_ids: torch.Tensor, out_dir: str
                 io.save_tensors(state, path, provenance={"resume_key": resume_key, "block": i,
                                                          "stats": rows,
                                                          "groups": groups_to_json(groups)})
-        if propagate == "quant" and method.quantizes:
-            with torch.no_grad(), _autocast(device, amp_dtype or torch.bfloat16, amp):
+        if teacher is not None:
+            teacher = teacher.with_hidden(targets)
+        if propagate in ("quant", "teacher") and method.quantizes:
+            with torch.no_grad(), _autocast(device, amp_dtype or torch.bfloat16, amp), \
+                    method.propagation(block):
                 nxt = [call_block(block, inputs, b).detach().to(store_dtype)
                        for b in range(len(inputs))]
         else:

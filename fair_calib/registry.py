@@ -12,6 +12,11 @@ LOADERS = ("native", "remote")
 # entry names one of these in its ``type`` key; ``fp`` is the unquantized reference.
 METHOD_TYPES = ("fp", "rtn", "quarot", "flatquant", "fair_calib", "qdrop")
 
+# Stage II propagation modes (fair_calib.calibrate.PROPAGATE) and FlatQuant's o_proj transforms
+# (fair_calib.methods.flatquant.O_TRANS); the schema's enums list the same names.
+PROPAGATE = ("fp", "quant", "teacher")
+O_TRANS = ("heads", "kron")
+
 # Decoding policies (fair_calib.decoding).
 POLICIES = ("low_confidence", "random", "origin", "maskgit_plus", "topk_margin", "entropy",
             "random_commit")

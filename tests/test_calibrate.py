@@ -23,7 +23,10 @@ def _fq(**cfg):
 def test_calibration_lowers_weighted_loss_and_writes_outputs(tmp_path):
     lm = tiny_random_loaded("llama", layers=2)
     w = torch.linspace(0.1, 2.0, IDS.shape[1])
-    meta = calibrate(lm, make_method({"type": "fair_calib", "epochs": 8, "lr": 1e-2}, 4, 4), IDS, tmp_path,
+    # propagate: fp: with the teacher default, block 1's loss also holds the error inherited
+    # from block 0, which block 1 cannot remove (teacher propagation has its own test below)
+    meta = calibrate(lm, make_method({"type": "fair_calib", "epochs": 8, "lr": 1e-2,
+                                      "propagate": "fp"}, 4, 4), IDS, tmp_path,
                      weights=w, batch_size=4, run_info={"method_name": "fair-calib"}, **QUIET)
     df, prov = io.read_parquet(tmp_path / "stats.parquet")
     assert list(df.columns) == ["block", "epoch", "loss", "seconds", "peak_mem_mb"]
@@ -201,3 +204,49 @@ def test_cli_fair_calib_with_prior(tmp_path):
     assert meta["export_bytes"] > 0 and meta["fp_bf16_bytes"] > 0
     df, _ = io.read_parquet(out / "stats.parquet")
     assert sorted(df.block.unique()) == [0, 1]
+
+
+def _block_outputs(lm, ids):
+    outs = {}
+    hooks = [b.register_forward_hook(lambda m, a, o, i=i: outs.__setitem__(i, o[0] if isinstance(o, tuple) else o))
+             for i, b in enumerate(lm.blocks)]
+    with torch.no_grad():
+        lm.model(input_ids=ids)
+    for h in hooks:
+        h.remove()
+    return outs
+
+
+def test_teacher_propagation_matches_quantized_inputs_to_fp_teacher_targets(tmp_path):
+    """FAIR-Calib's default: block l sees the quantized model's hidden state and is matched to
+    the FP model's h*_l; the recorded initial loss of block 1 is that MSE."""
+    fp = _block_outputs(tiny_random_loaded("llama", layers=2), IDS)
+    lm = tiny_random_loaded("llama", layers=2)
+    method = make_method({"type": "fair_calib", "epochs": 0, "weighting": "uniform"}, 4, 4)
+    assert method.training_settings()["propagate"] == "teacher"
+    meta = calibrate(lm, method, IDS, tmp_path, batch_size=4, **QUIET)
+    assert meta["propagate"] == "teacher"
+    q = _block_outputs(lm, IDS)
+    df, _ = io.read_parquet(tmp_path / "stats.parquet")
+    want = sum(weighted_mse(q[1][s:s + 4], fp[1][s:s + 4], None).item() for s in (0, 4)) / 2
+    got = df[(df.block == 1) & (df.epoch == -1)].loss.item()
+    assert abs(got - want) < 1e-6 * want
+    # the other readings give other losses: FP inputs (FlatQuant), or the FP block's outputs
+    # on the quantized inputs as targets (propagate: quant)
+    for other in ("fp", "quant"):
+        m = make_method({"type": "fair_calib", "epochs": 0, "weighting": "uniform",
+                         "propagate": other}, 4, 4)
+        calibrate(tiny_random_loaded("llama", layers=2), m, IDS, tmp_path / other, batch_size=4, **QUIET)
+        d, _ = io.read_parquet(tmp_path / other / "stats.parquet")
+        assert abs(d[(d.block == 1) & (d.epoch == -1)].loss.item() - want) > 1e-3 * want, other
+
+
+def test_uniform_fair_calib_with_fp_propagation_is_flatquant(tmp_path):
+    res = []
+    for mtype in ("flatquant", "fair_calib"):
+        lm = tiny_random_loaded("llama", layers=2)
+        cfg = {"type": mtype, "epochs": 2, "weighting": "uniform", "propagate": "fp"}
+        calibrate(lm, make_method(cfg, 4, 4), IDS, tmp_path / mtype, batch_size=4, **QUIET)
+        res.append(io.load_tensors(tmp_path / mtype / "params.safetensors")[0])
+    assert res[0].keys() == res[1].keys()
+    assert all(torch.equal(res[0][k], res[1][k]) for k in res[0])

@@ -8,6 +8,7 @@ hands it (per-channel input maxima, optionally input Hessians).
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -52,7 +53,9 @@ class QuantMethod:
         return {"epochs": int(self.cfg.get("epochs", 15)), "lr": float(self.cfg.get("lr", 5e-3)),
                 "batch_size": self.cfg.get("batch_size"),
                 "propagate": str(self.cfg.get("propagate", "fp")),
-                "weight_decay": float(self.cfg.get("weight_decay", 0.0))}
+                "weight_decay": float(self.cfg.get("weight_decay", 0.0)),
+                "clip_lr_mult": 1.0, "eta_min_ratio": 0.0, "normalize_loss": False,
+                "shuffle": bool(self.cfg.get("shuffle", True))}
 
     # --- model-level hooks --------------------------------------------------------------------
     def prepare_model(self, loaded) -> None:
@@ -87,14 +90,28 @@ class QuantMethod:
             if inq is not None:
                 inq.to(dev)
                 inq.n_users = len(group.names)
-            for name in group.names:
+            for k, name in enumerate(group.names):
                 lin = get_submodule(block, name)
                 if isinstance(lin, QuantLinear):
                     raise RuntimeError(f"{name} is already quantized")
                 wq = self.make_weight_quant(name, lin, inq, gs).to(dev)
-                set_submodule(block, name, QuantLinear(lin, inq, wq))
+                set_submodule(block, name, QuantLinear(lin, inq, wq, user=k))
         if stats is not None:
             self.after_wrap(block, groups, stats, block_index)
+
+    def param_groups(self, block: nn.Module, lr: float) -> list[dict[str, Any]]:
+        """AdamW parameter groups of a wrapped block (default: one group at ``lr``)."""
+        return [{"params": self.parameters(block), "lr": lr}]
+
+    def fit_block(self, block: nn.Module, groups: list[LinearGroup], inputs, block_index: int,
+                  run) -> None:
+        """Data-driven fitting of a wrapped block before its loss is read (QuaRot: sequential
+        GPTQ). ``run(b)`` calls the block on micro-batch b (no grad, the driver's autocast)."""
+
+    def propagation(self, block: nn.Module):
+        """Context in which the driver computes a block's outputs for the next block with
+        ``propagate: quant`` (QuaRot: activation quantizers off)."""
+        return contextlib.nullcontext()
 
     def parameters(self, block: nn.Module) -> list[nn.Parameter]:
         """Calibrated parameters of a wrapped block (deduplicated, requires_grad)."""

@@ -1,131 +1,46 @@
-"""``quarot``: QuaRot (Ashkboos et al.), implemented from the paper's description.
+"""``quarot``: QuaRot (Ashkboos et al.) as spcl/QuaRot's ``fake_quant`` computes it.
 
 Model preparation (``prepare_model``, replayed identically from the seed when loading):
 1. every linear group fed by an RMSNorm gets the norm's weight folded into its columns (norm
    weight set to 1); the final norm is folded into the LM head (a tied head is untied first);
-2. the residual stream is rotated by a random Hadamard-type Q (``fair_calib.quant.hadamard``):
-   embedding rows E Q, norm-fed linears W Q, residual writers (linears not fed by a norm whose
-   output width is the hidden size: o-proj, down-proj) Q^T W, head W Q. RMSNorm without weight
-   commutes with Q, so the FP model's outputs are unchanged;
+2. the residual stream is rotated by a random Hadamard Q = diag(s) H / sqrt(n) with a true
+   Hadamard factor (``fair_calib.quant.hadamard``): embedding rows E Q, norm-fed linears W Q,
+   residual writers (linears not fed by a norm whose output width is the hidden size: o-proj,
+   down-proj) Q^T W, head W Q. RMSNorm without weight commutes with Q, so the FP model's
+   outputs are unchanged;
 3. per-head Hadamard H on the value path: v rows per head H^T W_v, o-proj columns per head W_o H.
-   The value projection is found without names: the one member of the q/k/v group whose output,
-   scaled by 2, exactly doubles the o-proj input (attention is linear in V only).
-Block quantization: the down-projection input (the non-norm-fed group other than o-proj) gets an
-online Hadamard-type rotation; activations are per-token with clip ratio ``a_clip_ratio`` (0.9);
-weights are quantized by GPTQ (``damp`` 0.01, block 128) with the Hessian of the FP (rotated)
-block's inputs over all calibration sequences (128 in the paper grid; ``calibration.n_samples``).
-Limitations: only RMSNorm (no mean subtraction / bias) is supported; the Hessians come from the
-FP block inputs, not from the partially quantized block (no sequential in-block update).
+   The value projection is found without names (``fair_calib.quant.trace``).
+Block quantization: online exact Hadamards (no random signs) on the down-projection input
+(``online_full_had``) and across heads on the o_proj input (``online_partial_had``: the head_dim
+part is already in v/o); activations per token with clip ratio ``a_clip_ratio`` (1.0, the README
+command's default); weights by GPTQ (``damp`` 0.01, block 128) run sequentially inside the block
+as ``gptq_fwrd`` (:meth:`QuaRotMethod.fit_block`), with the ``--w_clip`` MSE scale search
+(``w_clip``, on); the next block is fed the outputs with quantized weights and FP activations
+(``propagate: quant``). ``online_hadamard: false`` drops the online rotations.
+Limitations: only RMSNorm (no mean subtraction / bias) is supported; no KV-cache quantization.
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
 from typing import Any
 
 import torch
 from torch import nn
 
 from ..quant.blockio import call_block, capture_block_inputs
-from ..quant.discovery import discover_groups, get_submodule
-from ..quant.gptq import gptq_quantize
+from ..quant.discovery import get_submodule
+from ..quant.trace import head_dim as _head_dim
+from ..quant.trace import trace_block
+from ..quant.gptq import gptq_quantize, mse_clip_scale
 from ..quant.hadamard import KronRotation
 from ..quant.qlinear import InputQuant, QuantLinear
 from ..quant.quantizers import ActQuantizer, WeightQuantizer
 from .base import QuantMethod
 
 
-def _head_dim(config) -> int:
-    for attr in ("head_dim",):
-        v = getattr(config, attr, None)
-        if isinstance(v, int) and v > 0:
-            return v
-    for h, n in (("hidden_size", "num_attention_heads"), ("d_model", "n_heads")):
-        hv, nv = getattr(config, h, None), getattr(config, n, None)
-        if isinstance(hv, int) and isinstance(nv, int) and nv > 0:
-            return hv // nv
-    raise ValueError("cannot read the attention head dimension from the model config")
-
-
-def _is_rmsnorm_like(mod: nn.Module, dim: int) -> bool:
-    w = getattr(mod, "weight", None)
-    b = getattr(mod, "bias", None)
-    return (isinstance(w, torch.Tensor) and w.dim() == 1 and w.shape[0] == dim
-            and not isinstance(mod, nn.Linear) and b is None)
-
-
-@torch.no_grad()
-def trace_block(block: nn.Module, run) -> dict[str, Any]:
-    """Groups, the module producing each group's input, and which linears are v / o."""
-    producers: dict[int, tuple[torch.Tensor, str]] = {}
-    handles = []
-    for name, mod in block.named_modules():
-        if name and not isinstance(mod, nn.Linear):
-            def hook(_m, _a, out, name=name):
-                if isinstance(out, torch.Tensor):
-                    producers[id(out)] = (out, name)
-            handles.append(mod.register_forward_hook(hook))
-    group_inputs: dict[str, torch.Tensor] = {}
-
-    def pre(_m, args, name):
-        group_inputs.setdefault(name, args[0])
-
-    linears = {n: m for n, m in block.named_modules() if isinstance(m, nn.Linear)}
-    for n, m in linears.items():
-        handles.append(m.register_forward_pre_hook(lambda mod, args, n=n: pre(mod, args, n)))
-    try:
-        groups = discover_groups(block, run)
-    finally:
-        for h in handles:
-            h.remove()
-    producer = []
-    for g in groups:
-        x = group_inputs[g.names[0]]
-        rec = producers.get(id(x))
-        producer.append(rec[1] if rec is not None and rec[0] is x else None)
-    # value projection / o-projection: scale each q/k/v member's output by 2
-    norm_fed = [j for j, p in enumerate(producer)
-                if p is not None and _is_rmsnorm_like(get_submodule(block, p), groups[j].in_features)]
-    internal = [j for j in range(len(groups)) if j not in norm_fed]
-    v_name = o_group = None
-    base_inputs: dict[str, torch.Tensor] = {}
-    hk = [linears[groups[j].names[0]].register_forward_pre_hook(
-        lambda m, a, j=j: base_inputs.__setitem__(groups[j].names[0], a[0].clone())) for j in internal]
-    try:
-        run()
-    finally:
-        for h in hk:
-            h.remove()
-    for j in norm_fed:
-        if len(groups[j].names) < 2:
-            continue
-        for cand in groups[j].names:
-            seen: dict[str, torch.Tensor] = {}
-            h1 = linears[cand].register_forward_hook(lambda m, a, out: out * 2)
-            hs = [linears[groups[k].names[0]].register_forward_pre_hook(
-                lambda m, a, k=k: seen.__setitem__(groups[k].names[0], a[0].clone())) for k in internal]
-            try:
-                run()
-            finally:
-                h1.remove()
-                for h in hs:
-                    h.remove()
-            for k in internal:
-                key = groups[k].names[0]
-                b0, b1 = base_inputs[key], seen[key]
-                if b0.abs().max() > 0 and torch.allclose(b1, 2 * b0, rtol=1e-4, atol=1e-6) \
-                        and not torch.allclose(b1, b0):
-                    v_name, o_group = cand, k
-                    break
-            if v_name is not None:
-                break
-        if v_name is not None:
-            break
-    return {"groups": groups, "producer": producer, "norm_fed": norm_fed, "internal": internal,
-            "v_name": v_name, "o_group": o_group}
-
-
 class QuaRotMethod(QuantMethod):
     type_name = "quarot"
-    needs_hessian = True
+    needs_hessian = False      # Hessians come from the sequential pass (fit_block)
 
     def __init__(self, cfg, w_bits, a_bits, seed=0):
         super().__init__(cfg, w_bits, a_bits, seed)
@@ -148,7 +63,7 @@ class QuaRotMethod(QuantMethod):
         probe_ids = torch.arange(8, device=device).unsqueeze(0) % embed.weight.shape[0]
         inputs = capture_block_inputs(model, blocks[0], probe_ids, 1, device=device,
                                       hidden_dtype=embed.weight.dtype)
-        hd = _head_dim(model.config)
+        hd = self._head_dim = _head_dim(model.config)
 
         # embeddings
         embed.weight.copy_((embed.weight.double() @ Q).to(embed.weight.dtype))
@@ -192,43 +107,92 @@ class QuaRotMethod(QuantMethod):
         fnorm.weight.fill_(1.0)   # an LM-head bias is output-side: unaffected by the rotation
 
     # ---------------------------------------------------------------- block quantization
+    def training_settings(self):
+        s = super().training_settings()
+        s["propagate"] = str(self.cfg.get("propagate", "quant"))   # gptq_fwrd: inps, outs swap
+        return s
+
     def make_input_quant(self, group, j, stats, block, block_index):
         tr = self._traces.get(block_index)
         if tr is None:
             raise RuntimeError("QuaRot: prepare_model must run before quantize_block")
-        act = ActQuantizer(self.a_bits, clip_ratio=float(self.cfg.get("a_clip_ratio", 0.9)))
+        act = ActQuantizer(self.a_bits, clip_ratio=float(self.cfg.get("a_clip_ratio", 1.0)))
         rot = None
-        if j in tr["internal"] and j != tr["o_group"] and bool(self.cfg.get("online_hadamard", True)):
-            gen = torch.Generator().manual_seed(self.seed * 65_537 + 1000 + block_index)
-            rot = KronRotation(group.in_features, gen)
+        if j in tr["internal"] and bool(self.cfg.get("online_hadamard", True)):
+            if j == tr["o_group"]:
+                # online_partial_had: a Hadamard across heads (the head_dim one is in v/o)
+                hd = self._head_dim
+                rot = KronRotation(group.in_features, None, signs=False,
+                                   split=(group.in_features // hd, hd), right=False)
+            else:
+                rot = KronRotation(group.in_features, None, signs=False)   # online_full_had
         return InputQuant(group.in_features, act, online_rotation=rot)
 
     def make_weight_quant(self, name, linear, inq, stats):
         return WeightQuantizer(linear.out_features, self.w_bits)
 
+    @contextmanager
+    def propagation(self, block):
+        """QuaRot runs GPTQ (and propagates its outputs) before it configures the activation
+        quantizers: weights quantized, activations in full precision."""
+        acts = [m for m in block.modules() if isinstance(m, ActQuantizer)]
+        saved = [a.enabled for a in acts]
+        for a in acts:
+            a.enabled = False
+        try:
+            yield
+        finally:
+            for a, e in zip(acts, saved):
+                a.enabled = e
+
     @torch.no_grad()
-    def after_wrap(self, block, groups, stats, block_index) -> None:
+    def fit_block(self, block, groups, inputs, block_index, run) -> None:
+        """QuaRot's sequential GPTQ (``gptq_fwrd``): group by group in execution order
+        (q/k/v, o, gate/up, down), each group's Hessian from the block run with the earlier
+        groups already quantized (activations in full precision), inputs after the online
+        rotation; then its linears are quantized. ``run(b)`` calls the block on micro-batch b."""
         if not (0 < self.w_bits < 16):
             return
-        damp = float(self.cfg.get("damp", 0.01))
-        for j, g in enumerate(groups):
-            H = stats[j].hessian
-            if H is None:
-                raise RuntimeError("QuaRot needs input Hessians")
-            first = get_submodule(block, g.names[0])
-            H = H.to(first.weight.device)
-            if first.inq is not None and first.inq.rotation is not None:
-                HR = first.inq.rotation.rotate(H)          # H R
-                H = first.inq.rotation.rotate(HR.T)        # R^T H R (H symmetric)
-            for n in g.names:
-                ql: QuantLinear = get_submodule(block, n)
-                w = ql.linear.weight.double()
-                if ql.inq is not None:
-                    w = ql.inq.weight_inverse(w)
-                codes, scale = gptq_quantize(w, H, self.w_bits, damp=damp,
-                                             clip_ratio=float(self.cfg.get("w_clip_ratio", 1.0)))
-                ql.w_quant = (codes.float() * scale).to(w.device)
-                ql._gptq = (codes.cpu(), scale.cpu())
+        with self.propagation(block):
+            for g in groups:
+                H = self._group_hessian(block, g, len(inputs), run)
+                for n in g.names:
+                    self._gptq(get_submodule(block, n), H)
+
+    def _group_hessian(self, block, group, n_batches, run) -> torch.Tensor:
+        first: QuantLinear = get_submodule(block, group.names[0])
+        acc: list[torch.Tensor] = []
+
+        def hook(_m, args):
+            x = args[0].detach().float().reshape(-1, args[0].shape[-1]).double()
+            h = x.T @ x
+            if acc:
+                acc[0] += h
+            else:
+                acc.append(h)
+        handle = first.register_forward_pre_hook(hook)
+        try:
+            for b in range(n_batches):
+                run(b)
+        finally:
+            handle.remove()
+        H = acc[0]
+        if first.inq is not None and first.inq.rotation is not None:
+            HR = first.inq.rotation.rotate(H)          # H R
+            H = first.inq.rotation.rotate(HR.T)        # R^T H R (H symmetric)
+        return H
+
+    def _gptq(self, ql: QuantLinear, H: torch.Tensor) -> None:
+        w = ql.linear.weight.double()
+        if ql.inq is not None:
+            w = ql.inq.weight_inverse(w)
+        scale = None
+        if bool(self.cfg.get("w_clip", True)):
+            scale = mse_clip_scale(w.float(), self.w_bits)
+        codes, scale = gptq_quantize(w, H, self.w_bits, damp=float(self.cfg.get("damp", 0.01)),
+                                     scale=scale)
+        ql.w_quant = (codes.float() * scale).to(w.device)
+        ql._gptq = (codes.cpu(), scale.cpu())
 
     def extra_linear_state(self, name, ql):
         if ql.w_quant is None:

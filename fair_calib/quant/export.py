@@ -53,7 +53,8 @@ def linear_codes(ql: QuantLinear) -> tuple[torch.Tensor, torch.Tensor]:
         ql.inq.unfold()
         base = ql.inq.weight_inverse(base)
         ql.inq.fold()
-    scale = ql.wq.get_scale(base.float()).float().reshape(-1, 1)
+    fac = ql.out_factor(torch.float64)
+    scale = ql.wq.row_scale(base.float(), None if fac is None else fac.float()).float().reshape(-1, 1)
     codes = torch.clamp(torch.round(w / scale), -qmax(bits) - 1, qmax(bits))
     if not torch.allclose(codes * scale, w, atol=1e-6, rtol=1e-5):
         raise RuntimeError("export: folded weight is not on its quantization grid")
@@ -83,6 +84,9 @@ def export_quantized(model: nn.Module, path: str | Path) -> dict[str, int]:
             tensors[f"{name}.weight"] = ql.linear.weight.detach().to(torch.bfloat16)
             continue
         codes, scale = linear_codes(ql)
+        if ql.b_folded is not None:       # FlatQuant's v_proj: the bias in the folded basis
+            tensors[f"{name}.linear.bias"] = ql.b_folded.to(torch.bfloat16).cpu()
+            skip.add(id(ql.linear.bias))
         tensors[f"{name}.qweight"] = (pack_int4(codes) if ql.wq.bits <= 4 else codes).cpu()
         tensors[f"{name}.scale"] = scale.reshape(-1).to(torch.float16).cpu()
     seen_inq: dict[int, str] = {}
@@ -101,15 +105,10 @@ def export_quantized(model: nn.Module, path: str | Path) -> dict[str, int]:
             tensors[f"{pre}.rot_signs"] = inq.rotation.s.to(torch.int8).cpu()
             if inq.rotation.m > 1:
                 tensors[f"{pre}.rot_m"] = inq.rotation.mfac.to(torch.bfloat16).cpu()
-        act = inq.act
-        if act.enabled:
-            if act.scale is not None:
-                ratio = act.scale.abs()
-            elif act.clip is not None:
-                ratio = torch.sigmoid(act.clip)
-            else:
-                ratio = torch.tensor(act.clip_ratio)
-            tensors[f"{pre}.act_param"] = ratio.reshape(1).to(torch.float16).cpu()
+        if inq.act.enabled:   # one row per reader: (max-side, min-side) clip factors or LSQ scale
+            rows = [a.scale.abs().reshape(1).repeat(2) if a.scale is not None
+                    else torch.stack(a.ratios(torch.device("cpu"))) for a in inq.acts]
+            tensors[f"{pre}.act_param"] = torch.stack(rows).to(torch.float16).cpu()
     for n, p in list(model.named_parameters()) + list(model.named_buffers()):
         if id(p) in skip or p is None:
             continue

@@ -1,13 +1,26 @@
-"""Random Hadamard-type rotations of any size (QuaRot).
+"""Hadamard rotations of any width QuaRot handles, built from documented constructions.
 
-For n = 2^k * m with m odd, the rotation is R = diag(s) (M (x) H_{2^k} / sqrt(2^k)), s random
-signs, H Sylvester's Hadamard matrix. For m = 1 this is the usual randomised Hadamard transform.
-For m > 1 (3584 = 7 * 512, 18944 = 37 * 512, 11008 = 43 * 256) no Hadamard matrix of order m
-exists when m is odd > 1, so M is a seeded Haar-random orthogonal m x m matrix (QuaRot ships
-hand-made Hadamard matrices of orders like 172 or 148 instead; any orthogonal M keeps the
-rotation exact, the random one spreads outliers across its m-blocks equally well in expectation).
-Rotations act on row vectors: x -> x @ R (``rotate``), applied through the Kronecker structure without
-materialising R unless asked.
+A width n = K * 2^j is rotated by R = diag(s) (H_K^T (x) H_{2^j}) / sqrt(n) (row vectors,
+x -> x @ R), the structure of QuaRot's ``matmul_hadU`` / ``matmul_hadU_cuda`` (the input viewed
+as K x 2^j, a Sylvester transform on the 2^j axis, then H_K on the K axis); s are random signs
+for the residual rotation (``random_hadamard_matrix``) and all ones for the online rotations.
+
+H_K for K > 1 is a true Hadamard matrix (entries +-1, H H^T = K I), generated here rather than
+copied from a table:
+- Paley I, q prime, q = 3 (mod 4): order q + 1 (12, 20, 44, 60, 108, 140, ...);
+- Paley II, q prime, q = 1 (mod 4): order 2 (q + 1) (28 from q = 13, 36 from 17, 148 from 73);
+- Sylvester doubling [[H, H], [H, -H]] of a smaller one (40 = 2 x 20).
+QuaRot ships tables of orders 12, 20, 28, 36, 40, 52, 60, 108, 140, 156 and 172 (``get_hadK``,
+tried in that file's order). Orders 52, 156 and 172 need constructions not implemented here
+(Williamson-type); no model of the paper grid needs them. Two Hadamard matrices of one order
+may differ by row/column signs and permutations: our orders 12, 20, 40, 60, 108 and 140 equal
+QuaRot's tables entry for entry (checked locally against its ``hadamard_utils.py``); 28 and 36
+(Paley II here) are different Hadamard matrices of the same order (QuaRot's 28 is not a Paley II
+matrix), equally exact (R orthogonal, incoherence sqrt(n) max|R| = 1) but not the same codes.
+QuaRot has no order-148 matrix (its ``get_hadK`` fails for 18944 = 148 x 128, Dream-7B's MLP
+width); we use Paley II with q = 73, so Dream's down_proj rotation is still a true Hadamard.
+Widths with no Hadamard factor at all (an odd part other than 1, e.g. 6 x 2^j, of which no
+Hadamard matrix exists) fall back to a seeded Haar-random orthogonal m x m factor.
 """
 from __future__ import annotations
 
@@ -16,9 +29,16 @@ from torch import nn
 
 from .transforms import random_orthogonal
 
+# QuaRot's get_hadK order, then 148 (ours, for Dream's 18944).
+HADAMARD_ORDERS = (172, 156, 140, 108, 60, 52, 36, 28, 40, 20, 12, 148)
+
+
+def is_pow2(n: int) -> bool:
+    return n >= 1 and n & (n - 1) == 0
+
 
 def sylvester_hadamard(n: int, dtype: torch.dtype = torch.float64) -> torch.Tensor:
-    if n < 1 or n & (n - 1):
+    if not is_pow2(n):
         raise ValueError(f"Sylvester Hadamard needs a power of two, got {n}")
     h = torch.ones(1, 1, dtype=dtype)
     while h.shape[0] < n:
@@ -26,26 +46,110 @@ def sylvester_hadamard(n: int, dtype: torch.dtype = torch.float64) -> torch.Tens
     return h
 
 
-def split_pow2(n: int) -> tuple[int, int]:
-    """n = m * p with p the largest power of two dividing n; returns (m, p)."""
+def _is_prime(q: int) -> bool:
+    return q >= 2 and all(q % d for d in range(2, int(q ** 0.5) + 1))
+
+
+def _jacobsthal(q: int) -> torch.Tensor:
+    """Q_ij = chi(j - i) over GF(q), chi the quadratic character (q prime)."""
+    squares = {(a * a) % q for a in range(1, q)}
+    chi = torch.tensor([0.0] + [1.0 if a in squares else -1.0 for a in range(1, q)],
+                       dtype=torch.float64)
+    idx = (torch.arange(q).unsqueeze(0) - torch.arange(q).unsqueeze(1)) % q
+    return chi[idx]
+
+
+def paley1(q: int) -> torch.Tensor:
+    """Order q + 1 (q prime, q = 3 mod 4): H = I - S, S = [[0, 1^T], [-1, Q]] skew (the sign
+    convention under which orders 12, 20, 60, 108, 140 equal QuaRot's tables entry for entry)."""
+    if not (_is_prime(q) and q % 4 == 3):
+        raise ValueError(f"Paley I needs a prime q = 3 (mod 4), got {q}")
+    s = torch.zeros(q + 1, q + 1, dtype=torch.float64)
+    s[0, 1:] = 1.0
+    s[1:, 0] = -1.0
+    s[1:, 1:] = _jacobsthal(q)
+    return torch.eye(q + 1, dtype=torch.float64) - s
+
+
+def paley2(q: int) -> torch.Tensor:
+    """Order 2 (q + 1) (q prime, q = 1 mod 4): C = [[0, 1^T], [1, Q]] symmetric conference
+    matrix, H = C (x) [[1, -1], [-1, -1]] + I (x) [[1, 1], [1, -1]]."""
+    if not (_is_prime(q) and q % 4 == 1):
+        raise ValueError(f"Paley II needs a prime q = 1 (mod 4), got {q}")
+    c = torch.zeros(q + 1, q + 1, dtype=torch.float64)
+    c[0, 1:] = 1.0
+    c[1:, 0] = 1.0
+    c[1:, 1:] = _jacobsthal(q)
+    a = torch.tensor([[1.0, -1.0], [-1.0, -1.0]], dtype=torch.float64)
+    b = torch.tensor([[1.0, 1.0], [1.0, -1.0]], dtype=torch.float64)
+    return torch.kron(c, a) + torch.kron(torch.eye(q + 1, dtype=torch.float64), b)
+
+
+def hadamard(k: int) -> torch.Tensor:
+    """A +-1 Hadamard matrix of order k (float64), or ValueError if none is constructed."""
+    if is_pow2(k):
+        return sylvester_hadamard(k)
+    if _is_prime(k - 1) and (k - 1) % 4 == 3:
+        return paley1(k - 1)
+    if k % 2 == 0 and _is_prime(k // 2 - 1) and (k // 2 - 1) % 4 == 1:
+        return paley2(k // 2 - 1)
+    if k % 2 == 0 and k // 2 % 4 == 0:
+        try:
+            h = hadamard(k // 2)
+        except ValueError:
+            pass
+        else:
+            return torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
+    raise ValueError(f"no Hadamard construction of order {k} here (Paley I/II, doubling)")
+
+
+def hadamard_split(n: int) -> tuple[int, int, bool]:
+    """(K, 2^j, exact) with n = K * 2^j: K from QuaRot's orders (then 148), else the odd part
+    of n with ``exact`` False (no Hadamard matrix: random orthogonal factor)."""
+    if is_pow2(n):
+        return 1, n, True
+    for k in HADAMARD_ORDERS:
+        if n % k == 0 and is_pow2(n // k):
+            try:
+                hadamard(k)
+            except ValueError:
+                continue
+            return k, n // k, True
     p = n & -n
-    return n // p, p
+    return n // p, p, False
 
 
 class KronRotation(nn.Module):
-    """Fixed orthogonal R = diag(s) (M (x) Hp / sqrt(p)) of size n, applied as x @ R."""
+    """Fixed orthogonal R = diag(s) (M (x) H_p / sqrt(p)) of size n = m p, applied as x @ R, with
+    M = H_m^T / sqrt(m) (a true Hadamard, see :func:`hadamard_split`; random orthogonal only
+    where none exists). ``split``: (m, p) instead of :func:`hadamard_split` (m must have a
+    Hadamard matrix); ``right=False``: identity instead of H_p, i.e. a rotation of the m axis
+    only (QuaRot's online Hadamard across heads on the o_proj input: m heads, p = head_dim)."""
 
-    def __init__(self, n: int, generator: torch.Generator | None = None, signs: bool = True):
+    def __init__(self, n: int, generator: torch.Generator | None = None, signs: bool = True,
+                 split: tuple[int, int] | None = None, right: bool = True):
         super().__init__()
         self.n = n
-        self.m, self.p = split_pow2(n)
+        if split is None:
+            self.m, self.p, exact = hadamard_split(n)
+        else:
+            (self.m, self.p), exact = split, True
+        if self.m * self.p != n:
+            raise ValueError(f"split {split} does not multiply to {n}")
+        self.exact = exact
         s = (torch.randint(0, 2, (n,), generator=generator, dtype=torch.float64) * 2 - 1
              if signs else torch.ones(n, dtype=torch.float64))
-        m = random_orthogonal(self.m, generator) if self.m > 1 else torch.ones(1, 1, dtype=torch.float64)
-        h = sylvester_hadamard(self.p) / self.p ** 0.5
+        if self.m == 1:
+            m = torch.ones(1, 1, dtype=torch.float64)
+        elif exact:
+            m = hadamard(self.m).T / self.m ** 0.5
+        else:
+            m = random_orthogonal(self.m, generator)
+        self.right = bool(right)
+        h = sylvester_hadamard(self.p) / self.p ** 0.5 if self.right else None
         self.register_buffer("s", s.float())
         self.register_buffer("mfac", m.float())
-        self.register_buffer("hfac", h.float())
+        self.register_buffer("hfac", None if h is None else h.float())
 
     def rotate(self, x: torch.Tensor) -> torch.Tensor:
         """x @ R over the last dimension."""
@@ -54,7 +158,9 @@ class KronRotation(nn.Module):
         x = x * self.s.to(dt)
         xr = x.reshape(*shape[:-1], self.m, self.p)
         # (x @ (M (x) H)) reshaped = M^T X H
-        xr = torch.matmul(torch.matmul(self.mfac.to(dt).T, xr), self.hfac.to(dt))
+        xr = torch.matmul(self.mfac.to(dt).T, xr)
+        if self.hfac is not None:
+            xr = torch.matmul(xr, self.hfac.to(dt))
         return xr.reshape(shape)
 
     def matrix(self, dtype: torch.dtype = torch.float64) -> torch.Tensor:
@@ -64,6 +170,6 @@ class KronRotation(nn.Module):
         super()._apply(fn, recurse)
         for k in ("s", "mfac", "hfac"):
             t = getattr(self, k)
-            if t.dtype != torch.float32:
+            if t is not None and t.dtype != torch.float32:
                 setattr(self, k, t.float())
         return self

@@ -1,13 +1,15 @@
 """FlatQuant-style learnable invertible transforms.
 
 A transform T acts on a layer input x (last dim ``n``): T x = K (d * x), with
-- d > 0 a per-channel diagonal scale (``exp(log_d)``), SmoothQuant-initialised
-  ``d_j = max|W_:,j|^(1-a) / max|X_j|^a`` (a = 0.3), and
+- d a per-channel diagonal scale (the parameter ``diag_scale`` itself, as FlatQuant's, so weight
+  decay acts on the same quantity), SmoothQuant-initialised
+  ``d_j = max(max|W_:,j|^(1-a) / max|X_j|^a, 1e-5)`` (a = 0.3), and
 - K = P1 (x) P2 a Kronecker product of two small factors with n1 * n2 = n, (n1, n2) the closest
   factor pair (4096 = 64 x 64, 12288 = 96 x 128, 3584 = 56 x 64, 18944 = 128 x 148).
-Each factor is P = R0 exp(A - A^T) diag(exp(sigma)) exp(B - B^T)^T, with R0 a fixed random
+Each factor is P = R0 exp(A - A^T) diag(s) exp(B - B^T)^T (s = ``diag``, init 1, the
+parameter itself as FlatQuant's ``linear_diag``), with R0 a fixed random
 orthogonal start (identity if ``init='identity'``): an SVD-like parametrisation whose inverse,
-exp(B - B^T) diag(exp(-sigma)) exp(A - A^T)^T R0^T, needs no matrix inversion and is exact up to
+exp(B - B^T) diag(1/s) exp(A - A^T)^T R0^T, needs no matrix inversion and is exact up to
 the orthogonality of the matrix exponential (the fixed R0,
 stored in float32, is inverted exactly). Matrices are built in float32 during calibration and
 in float64 for folding, never in half precision.
@@ -50,15 +52,17 @@ def random_orthogonal(n: int, generator: torch.Generator | None = None,
 KRON_MODE = "bmm"
 
 
-def kron_apply(xr: torch.Tensor, a: torch.Tensor, bt: torch.Tensor) -> torch.Tensor:
-    """A @ X @ bt over the last two dimensions of ``xr`` (``bt`` = B^T)."""
+def kron_apply(xr: torch.Tensor, a: torch.Tensor, bt: torch.Tensor | None) -> torch.Tensor:
+    """A @ X @ bt over the last two dimensions of ``xr`` (``bt`` = B^T; None: identity)."""
+    if bt is None:
+        return torch.matmul(a, xr)
     if KRON_MODE == "bmm":
         return torch.matmul(torch.matmul(a, xr), bt)
     z = torch.matmul(xr, bt)                                   # one GEMM: [rows*n1, n2] @ bt
     return torch.matmul(z.transpose(-1, -2), a.T).transpose(-1, -2)   # one GEMM over n1
 
 
-def kron_last(x: torch.Tensor, left: torch.Tensor, right_t: torch.Tensor, n1: int,
+def kron_last(x: torch.Tensor, left: torch.Tensor, right_t: torch.Tensor | None, n1: int,
               n2: int) -> torch.Tensor:
     """(left (x) right) applied to the last dimension (n1 * n2) of ``x``; ``right_t`` = right^T."""
     shape = x.shape
@@ -115,14 +119,14 @@ def plan_squarings(factors: list["InvertibleFactor"]) -> None:
 
 
 class InvertibleFactor(nn.Module):
-    """One n x n factor P = R0 U diag(exp(sigma)) V^T with U, V = exp(skew) (:func:`expm`)."""
+    """One n x n factor P = R0 U diag(s) V^T with U, V = exp(skew) (:func:`expm`)."""
 
     def __init__(self, n: int, init: str = "orthogonal", generator: torch.Generator | None = None):
         super().__init__()
         self.n = n
         self.a = nn.Parameter(torch.zeros(n, n))
         self.b = nn.Parameter(torch.zeros(n, n))
-        self.sigma = nn.Parameter(torch.zeros(n))
+        self.diag = nn.Parameter(torch.ones(n))
         if init == "identity":
             r0 = torch.eye(n, dtype=torch.float64)
         elif init == "orthogonal":
@@ -141,19 +145,19 @@ class InvertibleFactor(nn.Module):
         sa, sb = self._plan if self._plan is not None else (None, None)
         u = expm(a - a.T, sa)
         v = expm(b - b.T, sb)
-        return self.r0.to(dtype), u, self.sigma.to(dtype), v
+        return self.r0.to(dtype), u, self.diag.to(dtype), v
 
     def matrices(self, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
         """(P, P^{-1}) in ``dtype`` (float32 or float64)."""
         if dtype not in (torch.float32, torch.float64):
             raise ValueError("transform matrices are built in float32/float64 only")
         with torch.autocast(self.a.device.type, enabled=False):   # never in half precision
-            r0, u, sigma, v = self._parts(dtype)
-            p = r0 @ u @ torch.diag(torch.exp(sigma)) @ v.T
+            r0, u, sv, v = self._parts(dtype)
+            p = r0 @ u @ torch.diag(sv) @ v.T
             # r0 is stored in float32, so it is orthogonal only to ~1e-7: invert it exactly
             # instead of transposing (a well-conditioned n x n solve, n <= a few hundred). It is
             # fixed, so the inverse is cached (keyed on the buffer's storage and version).
-            p_inv = v @ torch.diag(torch.exp(-sigma)) @ u.T @ self._r0_inverse(dtype)
+            p_inv = v @ torch.diag(1.0 / sv) @ u.T @ self._r0_inverse(dtype)
         return p, p_inv
 
     def _r0_inverse(self, dtype: torch.dtype) -> torch.Tensor:
@@ -167,16 +171,25 @@ class InvertibleFactor(nn.Module):
 
 
 class AffineTransform(nn.Module):
-    """T x = K (d * x), K = P1 (x) P2 (``kron``), d = exp(log_d) (``smooth``)."""
+    """T x = K (d * x), K = P1 (x) P2 (``kron``), d = ``diag_scale`` (``smooth``).
+
+    ``factors``: (n1, n2) instead of the closest factor pair (FlatQuant's o_proj: heads x
+    head_dim). ``right_online=False``: the activation side applies P1 only (P1 (x) I), because
+    P2 is applied upstream (FlatQuant folds o_proj's head_dim factor into v_proj); the weight
+    side W T^{-1} still uses both factors."""
 
     def __init__(self, dim: int, kron: bool = True, smooth: bool = True,
-                 init: str = "orthogonal", generator: torch.Generator | None = None):
+                 init: str = "orthogonal", generator: torch.Generator | None = None,
+                 factors: tuple[int, int] | None = None, right_online: bool = True):
         super().__init__()
         self.dim = dim
-        self.n1, self.n2 = closest_factor_pair(dim)
+        self.n1, self.n2 = closest_factor_pair(dim) if factors is None else factors
+        if self.n1 * self.n2 != dim:
+            raise ValueError(f"factors {factors} do not multiply to {dim}")
+        self.right_online = bool(right_online)
         self.f1 = InvertibleFactor(self.n1, init, generator) if kron else None
         self.f2 = InvertibleFactor(self.n2, init, generator) if kron else None
-        self.log_d = nn.Parameter(torch.zeros(dim)) if smooth else None
+        self.diag_scale = nn.Parameter(torch.ones(dim)) if smooth else None
         self._folded: dict[str, torch.Tensor] | None = None
         self._folded_cast: dict[torch.dtype, tuple] = {}
         self._step_cache: tuple | None = None
@@ -184,13 +197,14 @@ class AffineTransform(nn.Module):
 
     @torch.no_grad()
     def init_smooth(self, w_absmax: torch.Tensor, x_absmax: torch.Tensor, alpha: float = 0.3) -> None:
-        """SmoothQuant init: d = max|W|^(1-a) / max|X|^a per input channel."""
-        if self.log_d is None:
+        """SmoothQuant init as FlatQuant's ``get_init_scale``: d = max|W|^(1-a) / max|X|^a per
+        input channel, max|X| floored at 1e-5 (its running max starts there), d at 1e-5."""
+        if self.diag_scale is None:
             return
-        w = w_absmax.double().clamp(min=1e-5)
+        w = w_absmax.double()
         x = x_absmax.double().clamp(min=1e-5)
         d = w.pow(1.0 - alpha) / x.pow(alpha)
-        self.log_d.copy_(torch.log(d).to(self.log_d.dtype))
+        self.diag_scale.copy_(d.clamp(min=1e-5).to(self.diag_scale.dtype))
 
     def _mats(self, dtype: torch.dtype):
         """(P1, P2, P1^-1, P2^-1, d): folded ones, or built from the parameters.
@@ -223,8 +237,8 @@ class AffineTransform(nn.Module):
         if self.f1 is not None:
             p1, p1i = self.f1.matrices(dtype)
             p2, p2i = self.f2.matrices(dtype)
-        if self.log_d is not None:
-            d = torch.exp(self.log_d.to(dtype))
+        if self.diag_scale is not None:
+            d = self.diag_scale.to(dtype)
         return p1, p2, p1i, p2i, d
 
     def forward(self, x: torch.Tensor, mats=None) -> torch.Tensor:
@@ -233,14 +247,16 @@ class AffineTransform(nn.Module):
         if d is not None:
             x = x * d.to(x.dtype)
         if p1 is not None:
-            x = kron_last(x, p1.to(x.dtype), p2.to(x.dtype).T, self.n1, self.n2)
+            right = p2.to(x.dtype).T if self.right_online else None
+            x = kron_last(x, p1.to(x.dtype), right, self.n1, self.n2)
         return x
 
     def inverse(self, y: torch.Tensor) -> torch.Tensor:
         """T^{-1} y over the last dimension."""
         _, _, p1i, p2i, d = self._mats(y.dtype)
         if p1i is not None:
-            y = kron_last(y, p1i.to(y.dtype), p2i.to(y.dtype).T, self.n1, self.n2)
+            right = p2i.to(y.dtype).T if self.right_online else None
+            y = kron_last(y, p1i.to(y.dtype), right, self.n1, self.n2)
         if d is not None:
             y = y / d.to(y.dtype)
         return y

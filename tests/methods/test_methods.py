@@ -28,7 +28,11 @@ def quantized_kl(tmp_path, make, method_cfg, w_bits, a_bits):
 
 
 def test_registry_keys():
+    from fair_calib.calibrate import PROPAGATE
+    from fair_calib.methods.flatquant import O_TRANS
+
     assert tuple(REGISTRY) == registry.METHOD_TYPES
+    assert registry.PROPAGATE == PROPAGATE and registry.O_TRANS == O_TRANS
     with pytest.raises(KeyError):
         make_method({"type": "nope"}, 4, 4)
 

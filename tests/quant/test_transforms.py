@@ -19,15 +19,17 @@ def _randomised(dim, seed=0):
     g = torch.Generator().manual_seed(seed)
     t = AffineTransform(dim, generator=g)
     with torch.no_grad():
-        for p in t.parameters():
-            p.copy_(0.3 * torch.randn(p.shape, generator=g))
+        for name, p in t.named_parameters():
+            r = 0.3 * torch.randn(p.shape, generator=g)
+            # scales (diagonal, singular values) are the parameters themselves: keep them > 0
+            p.copy_(torch.exp(r) if name.split(".")[-1] in ("diag", "diag_scale") else r)
     return t
 
 
 def _dense(t: AffineTransform) -> torch.Tensor:
     p1, _ = t.f1.matrices(torch.float64)
     p2, _ = t.f2.matrices(torch.float64)
-    return torch.kron(p1, p2) @ torch.diag(torch.exp(t.log_d.double()))
+    return torch.kron(p1, p2) @ torch.diag(t.diag_scale.double())
 
 
 def test_kronecker_transform_matches_dense_and_inverts():
@@ -51,7 +53,10 @@ def test_smooth_init():
     xmax = torch.tensor([1.0, 1, 1, 1, 10, 100, 1000, 1])
     t.init_smooth(wmax, xmax, alpha=0.3)
     want = wmax.pow(0.7) / xmax.pow(0.3)
-    assert torch.allclose(torch.exp(t.log_d), want, rtol=1e-5)
+    assert torch.allclose(t.diag_scale, want, rtol=1e-5)
+    # FlatQuant's get_init_scale: max|X| floored at 1e-5, the ratio at 1e-5
+    t.init_smooth(torch.zeros(8), torch.zeros(8), alpha=0.3)
+    assert torch.allclose(t.diag_scale, torch.full((8,), 1e-5))
 
 
 def _qlinear(seed=0, bias=True, w_bits=4, a_bits=4):

@@ -1,0 +1,198 @@
+"""QuaRot's arithmetic (spcl/QuaRot ``fake_quant/``), written here from its formulas: the
+online Hadamard across heads on the o_proj input (``online_partial_had``), true Hadamard
+factors (``get_hadK``), sequential GPTQ inside a block (``gptq_fwrd``) with the MSE clip search
+of ``--w_clip`` and the activation clip ratio of the README command (1.0)."""
+import math
+
+import pytest
+import torch
+
+from fair_calib.calibrate import _targets_and_stats, calibrate
+from fair_calib.methods import make_method
+from fair_calib.quant.blockio import call_block, capture_block_inputs
+from fair_calib.quant.discovery import discover_groups, get_submodule
+from fair_calib.quant.gptq import gptq_quantize, mse_clip_scale
+from fair_calib.quant.hadamard import KronRotation, hadamard, hadamard_split
+from fair_calib.quant.qlinear import QuantLinear
+from fair_calib.quant.quantizers import ActQuantizer
+from fair_calib.quant.toy import tiny_random_loaded
+
+torch.set_num_threads(1)
+IDS = torch.randint(0, 60, (8, 16), generator=torch.Generator().manual_seed(1))
+
+
+@pytest.mark.parametrize("k", [2, 4, 12, 20, 28, 36, 40, 44, 60, 108, 140, 148])
+def test_hadamard_matrices_are_hadamard(k):
+    h = hadamard(k)
+    assert torch.equal(h.abs(), torch.ones(k, k, dtype=h.dtype))
+    assert torch.equal(h @ h.T, k * torch.eye(k, dtype=h.dtype))
+
+
+@pytest.mark.parametrize("n,k", [(192, 12), (224, 28), (296, 148), (80, 40), (64, 1), (120, 60)])
+def test_rotations_are_orthogonal_with_entries_one_over_sqrt_n(n, k):
+    assert hadamard_split(n)[0] == k
+    for signs in (False, True):
+        r = KronRotation(n, torch.Generator().manual_seed(0), signs=signs).matrix()
+        assert torch.allclose(r @ r.T, torch.eye(n, dtype=r.dtype), atol=1e-6)
+        assert torch.allclose(r.abs(), torch.full((n, n), 1 / math.sqrt(n), dtype=r.dtype), atol=1e-7)
+    # the structure of QuaRot's matmul_hadU_cuda: x viewed K x n/K, H_{n/K} on the last axis,
+    # then H_K on the first; divided by sqrt(n)
+    x = torch.randn(3, n, dtype=torch.float64)
+    hk = hadamard(k) if k > 1 else torch.ones(1, 1, dtype=torch.float64)
+    hp = hadamard(n // k)
+    want = (hk @ x.reshape(3, k, n // k) @ hp).reshape(3, n) / math.sqrt(n)
+    got = KronRotation(n, None, signs=False).rotate(x)
+    assert torch.allclose(got, want, atol=1e-10)
+
+
+def test_no_factor_width_falls_back_to_random_orthogonal():
+    assert hadamard_split(6 * 16) == (12, 8, True)
+    k, p, exact = hadamard_split(43 * 4)          # 172 is not constructed here
+    assert (k, p, exact) == (43, 4, False)
+    with pytest.raises(ValueError):
+        hadamard(6)
+
+
+def _rotated_wrapped(lm, w_bits, a_bits, cfg=None):
+    m = make_method({"type": "quarot", **(cfg or {})}, w_bits, a_bits)
+    m.prepare_model(lm)
+    inputs = capture_block_inputs(lm.model, lm.blocks[0], IDS, 4)
+    wrapped = []
+    for i, block in enumerate(lm.blocks):
+        groups = discover_groups(block, lambda: call_block(block, inputs, 0))
+        _, stats = _targets_and_stats(block, inputs, groups, False, i)
+        m.quantize_block(block, groups, stats, i)
+        wrapped.append((block, groups))
+        with torch.no_grad():
+            inputs = inputs.with_hidden([call_block(block, inputs, b) for b in range(len(inputs))])
+    return m, wrapped
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_cross_head_hadamard_keeps_the_fp_function_at_16_bits(arch):
+    make = lambda: tiny_random_loaded(arch, layers=2, kv_heads=2 if arch == "qwen2" else None)  # noqa: E731
+    with torch.no_grad():
+        want = make().logits(IDS)
+    lm = make()
+    _, wrapped = _rotated_wrapped(lm, 16, 16)
+    o = wrapped[0][0].self_attn.o_proj
+    rot = o.inq.rotation
+    assert (rot.m, rot.p, rot.right) == (4, 16, False)
+    # x @ R = vec(H_heads X) / sqrt(heads), X the heads x head_dim view (online_partial_had)
+    x = torch.randn(5, 64)
+    h4 = hadamard(4).float()
+    assert torch.allclose(rot.rotate(x), (h4 @ x.reshape(5, 4, 16)).reshape(5, 64) / 2, atol=1e-6)
+    with torch.no_grad():
+        got = lm.logits(IDS)
+    assert torch.allclose(got, want, atol=1e-4 * want.abs().max()), (got - want).abs().max()
+
+
+def test_quarot_defaults_are_the_readme_commands():
+    m = make_method({"type": "quarot"}, 4, 4)
+    assert m.training_settings()["propagate"] == "quant"
+    lm = tiny_random_loaded("llama", layers=1)
+    _, wrapped = _rotated_wrapped(lm, 4, 4)
+    acts = [mod for mod in wrapped[0][0].modules() if isinstance(mod, ActQuantizer)]
+    assert acts and all(a.clip_ratio == 1.0 and not a.learnable_clip for a in acts)
+
+
+def ref_mse_scale(w, bits):
+    """WeightQuantizer.find_params(mse=True, sym, per channel), norm 2.4, grid 100, 0.8."""
+    maxq = 2 ** (bits - 1) - 1
+    tmp = torch.zeros(w.shape[0])
+    xmin = torch.minimum(w.min(1)[0], tmp)
+    xmax = torch.maximum(w.max(1)[0], tmp)
+    xmax = torch.maximum(torch.abs(xmin), xmax).clamp(min=1e-5)
+    scale = xmax / maxq
+    best = torch.full([w.shape[0]], float("inf"))
+    for i in range(int(0.8 * 100)):
+        p = 1 - i / 100
+        scale1 = p * xmax / maxq
+        q = torch.clamp(torch.round(w / scale1.unsqueeze(1)), -(maxq + 1), maxq) * scale1.unsqueeze(1)
+        err = torch.sum((q - w).abs().pow(2.4), 1)
+        tmp = err < best
+        if torch.any(tmp):
+            best[tmp] = err[tmp]
+            scale[tmp] = scale1[tmp]
+    return scale.reshape(-1, 1)
+
+
+def test_mse_clip_search_equals_the_reference():
+    torch.manual_seed(0)
+    w = torch.randn(32, 64)
+    w[3, 5] = 12.0                                 # an outlier row: the search clips it
+    got, want = mse_clip_scale(w, 4), ref_mse_scale(w, 4)
+    assert torch.equal(got, want)
+    assert got[3, 0] < 12.0 / 7
+
+
+def test_sequential_gptq_equals_a_hand_rolled_loop():
+    """Each group's Hessian comes from the block run with the earlier groups already
+    quantized and activations in full precision, its input taken after the online rotation;
+    GPTQ with the w_clip scale in the rotated basis."""
+    torch.manual_seed(0)
+    lm = tiny_random_loaded("llama", layers=1)
+    ref = tiny_random_loaded("llama", layers=1)
+    m, wrapped = _rotated_wrapped(lm, 4, 4)
+    _, ref_wrapped = _rotated_wrapped(ref, 4, 4)
+    block, groups = wrapped[0]
+    rblock, _ = ref_wrapped[0]
+    inputs = capture_block_inputs(lm.model, block, IDS, 4)
+    rinputs = capture_block_inputs(ref.model, rblock, IDS, 4)
+    m.fit_block(block, groups, inputs, 0, lambda b: call_block(block, inputs, b))
+
+    acts = [a for a in rblock.modules() if isinstance(a, ActQuantizer)]
+    for a in acts:
+        a.enabled = False
+    codes_fp_hessian = {}
+    for gi, g in enumerate(groups):
+        first = get_submodule(rblock, g.names[0])
+        xs = []
+        h = first.register_forward_pre_hook(lambda mod, a: xs.append(a[0].detach().reshape(-1, a[0].shape[-1])))
+        with torch.no_grad():
+            for b in range(len(rinputs)):
+                call_block(rblock, rinputs, b)
+        h.remove()
+        x = torch.cat(xs).double()
+        if first.inq.rotation is not None:
+            x = first.inq.rotation.rotate(x)
+        H = x.T @ x
+        for n in g.names:
+            ql: QuantLinear = get_submodule(rblock, n)
+            w = ql.inq.weight_inverse(ql.linear.weight.double())
+            codes, scale = gptq_quantize(w, H, 4, damp=0.01, scale=mse_clip_scale(w.float(), 4))
+            got_codes, got_scale = get_submodule(block, n)._gptq
+            assert torch.equal(got_codes, codes), n
+            assert torch.allclose(got_scale, scale), n
+            if gi == len(groups) - 1:
+                codes_fp_hessian[n] = codes
+            ql.w_quant = codes.float() * scale
+    # the last group's Hessian differs from the FP block's (sequential propagation matters)
+    fp = tiny_random_loaded("llama", layers=1)
+    _, fp_wrapped = _rotated_wrapped(fp, 4, 4)
+    fblock, _ = fp_wrapped[0]
+    for a in fblock.modules():
+        if isinstance(a, ActQuantizer):
+            a.enabled = False
+    down = get_submodule(fblock, groups[-1].names[0])
+    xs = []
+    h = down.register_forward_pre_hook(lambda mod, a: xs.append(a[0].detach().reshape(-1, a[0].shape[-1])))
+    finputs = capture_block_inputs(fp.model, fblock, IDS, 4)
+    with torch.no_grad():
+        for b in range(len(finputs)):
+            call_block(fblock, finputs, b)
+    h.remove()
+    x = down.inq.rotation.rotate(torch.cat(xs).double())
+    w = down.inq.weight_inverse(down.linear.weight.double())
+    c_fp, _ = gptq_quantize(w, x.T @ x, 4, damp=0.01, scale=mse_clip_scale(w.float(), 4))
+    assert not torch.equal(c_fp, codes_fp_hessian[groups[-1].names[0]])
+
+
+def test_quarot_calibrates_end_to_end(tmp_path):
+    lm = tiny_random_loaded("llama", layers=2)
+    meta = calibrate(lm, make_method({"type": "quarot"}, 4, 4), IDS, tmp_path, batch_size=4,
+                     log=lambda s: None)
+    assert meta["propagate"] == "quant"
+    assert all(isinstance(get_submodule(lm.blocks[1], n), QuantLinear)
+               and get_submodule(lm.blocks[1], n).w_quant is not None
+               for n in ("self_attn.q_proj", "mlp.down_proj"))
