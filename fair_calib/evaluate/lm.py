@@ -95,6 +95,13 @@ def infer_family(source: str, calib_dir: str | None = None) -> str:
                      f"{sorted(ADAPTERS)}> in --model_args")
 
 
+def _device(device: str | None) -> str:
+    """lm-eval's CLI defaults to ``cuda``; like its HF model, use the CPU where CUDA is absent."""
+    if device is None or (str(device).startswith("cuda") and not torch.cuda.is_available()):
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return str(device)
+
+
 def _rows(batch_size: Any) -> int | None:
     """lm-eval's ``--batch_size`` is the rows per forward; ``auto`` has no meaning here."""
     if batch_size is None:
@@ -131,7 +138,7 @@ class DiffusionLM(LM):
         super().__init__()
         likelihood, decoding = self._split_flat(flat, likelihood, decoding, batch_size)
         if loaded is None:
-            loaded = self._load(model_dir or pretrained, family, dtype, device or "cpu", calib_dir)
+            loaded = self._load(model_dir or pretrained, family, dtype, _device(device), calib_dir)
         elif calib_dir is not None:
             from fair_calib.methods import load_quantized  # lazy: only for quantized runs
 
