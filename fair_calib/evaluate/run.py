@@ -103,6 +103,7 @@ def build_task_manager(settings: Mapping[str, Any], include_dir: str | os.PathLi
         offline_data.write_synthetic_tasks(synth, include_dir, [name])
         return TaskManager(include_path=str(include_dir), include_defaults=False)
     if is_offline(settings):
+        offline_data.check_offline_fewshot(name, task.get("num_fewshot"))
         data_dir = settings.get("data_dir") or offline_data.default_data_dir()
         offline_data.write_offline_tasks(data_dir, Path(include_dir) / "_cache",
                                          Path(include_dir) / "tasks", [name])
