@@ -195,6 +195,7 @@ def dream_iteration_losses(loaded: LoadedModel, prefix: Sequence[int], target: S
 
 
 # ----------------------------------------------------------------------------- exact mode
+EXACT_MIN_ROWS = 32
 def maskable_positions(st: LikelihoodSettings, prefix_len: int, target_len: int) -> list[int]:
     if st.estimator == "dream":
         return dream_maskable(prefix_len, target_len)
@@ -251,7 +252,7 @@ def exact_loglikelihoods(loaded: LoadedModel, items: Sequence[tuple[Sequence[int
 
     Identical noisy inputs are run once: the choices of a question with single-token targets
     (MMLU's letters, BoolQ's yes/no) all read the same ``[context | MASK (| EOS)]`` forward.
-    Forwards hold ``st.rows`` rows and group inputs of the same context and target lengths."""
+    Forwards group inputs of the same context and target lengths."""
     unique: dict[tuple[int, tuple[int, ...]], int] = {}
     inputs: list[tuple[int, list[int]]] = []                 # (prefix length, noisy ids)
     needs: list[list[tuple[int, int, int, float]]] = []      # per item: (input, pos, token, w)
@@ -277,14 +278,17 @@ def _target_logprobs(loaded: LoadedModel, inputs: Sequence[tuple[int, list[int]]
                      wanted: Mapping[int, set[tuple[int, int]]],
                      st: LikelihoodSettings) -> dict[tuple[int, int, int], float]:
     """``log p(token at target position j | input i)`` for every wanted ``(i, j, token)``,
-    from forwards of ``st.rows`` inputs of equal shape; only those values leave the device."""
+    from forwards of inputs of equal shape; only those values leave the device. The forward's
+    row count changes no value here (the pattern weights already hold ``st.rows``), so it is
+    at least ``EXACT_MIN_ROWS`` for throughput."""
     groups: dict[tuple[int, int], list[int]] = {}
     for i, (P, ids) in enumerate(inputs):
         groups.setdefault((P, len(ids)), []).append(i)
     out: dict[tuple[int, int, int], float] = {}
     for (P, _), idx in groups.items():
-        for s in range(0, len(idx), st.rows):
-            chunk = idx[s:s + st.rows]
+        step = max(st.rows, EXACT_MIN_ROWS)
+        for s in range(0, len(idx), step):
+            chunk = idx[s:s + step]
             ids = torch.tensor([inputs[i][1] for i in chunk], dtype=torch.long, device=loaded.device)
             logp = torch.log_softmax(_logits(loaded, ids, P, st.cfg_scale).float(), dim=-1)
             keys = [(r, j, tok) for r, i in enumerate(chunk) for j, tok in sorted(wanted[i])]
@@ -304,6 +308,20 @@ def mc_loglikelihood(loaded: LoadedModel, prefix: Sequence[int], target: Sequenc
     losses = fn(loaded, prefix, target, st, generator)
     se = float(losses.std(unbiased=True) / math.sqrt(len(losses))) if len(losses) > 1 else float("nan")
     return -float(losses.mean()), se
+
+
+def score_requests(loaded: LoadedModel, items: Sequence[tuple[Sequence[int], Sequence[int]]],
+                   st: LikelihoodSettings, seed: int) -> list[float]:
+    """Log-likelihoods of ``(prefix, scored target)`` pairs: the exact expectation where
+    ``exact_below`` allows (batched: identical noisy inputs run once), else the MC estimate
+    with a generator seeded by ``(seed, prefix, target)`` (any batch, order or shard)."""
+    exact = [i for i, (p, t) in enumerate(items) if use_exact(st, len(p), len(t))]
+    values = dict(zip(exact, exact_loglikelihoods(loaded, [items[i] for i in exact], st)))
+    for i, (prefix, target) in enumerate(items):
+        if i not in values:
+            gen = request_generator(seed, list(prefix), list(target))
+            values[i] = mc_loglikelihood(loaded, prefix, target, st, gen)[0]
+    return [float(values[i]) for i in range(len(items))]
 
 
 @torch.no_grad()

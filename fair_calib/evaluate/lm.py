@@ -57,7 +57,7 @@ from fair_calib.models.adapters import LoadedModel
 from fair_calib.evaluate.likelihood import (  # noqa: F401  (re-exported)
     LIKELIHOOD_ESTIMATORS, SETTING_KEYS, LikelihoodSettings, _bool, _logits, dream_iteration_losses,
     exact_loglikelihoods, greedy_match, likelihood_settings, llada_iteration_losses,
-    mc_loglikelihood, request_generator, use_exact)
+    mc_loglikelihood, request_generator, score_requests, use_exact)
 
 
 def _model_max_length(loaded: LoadedModel) -> int:
@@ -233,16 +233,8 @@ class DiffusionLM(LM):
         """Log-likelihoods of ``(prefix, target)`` id pairs: exact (batched, identical noisy
         inputs run once) where ``exact_below`` allows, else the seeded MC estimate."""
         items = [self._fit(p, self._scored(t)) + (len(t),) for p, t in pairs]
-        exact = [i for i, (p, s, _) in enumerate(items) if use_exact(self.lik, len(p), len(s))]
-        values = dict(zip(exact, exact_loglikelihoods(
-            self.loaded, [items[i][:2] for i in exact], self.lik)))
-        out = []
-        for i, (prefix, scored, n) in enumerate(items):
-            if i not in values:
-                gen = request_generator(self.seed, prefix, scored)
-                values[i] = mc_loglikelihood(self.loaded, prefix, scored, self.lik, gen)[0]
-            out.append((float(values[i]), self._greedy(prefix, scored, min(n, len(scored)))))
-        return out
+        values = score_requests(self.loaded, [(p, s) for p, s, _ in items], self.lik, self.seed)
+        return [(v, self._greedy(p, s, min(n, len(s)))) for v, (p, s, n) in zip(values, items)]
 
     # ------------------------------------------------------------------ lm-eval API
     def loglikelihood(self, requests, disable_tqdm: bool = False) -> list[tuple[float, bool]]:
