@@ -17,7 +17,9 @@ Settings (JSON): ``{"seed", "device", "dtype", "data_dir", "synthetic_dir", "mod
 "family", "source", "instruct"}, "method": {"name", "type", ...}, "bits": {"name", ...},
 "task": {"name", "kind": "synthetic_mc"|"synthetic_gen"|"lm_eval", "lm_eval_task",
 "num_fewshot", "limit", "gen_length", "steps", "block_length", "mc_num", "batch_size",
-"cfg_scale", "eps", "decoding": {...}, "offline": bool, "allow_code_execution": bool}}``.
+"cfg_scale", "eps", "exact_below", "add_bos_token", "decoding": {...}, "offline": bool,
+"allow_code_execution": bool}}``: one task's settings already resolved for the model
+(``fair_calib.evaluate.task_settings``: entry < ``by_family`` < ``by_model``).
 ``offline`` defaults to ``data_source == "local"`` (the config default); ``data_source: hub``
 uses lm-eval's own task definitions and datasets.
 """
@@ -211,8 +213,8 @@ def make_lm(settings: Mapping[str, Any], model_dir: str | os.PathLike,
 
         loaded = load_model(model_dir, model["family"], dtype=settings.get("dtype", "float32"),
                             device=settings.get("device", "cpu"))
-    likelihood = {"mc_num": task.get("mc_num"), "batch_size": task.get("batch_size"),
-                  "cfg_scale": task.get("cfg_scale"), "eps": task.get("eps")}
+    likelihood = {k: task.get(k) for k in ("mc_num", "batch_size", "cfg_scale", "eps",
+                                           "exact_below")}
     decoding = dict(task.get("decoding") or {})
     for key in ("gen_length", "steps", "block_length"):
         if task.get(key) is not None:
@@ -220,6 +222,7 @@ def make_lm(settings: Mapping[str, Any], model_dir: str | os.PathLike,
     return DiffusionLM(loaded, calib_dir=str(calib_dir) if calib_dir else None,
                        instruct=bool(model.get("instruct", False)), seed=int(settings.get("seed", 0)),
                        likelihood=likelihood, decoding=decoding,
+                       add_bos_token=bool(task.get("add_bos_token", False)),
                        gen_batch_size=task.get("batch_size"), compute_greedy=compute_greedy)
 
 
