@@ -204,8 +204,12 @@ def project(cfg: Mapping[str, Any]) -> dict[str, Any]:
     """``{rule: {"jobs", "gpu_hours"}, "total_gpu_hours", "evaluate_by_task"}``."""
     ev = eval_cells(cfg)
     by_task: dict[str, float] = {}
+    longest = 0.0                                   # the longest evaluation shard (one job)
     for model, method, _, task in ev:
-        by_task[task] = by_task.get(task, 0.0) + eval_seconds(cfg, model, method, task)
+        sec = eval_seconds(cfg, model, method, task)
+        by_task[task] = by_task.get(task, 0.0) + sec
+        shards = resolve_task(task, cfg["tasks"][task], model, cfg["models"][model]["family"])
+        longest = max(longest, sec / int(shards.get("shards", 1)))
     calib = calib_cells(cfg)
     probes = probe_cells(cfg)
     traj_jobs, traj_s = trajectory_seconds(cfg)
@@ -218,6 +222,7 @@ def project(cfg: Mapping[str, Any]) -> dict[str, Any]:
         "trajectories": (traj_jobs, traj_s),
     }
     out = {rule: {"jobs": jobs, "gpu_hours": round(sec / 3600, 1)} for rule, (jobs, sec) in rules.items()}
+    out["evaluate_shard"]["longest_job_hours"] = round(longest / 3600, 1)
     return {"rules": out, "total_gpu_hours": round(sum(s for _, s in rules.values()) / 3600, 1),
             "evaluate_by_task": {t: round(s / 3600, 1) for t, s in sorted(by_task.items())}}
 
@@ -243,6 +248,8 @@ def run_cli(argv: list[str]) -> None:
     print("| rule | jobs | GPU-hours (H100) |\n|---|---|---|")
     for rule, r in res["rules"].items():
         print(f"| {rule} | {r['jobs']} | {r['gpu_hours']} |")
-    print(f"| **total** | | **{res['total_gpu_hours']}** |\n\nevaluate_shard by task (GPU-hours):")
+    print(f"| **total** | | **{res['total_gpu_hours']}** |\n")
+    print(f"longest evaluation job: {res['rules']['evaluate_shard']['longest_job_hours']} h "
+          f"(compare resources.evaluate_shard.runtime)\nevaluate_shard by task (GPU-hours):")
     for task, h in res["evaluate_by_task"].items():
         print(f"  {task:16s} {h}")
