@@ -17,7 +17,12 @@ SUBCOMMANDS = {
     "diagnose": "fair_calib.diagnostics",           # diagnostics from trajectories
     "report": "fair_calib.report.tables",           # LaTeX tables
     "figures": "fair_calib.report.figures",         # PDF/PNG figures
+    "lm-eval": "fair_calib.lm_eval_cli",            # lm-eval's own CLI, fair_calib_dlm registered
+    "render-tasks": "fair_calib.lm_eval_cli",       # offline / synthetic task YAMLs for it
+    "cost": "fair_calib.cost",                      # GPU-hours of a config's DAG
 }
+# These read their own subcommand name (one module serves two of them).
+WHOLE_ARGV = ("trajectories", "diagnose", "lm-eval", "render-tasks")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -30,7 +35,7 @@ def main(argv: list[str] | None = None) -> None:
         print(msg)
         return
     module = importlib.import_module(SUBCOMMANDS[argv[0]])
-    module.run_cli(argv[1:] if argv[0] not in ("trajectories", "diagnose") else argv)
+    module.run_cli(argv if argv[0] in WHOLE_ARGV else argv[1:])
 
 
 if __name__ == "__main__":

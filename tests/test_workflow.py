@@ -151,3 +151,24 @@ def test_every_stage_runs_on_checkpoints_in_the_released_layouts(ws):
     assert list((ws / "results/figures").glob("*.png"))
     again = subprocess.run(cmd + ["-n"], cwd=ws, capture_output=True, text=True)
     assert "Nothing to be done" in again.stdout + again.stderr
+
+
+def test_task_settings_resolve_per_family_into_the_jobs(ws):
+    """paper.yaml: the authors' per-family settings reach each evaluation job's --settings."""
+    import json
+    import re
+    import shlex
+
+    def job_task(model, task):
+        target = f"results/eval/{model}/fp/fp/{task}/shard-0.parquet"
+        res = subprocess.run(["snakemake", target, "-n", "-p", "--cores", "1", "--configfile",
+                              "config/paper.yaml"], cwd=ws, capture_output=True, text=True)
+        assert res.returncode == 0, (res.stdout + res.stderr)[-3000:]
+        line = next(l for l in res.stdout.splitlines() if "evaluate --settings" in l)
+        return json.loads(shlex.split(re.search(r"--settings (.*?) --model-dir", line).group(1))[0])["task"]
+
+    llada = job_task("llada-8b-base", "arc_challenge")        # eval_llada_lm_eval.sh
+    assert (llada["cfg_scale"], llada["batch_size"], llada["num_fewshot"]) == (0.5, 8, 0)
+    dream = job_task("dream-7b-base", "winogrande")           # eval_dream_mc.sh
+    assert (dream["batch_size"], dream["num_fewshot"], dream["add_bos_token"]) == (32, 5, True)
+    assert "by_family" not in dream and "cfg_scale" not in dream

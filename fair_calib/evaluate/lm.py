@@ -10,9 +10,19 @@ Likelihoods are the model authors' Monte-Carlo masked estimates, chosen by the f
            ``mc_num // b`` iterations; log-likelihood = ``-loss``. Optional classifier-free
            guidance (``cfg_scale``): the unconditional pass masks the prompt too and
            ``logits = un + (cfg + 1)(cond - un)``.
-``dream``  ``t_i = (u0 + i/b) mod 1`` stratified across the ``b`` rows; every target token (the
-           continuation with EOS appended) is masked independently with ``p = (1-eps) t + eps``;
-           loss = ``sum CE(masked) / p`` averaged over rows and iterations.
+``dream``  as DreamLM/Dream ``eval/eval.py``: EOS is appended to the continuation; per
+           iteration ``t_i = (u0 + i/b) mod 1`` across the ``b`` rows, one uniform per position
+           of the whole sequence masks it with ``p = (1-eps) t + eps``, but the prompt, the
+           sequence's first position and its last (the EOS) are never masked, so EOS is
+           visible and never scored; loss = ``sum CE(masked) / p`` averaged over rows and
+           iterations.
+
+``b`` (rows per forward) is lm-eval's ``--batch_size`` as in both authors' harnesses (8 in
+LLaDA's script, 32 in Dream's): the mask-count distribution, hence the expected value, depends
+on it. ``exact_below=N``: a target with fewer than ``N`` maskable tokens is scored by the exact
+expectation over all its mask patterns (weighted by the estimator's own distribution for ``b``
+rows), no sampling; identical noisy inputs are run once, so a question's single-token choices
+share one forward.
 
 Both are unbiased estimates of the same ELBO bound on ``log p(target | context)``. The random
 draws of one request come from a generator seeded by ``(seed, context tokens, target tokens)``,
@@ -24,8 +34,9 @@ left-to-right greedy decode to compare against). It costs one extra forward per 
 is skipped (reported False) when ``compute_greedy=False`` -- ``run.evaluate`` does that when all
 tasks are multiple choice, where lm-eval never reads it.
 
-From the lm-eval CLI (after ``import fair_calib.evaluate.lm``): ``--model fair_calib_dlm
---model_args model_dir=DIR,family=llada,mc_num=128,batch_size=32[,calib_dir=DIR]``.
+From the shell: ``python -m fair_calib.lm_eval_cli --model fair_calib_dlm --model_args
+pretrained=DIR,calib_dir=DIR,mc_num=128 --tasks piqa --batch_size 8`` (lm-eval's own CLI with
+this model registered; lm-eval 0.4.13 registers models on import only).
 
 ``generate_until`` runs the project decoder (``fair_calib.decoding.generate``) with the family's
 default policy (adapter ``decoding``) merged with per-task overrides (``gen_length``, ``steps``,
@@ -44,8 +55,9 @@ from lm_eval.api.registry import register_model
 from fair_calib.models.adapters import LoadedModel
 
 from fair_calib.evaluate.likelihood import (  # noqa: F401  (re-exported)
-    LIKELIHOOD_ESTIMATORS, LikelihoodSettings, _logits, dream_iteration_losses, greedy_match,
-    likelihood_settings, llada_iteration_losses, mc_loglikelihood, request_generator)
+    LIKELIHOOD_ESTIMATORS, SETTING_KEYS, LikelihoodSettings, _bool, _logits, dream_iteration_losses,
+    exact_loglikelihoods, greedy_match, likelihood_settings, llada_iteration_losses,
+    mc_loglikelihood, request_generator, score_requests, use_exact)
 
 
 def _model_max_length(loaded: LoadedModel) -> int:
@@ -57,67 +69,142 @@ def _model_max_length(loaded: LoadedModel) -> int:
     return 4096
 
 
+DECODING_KEYS = ("policy", "steps", "gen_length", "block_length", "temperature", "alg_temp",
+                 "top_p", "top_k")
+
+
+def infer_family(source: str, calib_dir: str | None = None) -> str:
+    """The adapter of a checkpoint when ``family=`` is not given: the embedded model's
+    ``fair_calib.json``, an adapter's hub id, or the checkpoint config's ``model_type``."""
+    import json
+    from pathlib import Path
+
+    from fair_calib.models.adapters import ADAPTERS
+
+    meta = Path(source) / "fair_calib.json"
+    if meta.is_file():
+        return json.loads(meta.read_text())["family"]
+    for name, adapter in ADAPTERS.items():
+        if source in adapter.hub_ids:
+            return name
+    cfg = Path(source) / "config.json"
+    model_type = json.loads(cfg.read_text()).get("model_type", "") if cfg.is_file() else ""
+    if model_type.lower() in ADAPTERS:
+        return model_type.lower()
+    raise ValueError(f"cannot tell the model family of {source!r}; pass family=<one of "
+                     f"{sorted(ADAPTERS)}> in --model_args")
+
+
+def _device(device: str | None) -> str:
+    """lm-eval's CLI defaults to ``cuda``; like its HF model, use the CPU where CUDA is absent."""
+    if device is None or (str(device).startswith("cuda") and not torch.cuda.is_available()):
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return str(device)
+
+
+def _rows(batch_size: Any) -> int | None:
+    """lm-eval's ``--batch_size`` is the rows per forward; ``auto`` has no meaning here."""
+    if batch_size is None:
+        return None
+    if isinstance(batch_size, str) and not batch_size.strip().isdigit():
+        raise ValueError(f"batch_size {batch_size!r}: pass an integer (the rows per forward, "
+                         f"8 in LLaDA's scripts, 32 in Dream's)")
+    return int(batch_size)
+
+
 @register_model("fair_calib_dlm")
 class DiffusionLM(LM):
     """lm-eval wrapper of a :class:`LoadedModel` (FP, or fake-quantized via ``calib_dir``).
 
-    Build it from a loaded model (``DiffusionLM(loaded, ...)``) or, through lm-eval's
-    ``model_args``, from ``model_dir`` + ``family`` (+ ``calib_dir``).
+    Build it from a loaded model (``DiffusionLM(loaded, ...)``) or from keyword arguments as
+    lm-eval does (``create_from_arg_obj`` / ``create_from_arg_string`` pass ``--model_args``
+    plus ``batch_size``, ``max_batch_size`` and ``device`` straight to this constructor):
+    ``pretrained`` (or ``model_dir``), optional ``family`` (else inferred), ``loader``
+    (``native`` by default, ``remote``: the authors' modeling files), ``calib_dir``, and
+    flat likelihood (``mc_num``, ``cfg``, ``exact_below``, ...) and decoding (``steps``,
+    ``gen_length``, ...) settings. ``batch_size`` is the likelihood estimator's rows per
+    forward, as in the authors' harnesses.
     """
 
     def __init__(self, loaded: LoadedModel | None = None, *, model_dir: str | None = None,
-                 family: str | None = None, dtype: str = "float32", device: str = "cpu",
+                 pretrained: str | None = None, family: str | None = None,
+                 dtype: str = "float32", device: str | None = None,
                  calib_dir: str | None = None, instruct: bool = False, seed: int = 0,
                  likelihood: Mapping[str, Any] | None = None,
                  decoding: Mapping[str, Any] | None = None,
                  gen_batch_size: int | None = None, max_length: int | None = None,
-                 compute_greedy: bool = True) -> None:
+                 compute_greedy: bool = True, add_bos_token: bool = False,
+                 batch_size: int | str | None = None, max_batch_size: int | None = None,
+                 loader: str | None = None, **flat: Any) -> None:
         super().__init__()
+        likelihood, decoding = self._split_flat(flat, likelihood, decoding, batch_size)
         if loaded is None:
-            if model_dir is None or family is None:
-                raise ValueError("DiffusionLM needs a LoadedModel or model_dir and family")
-            from fair_calib.models.adapters import load_model
-
-            loaded = load_model(model_dir, family, dtype=dtype, device=device)
-        if calib_dir is not None:
+            loaded = self._load(model_dir or pretrained, family, dtype, _device(device), calib_dir,
+                                loader)
+        elif calib_dir is not None:
             from fair_calib.methods import load_quantized  # lazy: only for quantized runs
 
             loaded = load_quantized(loaded, calib_dir)
         self.loaded = loaded
         self.tokenizer = loaded.tokenizer
-        self.instruct = bool(instruct)
+        self.instruct = _bool(instruct)
+        self.add_bos_token = _bool(add_bos_token)
         self.seed = int(seed)
         self.lik = likelihood_settings(loaded.adapter.likelihood, likelihood)
         self.decoding_overrides = {k: v for k, v in dict(decoding or {}).items() if v is not None}
         self.gen_batch_size = int(gen_batch_size or self.lik.batch_size)
         self.max_length = int(max_length or _model_max_length(loaded))
         # is_greedy costs one extra forward per request; multiple-choice tasks never read it.
-        self.compute_greedy = bool(compute_greedy)
+        self.compute_greedy = _bool(compute_greedy)
         self.stop_ids = {i for i in (loaded.eos_id, getattr(self.tokenizer, "eos_token_id", None))
                          if i is not None}
         if loaded.pad_id is not None and loaded.pad_id != loaded.mask_id:
             self.stop_ids.add(int(loaded.pad_id))
 
-    @classmethod
-    def create_from_arg_string(cls, arg_string: str, additional_config: dict | None = None):
-        from lm_eval.utils import simple_parse_args_string
+    @staticmethod
+    def _split_flat(flat: dict, likelihood, decoding, batch_size):
+        """Route flat ``--model_args`` keys to the likelihood and decoding settings."""
+        likelihood, decoding = dict(likelihood or {}), dict(decoding or {})
+        for key, val in flat.items():
+            if key in SETTING_KEYS or key == "cfg":
+                likelihood[key] = val
+            elif key in DECODING_KEYS:
+                decoding[key] = val
+            else:
+                raise TypeError(f"fair_calib_dlm: unknown argument {key!r}; likelihood keys "
+                                f"{sorted(SETTING_KEYS)}, decoding keys {sorted(DECODING_KEYS)}")
+        rows = _rows(batch_size)
+        if rows is not None:
+            likelihood["batch_size"] = rows
+        return likelihood, decoding
 
-        args = simple_parse_args_string(arg_string)
-        args.update({k: v for k, v in (additional_config or {}).items() if v is not None
-                     and k in ("device", "dtype")})
-        likelihood = {k: args.pop(k) for k in ("estimator", "mc_num", "batch_size", "cfg_scale",
-                                               "eps", "append_eos") if k in args}
-        decoding = {k: args.pop(k) for k in ("policy", "steps", "gen_length", "block_length",
-                                             "temperature", "alg_temp", "top_p", "top_k") if k in args}
-        return cls(likelihood=likelihood, decoding=decoding, **args)
+    @staticmethod
+    def _load(source, family, dtype, device, calib_dir, loader=None) -> LoadedModel:
+        if source is None:
+            raise ValueError("DiffusionLM needs a LoadedModel or pretrained=<hub id or folder>")
+        from fair_calib.models.adapters import load_model
+
+        loaded = load_model(source, family or infer_family(str(source), calib_dir),
+                            dtype=dtype, device=device, loader=loader)
+        if calib_dir is not None:
+            from fair_calib.methods import load_quantized  # lazy: only for quantized runs
+
+            loaded = load_quantized(loaded, calib_dir)
+        return loaded
 
     # ------------------------------------------------------------------ tokenization
     def _enc(self, text: str, special: bool) -> list[int]:
         return list(self.tokenizer(text, add_special_tokens=special)["input_ids"])
 
+    def _bos(self, context: str) -> str:
+        """``add_bos_token`` (Dream's scripts): the BOS text goes in front of the context."""
+        bos = getattr(self.tokenizer, "bos_token", None)
+        return bos + context if self.add_bos_token and bos else context
+
     def encode_pair(self, context: str, continuation: str) -> tuple[list[int], list[int]]:
         """Context (with the tokenizer's special prefix) and continuation ids; trailing
         whitespace of the context moves to the continuation (as lm-eval's HF model does)."""
+        context = self._bos(context)
         n_spaces = len(context) - len(context.rstrip())
         if n_spaces > 0:
             continuation = context[-n_spaces:] + continuation
@@ -134,27 +221,26 @@ class DiffusionLM(LM):
             return [], target[-self.max_length:]
         return prefix[-room:] if room else [], target
 
-    def _score(self, prefix: list[int], target: list[int]) -> tuple[float, bool]:
-        scored = list(target)
+    def _scored(self, target: list[int]) -> list[int]:
+        """Dream's harness appends EOS to every continuation (visible, never scored)."""
         if self.lik.estimator == "dream" and self.lik.append_eos and self.loaded.eos_id is not None:
-            scored = scored + [int(self.loaded.eos_id)]
-        prefix, scored = self._fit(prefix, scored)
-        gen = request_generator(self.seed, prefix, scored)
-        ll, _ = mc_loglikelihood(self.loaded, prefix, scored, self.lik, gen)
-        if not self.compute_greedy:
-            return ll, False
-        greedy = greedy_match(self.loaded, prefix, scored[:len(target)] if len(scored) > len(target)
-                              else scored, self.lik.cfg_scale)
-        return ll, greedy
+            return list(target) + [int(self.loaded.eos_id)]
+        return list(target)
+
+    def _greedy(self, prefix: list[int], scored: list[int], n_target: int) -> bool:
+        return self.compute_greedy and greedy_match(self.loaded, prefix, scored[:n_target],
+                                                    self.lik.cfg_scale)
+
+    def score_pairs(self, pairs: Sequence[tuple[list[int], list[int]]]) -> list[tuple[float, bool]]:
+        """Log-likelihoods of ``(prefix, target)`` id pairs: exact (batched, identical noisy
+        inputs run once) where ``exact_below`` allows, else the seeded MC estimate."""
+        items = [self._fit(p, self._scored(t)) + (len(t),) for p, t in pairs]
+        values = score_requests(self.loaded, [(p, s) for p, s, _ in items], self.lik, self.seed)
+        return [(v, self._greedy(p, s, min(n, len(s)))) for v, (p, s, n) in zip(values, items)]
 
     # ------------------------------------------------------------------ lm-eval API
     def loglikelihood(self, requests, disable_tqdm: bool = False) -> list[tuple[float, bool]]:
-        out = []
-        for req in requests:
-            context, continuation = req.args[0], req.args[1]
-            prefix, target = self.encode_pair(context, continuation)
-            out.append(self._score(prefix, target))
-        return out
+        return self.score_pairs([self.encode_pair(r.args[0], r.args[1]) for r in requests])
 
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
         """The same estimator over the whole text: the text is cut into disjoint windows of
@@ -183,7 +269,7 @@ class DiffusionLM(LM):
             text = self.tokenizer.apply_chat_template([{"role": "user", "content": context}],
                                                       add_generation_prompt=True, tokenize=False)
             return self._enc(text, special=False)
-        return self._enc(context, special=True)
+        return self._enc(self._bos(context), special=True)
 
     def policy(self):
         from fair_calib.decoding import make_policy  # lazy: decoding is only for generation

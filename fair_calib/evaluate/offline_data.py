@@ -31,6 +31,26 @@ OFFLINE_TASKS = ("piqa", "boolq", "winogrande", "arc_easy", "arc_challenge", "he
 
 MMLU_CATEGORIES_FILE = "mmlu_subjects.json"
 
+# lm-eval's own task files (inside the installed package) that the offline YAMLs include, so
+# prompts, choices, targets and document processing are lm-eval's, not copies of them.
+OFFICIAL_YAMLS = {"GSM8K_COT_YAML": "gsm8k/gsm8k-cot.yaml", "BOOLQ_YAML": "super_glue/boolq/default.yaml",
+                  "HELLASWAG_YAML": "hellaswag/hellaswag.yaml", "PIQA_YAML": "piqa/piqa.yaml",
+                  "ARC_EASY_YAML": "arc/arc_easy.yaml", "ARC_CHALLENGE_YAML": "arc/arc_challenge.yaml",
+                  "WINOGRANDE_YAML": "winogrande/default.yaml"}
+
+# lm-eval draws these tasks' few-shot examples from `train`, which the offline copies lack
+# (they hold the evaluation split only): offline they run 0-shot, or fail saying so.
+NO_OFFLINE_FEWSHOT_POOL = ("piqa", "boolq", "winogrande", "arc_easy", "arc_challenge", "hellaswag")
+
+
+def check_offline_fewshot(task: str, num_fewshot: int | None) -> None:
+    """Refuse k-shot offline where the copy has no `train` split (never draw from the eval set)."""
+    if num_fewshot and task in NO_OFFLINE_FEWSHOT_POOL:
+        raise ValueError(
+            f"{task}: {num_fewshot}-shot needs lm-eval's few-shot pool, the `train` split, which "
+            f"the offline data copy (data_dir / FAIR_CALIB_DATA_DIR) does not have; run it with "
+            f"data_source: hub (or task offline: false), or 0-shot")
+
 
 def default_data_dir() -> Path:
     """``$FAIR_CALIB_DATA_DIR`` or ``../shared/data`` relative to the repository root."""
@@ -58,21 +78,64 @@ def read_piqa(data_dir: Path) -> list[dict[str, Any]]:
 
 
 def read_boolq(data_dir: Path) -> list[dict[str, Any]]:
-    return _read_jsonl(Path(data_dir) / "boolq" / "validation.jsonl")
+    """The converted copy (``Passage: P\nQuestion: Q?``) -> SuperGLUE rows ``{passage,
+    question, label}``. The copy lost each passage's ``Title -- `` prefix, which lm-eval's
+    prompt shows: the offline prompt lacks it (``data_source: hub`` has it)."""
+    out = []
+    for r in _read_jsonl(Path(data_dir) / "boolq" / "validation.jsonl"):
+        passage, question = r["query"].rsplit("\nQuestion: ", 1)
+        out.append({"passage": passage.removeprefix("Passage: "),
+                    "question": question.removesuffix("?"), "label": int(r["gold"])})
+    return out
 
 
 def read_winogrande(data_dir: Path) -> list[dict[str, Any]]:
-    return _read_jsonl(Path(data_dir) / "winogrande" / "dev.jsonl")
+    """The converted copy (two partial contexts, one continuation) -> WinoGrande rows
+    ``{sentence, option1, option2, answer}``. The options are the contexts' differing tails;
+    lm-eval's prompt only ever joins ``sentence[:blank] + option``, so any split point gives
+    its exact requests."""
+    out = []
+    for r in _read_jsonl(Path(data_dir) / "winogrande" / "dev.jsonl"):
+        a, b = r["context_options"]
+        n = len(os.path.commonprefix([a, b]))
+        out.append({"sentence": a[:n] + "_ " + r["continuation"], "option1": a[n:],
+                    "option2": b[n:], "answer": str(int(r["gold"]) + 1)})
+    return out
 
 
 def read_arc(data_dir: Path, subset: str) -> list[dict[str, Any]]:
+    """The converted copy -> ai2_arc rows ``{question, choices: {text, label}, answerKey}``."""
     if subset not in ("easy", "challenge"):
         raise ValueError(f"arc subset must be easy|challenge, got {subset!r}")
-    return _read_jsonl(Path(data_dir) / "arc" / f"arc_{subset}_test.jsonl")
+    out = []
+    for r in _read_jsonl(Path(data_dir) / "arc" / f"arc_{subset}_test.jsonl"):
+        labels = [chr(ord("A") + i) for i in range(len(r["choices"]))]
+        out.append({"question": r["query"].removeprefix("Question: "),
+                    "choices": {"text": list(r["choices"]), "label": labels},
+                    "answerKey": labels[int(r["gold"])]})
+    return out
+
+
+_SENTENCE_END = re.compile(r"[.!?] +(?=[^ ])")
+
+
+def split_hellaswag_context(ctx: str) -> tuple[str, str]:
+    """``(ctx_a, ctx_b)`` from the copy's flattened ``ctx_a + " " + ctx_b``. HellaSwag's
+    ActivityNet items end in a sentence fragment that starts in lower case (``ctx_b``, which
+    lm-eval capitalises); WikiHow items have ``ctx_b`` empty. The copy no longer marks the
+    boundary: the fragment after the last sentence end, when it starts in lower case, is taken
+    as ``ctx_b`` (an approximation; ``data_source: hub`` reads the real fields)."""
+    ends = list(_SENTENCE_END.finditer(ctx))
+    start = ends[-1].end() if ends else 0
+    tail = ctx[start:]
+    if tail[:1].islower():
+        return ctx[:start].rstrip(), tail
+    return ctx, ""
 
 
 def read_hellaswag(data_dir: Path) -> list[dict[str, Any]]:
-    """6 lines an item: ``label: ctx`` (the cleaned query), the gold index, 4 endings."""
+    """6 lines an item (``label: ctx``, the gold index, 4 endings) -> Rowan/hellaswag rows
+    ``{activity_label, ctx_a, ctx_b, endings, label}`` for lm-eval's own ``process_docs``."""
     path = Path(data_dir) / "hellaswag" / "hellaswag_val_full.txt.bz2"
     with bz2.open(path, "rt", encoding="utf-8") as fh:
         lines = fh.read().split("\n")
@@ -82,8 +145,10 @@ def read_hellaswag(data_dir: Path) -> list[dict[str, Any]]:
         raise ValueError(f"hellaswag: {len(lines)} lines is not a multiple of 6")
     out = []
     for i in range(0, len(lines), 6):
-        query, gold, endings = lines[i], lines[i + 1], lines[i + 2:i + 6]
-        out.append({"query": query, "label": int(gold.strip()), "choices": endings})
+        activity, _, ctx = lines[i].partition(": ")
+        ctx_a, ctx_b = split_hellaswag_context(ctx)
+        out.append({"activity_label": activity, "ctx_a": ctx_a, "ctx_b": ctx_b,
+                    "endings": lines[i + 2:i + 6], "label": str(int(lines[i + 1].strip()))})
     return out
 
 
@@ -154,13 +219,16 @@ def prepare_offline_data(data_dir: str | os.PathLike, cache_dir: str | os.PathLi
     if "piqa" in tasks:
         subs["PIQA"] = str(_cached(cache_dir, "piqa/validation.jsonl", lambda: read_piqa(data_dir)))
     if "boolq" in tasks:
-        subs["BOOLQ"] = str(data_dir / "boolq" / "validation.jsonl")
+        subs["BOOLQ"] = str(_cached(cache_dir, "boolq/validation.jsonl", lambda: read_boolq(data_dir)))
     if "winogrande" in tasks:
-        subs["WINOGRANDE"] = str(data_dir / "winogrande" / "dev.jsonl")
+        subs["WINOGRANDE"] = str(_cached(cache_dir, "winogrande/validation.jsonl",
+                                         lambda: read_winogrande(data_dir)))
     if "arc_easy" in tasks:
-        subs["ARC_EASY"] = str(data_dir / "arc" / "arc_easy_test.jsonl")
+        subs["ARC_EASY"] = str(_cached(cache_dir, "arc/easy_test.jsonl",
+                                       lambda: read_arc(data_dir, "easy")))
     if "arc_challenge" in tasks:
-        subs["ARC_CHALLENGE"] = str(data_dir / "arc" / "arc_challenge_test.jsonl")
+        subs["ARC_CHALLENGE"] = str(_cached(cache_dir, "arc/challenge_test.jsonl",
+                                            lambda: read_arc(data_dir, "challenge")))
     if "hellaswag" in tasks:
         subs["HELLASWAG"] = str(_cached(cache_dir, "hellaswag/validation.jsonl",
                                         lambda: read_hellaswag(data_dir)))
@@ -208,7 +276,7 @@ def write_offline_tasks(data_dir: str | os.PathLike, cache_dir: str | os.PathLik
     include_dir = Path(include_dir).resolve()
     include_dir.mkdir(parents=True, exist_ok=True)
     subs = prepare_offline_data(data_dir, cache_dir, tasks)
-    subs["GSM8K_COT_YAML"] = str(_lm_eval_tasks_dir() / "gsm8k" / "gsm8k-cot.yaml")
+    subs.update({key: str(_lm_eval_tasks_dir() / rel) for key, rel in OFFICIAL_YAMLS.items()})
     shutil.copy(TEMPLATE_DIR / "fc_task_utils.py", include_dir / "fc_task_utils.py")
     for task in tasks:
         if task == "mmlu":

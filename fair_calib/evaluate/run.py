@@ -17,7 +17,9 @@ Settings (JSON): ``{"seed", "device", "dtype", "data_dir", "synthetic_dir", "mod
 "family", "source", "instruct"}, "method": {"name", "type", ...}, "bits": {"name", ...},
 "task": {"name", "kind": "synthetic_mc"|"synthetic_gen"|"lm_eval", "lm_eval_task",
 "num_fewshot", "limit", "gen_length", "steps", "block_length", "mc_num", "batch_size",
-"cfg_scale", "eps", "decoding": {...}, "offline": bool, "allow_code_execution": bool}}``.
+"cfg_scale", "eps", "exact_below", "add_bos_token", "decoding": {...}, "offline": bool,
+"allow_code_execution": bool}}``: one task's settings already resolved for the model
+(``fair_calib.evaluate.task_settings``: entry < ``by_family`` < ``by_model``).
 ``offline`` defaults to ``data_source == "local"`` (the config default); ``data_source: hub``
 uses lm-eval's own task definitions and datasets.
 """
@@ -103,6 +105,7 @@ def build_task_manager(settings: Mapping[str, Any], include_dir: str | os.PathLi
         offline_data.write_synthetic_tasks(synth, include_dir, [name])
         return TaskManager(include_path=str(include_dir), include_defaults=False)
     if is_offline(settings):
+        offline_data.check_offline_fewshot(name, task.get("num_fewshot"))
         data_dir = settings.get("data_dir") or offline_data.default_data_dir()
         offline_data.write_offline_tasks(data_dir, Path(include_dir) / "_cache",
                                          Path(include_dir) / "tasks", [name])
@@ -212,8 +215,8 @@ def make_lm(settings: Mapping[str, Any], model_dir: str | os.PathLike,
                             device=settings.get("device", "cpu"),
                             trust_remote_code=model.get("trust_remote_code"),
                             loader=model.get("loader"))
-    likelihood = {"mc_num": task.get("mc_num"), "batch_size": task.get("batch_size"),
-                  "cfg_scale": task.get("cfg_scale"), "eps": task.get("eps")}
+    likelihood = {k: task.get(k) for k in ("mc_num", "batch_size", "cfg_scale", "eps",
+                                           "exact_below")}
     decoding = dict(task.get("decoding") or {})
     for key in ("gen_length", "steps", "block_length"):
         if task.get(key) is not None:
@@ -221,6 +224,7 @@ def make_lm(settings: Mapping[str, Any], model_dir: str | os.PathLike,
     return DiffusionLM(loaded, calib_dir=str(calib_dir) if calib_dir else None,
                        instruct=bool(model.get("instruct", False)), seed=int(settings.get("seed", 0)),
                        likelihood=likelihood, decoding=decoding,
+                       add_bos_token=bool(task.get("add_bos_token", False)),
                        gen_batch_size=task.get("batch_size"), compute_greedy=compute_greedy)
 
 

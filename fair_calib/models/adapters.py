@@ -86,7 +86,8 @@ register_adapter(FamilyAdapter(
                   "head_path": "model.transformer.ff_out"},
     decoding={"policy": "low_confidence", "steps": 256, "gen_length": 256, "block_length": 8,
               "temperature": 0.0, "cfg_scale": 0.0},
-    likelihood={"estimator": "llada", "mc_num": 128, "batch_size": 32, "cfg_scale": 0.0},
+    likelihood={"estimator": "llada", "mc_num": 128, "batch_size": 8, "cfg_scale": 0.0,
+                "exact_below": 2},
     eos_token="<|eot_id|>", pad_token="<|endoftext|>",
 ))
 
@@ -98,7 +99,8 @@ register_adapter(FamilyAdapter(
     head_path="lm_head", chat_template=True, hub_layout="dream",
     decoding={"policy": "entropy", "steps": 256, "gen_length": 256, "temperature": 0.0,
               "alg_temp": 0.0, "eps": 1e-3},
-    likelihood={"estimator": "dream", "mc_num": 128, "batch_size": 32, "eps": 1e-3},
+    likelihood={"estimator": "dream", "mc_num": 128, "batch_size": 32, "eps": 1e-3,
+                "exact_below": 0},
     eos_token="<|endoftext|>", pad_token="<|endoftext|>",
 ))
 
@@ -110,7 +112,8 @@ register_adapter(FamilyAdapter(
     final_norm_path="model.norm", head_path="lm_head", chat_template=False,
     decoding={"policy": "low_confidence", "steps": 16, "gen_length": 16, "block_length": 8,
               "temperature": 0.0, "cfg_scale": 0.0},
-    likelihood={"estimator": "llada", "mc_num": 16, "batch_size": 16, "cfg_scale": 0.0},
+    likelihood={"estimator": "llada", "mc_num": 16, "batch_size": 16, "cfg_scale": 0.0,
+                "exact_below": 2},
     eos_token="[EOS]", pad_token="[PAD]",
 ))
 

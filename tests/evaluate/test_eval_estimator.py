@@ -1,15 +1,19 @@
-"""The Monte-Carlo masked likelihood estimators against exact enumeration of masks."""
+"""The masked likelihood estimators against the authors' masking and exact enumeration."""
 import itertools
+import math
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from fair_calib.evaluate.lm import (LikelihoodSettings, dream_iteration_losses, greedy_match,
-                                    llada_iteration_losses, mc_loglikelihood, request_generator)
+from fair_calib.evaluate.likelihood import (LikelihoodSettings, dream_iteration_losses, dream_noise,
+                                            exact_loglikelihoods, greedy_match,
+                                            llada_iteration_losses, mc_loglikelihood,
+                                            request_generator)
 
 PREFIX = [4, 5, 6, 7, 8, 9]          # "Question : Answer what is the" in the tiny vocabulary
 TARGET = [12, 20]                    # a two-token continuation
+EOS = 2
 
 
 def masked_ce(loaded, prefix, target, mask):
@@ -33,19 +37,45 @@ def exact_llada(loaded, prefix, target, count_probs):
 
 
 def estimator_count_probs(L, b):
-    """Marginal distribution of a row's mask count under the reference's stratification."""
+    """Marginal distribution of a row's mask count under the reference's stratification
+    (eval_llada.py: torch.linspace in the default float32)."""
     probs = {}
     for k in range(1, L + 1):
-        x = torch.round(torch.linspace(float(k), k + (b - 1) * (L / b), steps=b,
-                                       dtype=torch.float64)).long()
+        x = torch.round(torch.linspace(float(k), k + (b - 1) * (L / b), steps=b)).long()
         x = ((x - 1) % L) + 1
         for c in x.tolist():
             probs[c] = probs.get(c, 0.0) + 1.0 / (L * b)
     return probs
 
 
+def exact_dream(loaded, prefix, target, eps, grid=20000):
+    """Dream's expected loss by enumeration: every pattern S of the maskable target positions
+    (all but the sequence's last, the EOS) weighs E_p[p^|S| (1-p)^(n-|S|) / p], p uniform on
+    [eps, 1) (midpoint rule on a fine grid: independent of the code under test)."""
+    maskable = list(range(len(target) - 1))
+    n = len(maskable)
+    p = eps + (1 - eps) * (torch.arange(grid, dtype=torch.float64) + 0.5) / grid
+    total = 0.0
+    for m in range(1, n + 1):
+        w = float((p ** (m - 1) * (1 - p) ** (n - m)).mean())
+        for S in itertools.combinations(maskable, m):
+            total += w * sum(masked_ce(loaded, prefix, target, S).values())
+    return total
+
+
+def authors_dream_forward_process(b, length, eps):
+    """DreamLM/Dream eval/eval.py ``_forward_process`` random calls, on the global CPU RNG."""
+    u0 = torch.rand(1, dtype=torch.float32)
+    t = (u0 + torch.arange(b).float() / b) % 1
+    p_mask = ((1 - eps) * t + eps)[:, None].repeat(1, length)
+    mask = torch.rand((b, length)) < p_mask
+    mask[:, 0] = False
+    mask[:, -1] = False
+    return mask, p_mask[:, 0]
+
+
 @torch.no_grad()
-@pytest.mark.parametrize("b", [2, 16])
+@pytest.mark.parametrize("b", [2, 6, 16])
 def test_llada_estimator_matches_exact_enumeration(tiny_llada, b):
     st = LikelihoodSettings("llada", mc_num=b * 200, batch_size=b)
     losses = llada_iteration_losses(tiny_llada, PREFIX, TARGET, st, request_generator(0, "t", b))
@@ -53,8 +83,16 @@ def test_llada_estimator_matches_exact_enumeration(tiny_llada, b):
     exact = exact_llada(tiny_llada, PREFIX, TARGET, estimator_count_probs(len(TARGET), b))
     assert se > 0
     assert abs(est - exact) < 4 * se, (est, exact, se)
+    # exact mode computes the same expectation, with no sampling
+    ex = exact_loglikelihoods(tiny_llada, [(PREFIX, TARGET)], st)[0]
+    assert ex == pytest.approx(-exact, rel=1e-5)
     if b == 2:   # linspace(k, k+1, 2): counts exactly uniform, so this is the masked ELBO itself
         assert estimator_count_probs(2, 2) == {1: 0.5, 2: 0.5}
+
+
+def test_llada_row_count_changes_the_expectation():
+    """Why rows must be lm-eval's batch size: the count distribution depends on it."""
+    assert estimator_count_probs(3, 8) != estimator_count_probs(3, 32)
 
 
 @torch.no_grad()
@@ -66,19 +104,57 @@ def test_llada_estimator_with_cfg_uses_guided_logits(tiny_llada):
     assert a != b
 
 
+@pytest.mark.parametrize("seed,b,length", [(0, 32, 9), (7, 5, 3), (3, 8, 1 + 1)])
+def test_dream_draws_are_the_authors_masks(seed, b, length):
+    """Same random calls as eval.py: identical masks and rates under a shared seed."""
+    torch.manual_seed(seed)
+    ref_mask, ref_p = authors_dream_forward_process(b, length, 1e-3)
+    mask, p = dream_noise(b, length, 1e-3, torch.Generator().manual_seed(seed))
+    assert torch.equal(mask, ref_mask) and torch.equal(p, ref_p)
+
+
 @torch.no_grad()
-def test_dream_estimator_matches_exact_integral(tiny_llada):
+def test_dream_estimator_matches_exact_enumeration(tiny_llada):
+    """EOS appended, never masked or scored; p = (1-eps) t + eps with stratified t."""
     eps = 1e-3
+    target = TARGET + [EOS]
     st = LikelihoodSettings("dream", mc_num=16 * 300, batch_size=16, eps=eps)
-    losses = dream_iteration_losses(tiny_llada, PREFIX, TARGET, st, request_generator(0, "d"))
+    losses = dream_iteration_losses(tiny_llada, PREFIX, target, st, request_generator(0, "d"))
     est, se = float(losses.mean()), float(losses.std() / len(losses) ** 0.5)
-    # E_t sum_S p^|S| (1-p)^(L-|S|) sum_{i in S} CE_i(S) / p, p = (1-eps) t + eps, t ~ U[0, 1]:
-    # single-token masks weigh (1-p), the full mask weighs p; E[p] = (1-eps)/2 + eps.
-    ep = (1 - eps) / 2 + eps
-    ce0, ce1 = masked_ce(tiny_llada, PREFIX, TARGET, (0,)), masked_ce(tiny_llada, PREFIX, TARGET, (1,))
-    both = masked_ce(tiny_llada, PREFIX, TARGET, (0, 1))
-    exact = (1 - ep) * (ce0[0] + ce1[1]) + ep * (both[0] + both[1])
+    exact = exact_dream(tiny_llada, PREFIX, target, eps)
     assert abs(est - exact) < 4 * se, (est, exact, se)
+    ex = exact_loglikelihoods(tiny_llada, [(PREFIX, target)], st)[0]
+    assert ex == pytest.approx(-exact, rel=1e-4)
+    # scoring EOS like a target token (the old behaviour) is far outside the noise
+    eos_ce = masked_ce(tiny_llada, PREFIX, target, (2,))[2]
+    assert eos_ce > 20 * se
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("estimator", ["llada", "dream"])
+def test_exact_mode_equals_mean_of_many_mc_runs(tiny_llada, estimator):
+    target = [12, 20, 7] + ([EOS] if estimator == "dream" else [])
+    st = LikelihoodSettings(estimator, mc_num=8, batch_size=8, exact_below=8)
+    runs = torch.tensor([mc_loglikelihood(tiny_llada, PREFIX, target, st,
+                                          request_generator(r, "many"))[0] for r in range(300)])
+    mean, se = float(runs.mean()), float(runs.std() / math.sqrt(len(runs)))
+    exact = exact_loglikelihoods(tiny_llada, [(PREFIX, target)], st)[0]
+    assert se > 0 and abs(mean - exact) < 4 * se, (mean, exact, se)
+
+
+@torch.no_grad()
+def test_llada_single_token_exact_is_the_mc_value_and_shares_forwards(tiny_llada, monkeypatch):
+    """L = 1: every MC sample is the same pattern, so exact mode changes no number; a
+    question's choices read one forward."""
+    st = LikelihoodSettings("llada", mc_num=16, batch_size=8, exact_below=2)
+    choices = [[12], [13], [14], [15]]
+    mc = [mc_loglikelihood(tiny_llada, PREFIX, c, st, request_generator(0, c))[0] for c in choices]
+    calls = []
+    real = tiny_llada.model.forward
+    monkeypatch.setattr(tiny_llada.model, "forward", lambda *a, **k: calls.append(1) or real(*a, **k))
+    ex = exact_loglikelihoods(tiny_llada, [(PREFIX, c) for c in choices], st)
+    assert ex == pytest.approx(mc, abs=1e-5)
+    assert len(calls) == 1
 
 
 def test_estimates_are_seeded_and_greedy_is_argmax(tiny_llada):

@@ -41,8 +41,11 @@ def test_settings_validation():
         likelihood_settings({"estimator": "ar", "mc_num": 4, "batch_size": 4})
     with pytest.raises(ValueError, match="cfg_scale is only defined"):
         likelihood_settings({"estimator": "dream", "mc_num": 4, "batch_size": 4}, {"cfg_scale": 0.5})
+    # rows are the batch size, as in both authors' harnesses (Dream's max(mc_num // b, 1))
     st = likelihood_settings({"estimator": "llada", "mc_num": 8, "batch_size": 32})
-    assert (st.rows, st.iterations) == (8, 1)
+    assert (st.rows, st.iterations) == (32, 1)
+    st = likelihood_settings({"estimator": "llada", "mc_num": 128, "batch_size": 8})
+    assert (st.rows, st.iterations) == (8, 16)
 
 
 def test_rolling_covers_the_whole_text(tiny_llada):

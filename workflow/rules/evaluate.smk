@@ -9,8 +9,19 @@ def eval_inputs(wc):
     return inputs
 
 
-def task_entry(task):
-    return {"name": task, **config["tasks"][task]}
+from fair_calib.evaluate.task_settings import check_task_overrides, resolve_task
+
+check_task_overrides(config, registry.FAMILIES)
+
+
+def task_entry(task, model):
+    """The task's settings for this model: entry < by_family < by_model (the authors' scripts
+    differ per family, task and instruct setup)."""
+    return resolve_task(task, config["tasks"][task], model, config["models"][model]["family"])
+
+
+def task_shards(task, model):
+    return task_entry(task, model).get("shards", 1)
 
 
 rule evaluate_shard:
@@ -23,11 +34,11 @@ rule evaluate_shard:
             model=model_entry(wc.model),
             method=method_entry(wc.method),
             bits=bits_entry(wc.bits),
-            task=task_entry(wc.task),
+            task=task_entry(wc.task, wc.model),
         ),
         model_dir=lambda wc: model_dir(wc.model),
         calib=lambda wc: "" if is_fp(wc.method) else f"--calib-dir {calib_dir(wc.model, wc.method, wc.bits)}",
-        shards=lambda wc: config["tasks"][wc.task].get("shards", 1),
+        shards=lambda wc: task_shards(wc.task, wc.model),
     log:
         "logs/evaluate/{model}/{method}/{bits}/{task}/shard-{k}.log",
     benchmark:
@@ -49,7 +60,7 @@ rule gather_eval:
     input:
         lambda wc: [
             f"results/eval/{wc.model}/{wc.method}/{wc.bits}/{wc.task}/shard-{k}.parquet"
-            for k in range(config["tasks"][wc.task].get("shards", 1))
+            for k in range(task_shards(wc.task, wc.model))
         ],
     output:
         "results/eval/{model}/{method}/{bits}/{task}.parquet",

@@ -1,0 +1,77 @@
+"""lm-eval's own command line, with the project's diffusion LM registered.
+
+lm-eval 0.4.13 finds models in its registry only, and a third-party model is registered when
+its module is imported; it has no entry-point plugin group for models (``--include_path`` is
+for tasks). So this module imports ``fair_calib.evaluate.lm`` (which registers
+``fair_calib_dlm``) and hands the unchanged argument list to lm-eval's CLI::
+
+    python -m fair_calib.lm_eval_cli --model fair_calib_dlm \\
+        --model_args pretrained=GSAI-ML/LLaDA-8B-Base,calib_dir=results/calib/...,mc_num=128,cfg=0.5 \\
+        --tasks arc_challenge --batch_size 8 --num_fewshot 0 --limit 2 \\
+        --output_path out/ --log_samples
+
+(``fair-calib lm-eval ...`` is the same command.) Every lm-eval flag and task works as in
+``lm_eval``; ``--batch_size`` is the estimator's rows per forward, as in the authors' scripts.
+
+``fair-calib render-tasks --out DIR [--data-dir D] [--synthetic-dir S] [--tasks ...]`` writes
+the project's offline (local data copies) or embedded synthetic task YAMLs into ``DIR`` for
+``--include_path DIR``.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def forward_to_lm_eval(argv: list[str]) -> None:
+    """Run lm-eval's CLI on ``argv`` with ``fair_calib_dlm`` registered."""
+    import fair_calib.evaluate.lm  # noqa: F401  (registers the model)
+    from lm_eval.__main__ import cli_evaluate
+
+    saved = sys.argv
+    sys.argv = ["lm-eval", *argv]
+    try:
+        cli_evaluate()
+    finally:
+        sys.argv = saved
+
+
+def render_tasks(out: str | Path, tasks: list[str], data_dir: str | None = None,
+                 synthetic_dir: str | None = None) -> Path:
+    """Offline YAMLs (over ``data_dir``) and/or synthetic ones (over ``synthetic_dir``)."""
+    from fair_calib.evaluate import offline_data
+
+    out = Path(out).resolve()
+    synth = [t for t in tasks if t in offline_data.SYNTHETIC_TASKS]
+    real = [t for t in tasks if t not in offline_data.SYNTHETIC_TASKS]
+    if synth:
+        offline_data.write_synthetic_tasks(synthetic_dir or "resources/data", out, synth)
+    if real:
+        offline_data.write_offline_tasks(data_dir or offline_data.default_data_dir(),
+                                         out / "_cache", out, real)
+    return out
+
+
+def render_tasks_cli(argv: list[str]) -> None:
+    from fair_calib.evaluate.offline_data import OFFLINE_TASKS
+
+    ap = argparse.ArgumentParser(prog="fair-calib render-tasks", description=render_tasks.__doc__)
+    ap.add_argument("--out", required=True, help="folder for lm-eval's --include_path")
+    ap.add_argument("--tasks", nargs="+", default=list(OFFLINE_TASKS))
+    ap.add_argument("--data-dir", default=None, help="offline data copies (FAIR_CALIB_DATA_DIR)")
+    ap.add_argument("--synthetic-dir", default=None, help="embedded synthetic tasks (make-data)")
+    args = ap.parse_args(argv)
+    print(render_tasks(args.out, args.tasks, args.data_dir, args.synthetic_dir))
+
+
+def run_cli(argv: list[str]) -> None:
+    """``argv[0]``: ``lm-eval`` (forward the rest) or ``render-tasks``."""
+    if argv and argv[0] == "render-tasks":
+        render_tasks_cli(argv[1:])
+    else:
+        forward_to_lm_eval(argv[1:] if argv and argv[0] == "lm-eval" else argv)
+
+
+if __name__ == "__main__":
+    forward_to_lm_eval(sys.argv[1:])
