@@ -531,6 +531,18 @@ def _key3(path: Path) -> tuple[str, str, str]:
     return path.parent.parent.parent.name, path.parent.parent.name, path.parent.name
 
 
+SEED_SEP = "@s"  # the workflow names a method's calibration-seed runs `method@s<k>`
+
+
+def split_seed(df: pd.DataFrame) -> pd.DataFrame:
+    """Eval rows of a seeded run (method `fair-calib@s1`) -> method `fair-calib`, seed 1."""
+    if "seed" in df.columns or not df["method"].str.contains(SEED_SEP, regex=False).any():
+        return df
+    parts = df["method"].str.split(SEED_SEP, n=1, expand=True, regex=False)
+    seed = pd.to_numeric(parts[1], errors="raise") if parts.shape[1] > 1 else None
+    return df.assign(method=parts[0], seed=seed)
+
+
 def load_inputs(paths: Sequence[str | Path]) -> dict[str, pd.DataFrame]:
     """Sort input files into eval rows, calibration stats and export sizes.
 
@@ -558,7 +570,7 @@ def load_inputs(paths: Sequence[str | Path]) -> dict[str, pd.DataFrame]:
             continue
         df, _ = read_parquet(p)
         if "task" in df.columns:
-            evals.append(df)
+            evals.append(split_seed(df))
         elif "peak_mem_mb" in df.columns:
             m, x, b = _key3(p)
             stats.append(df.assign(model=m, method=x, bits=b))

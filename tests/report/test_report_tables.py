@@ -308,3 +308,21 @@ def test_report_cli_writes_cells_parquet(tmp_path):
     assert fair_t2.bold
     assert set(cells.method) == {"fp", "chance", "rtn", "fair"}
     assert len(cells) == 4 * 3  # rows x (two tasks + avg)
+
+
+def test_seeded_runs_from_the_workflow_are_aggregated(tmp_path):
+    """The workflow names seed runs `fair@s<k>`; load_inputs splits them into method + seed."""
+    paths = []
+    for k, v in ((0, 0.60), (1, 0.64)):
+        p = tmp_path / f"fair@s{k}.parquet"
+        row = eval_df().query("model == 'm1' and method == 'fair' and task == 't1'")
+        write_parquet(row.assign(method=f"fair@s{k}", value=v), p, EVAL_SCHEMA)
+        paths.append(p)
+    ev = T.load_inputs(paths)["eval"]
+    assert sorted(ev["seed"]) == [0, 1] and set(ev["method"]) == {"fair"}
+    records = []
+    T.main_table(ev, ["m1"], ["fair"], ["t1"], LABELS, bits="w4a4", records=records)
+    cells = T.cells_frame(records)
+    r = cells[(cells.method == "fair") & (cells.column == "t1")].iloc[0]
+    assert r.value == pytest.approx(62.0) and r.err == pytest.approx(2.0 ** 1.5)  # std of 60, 64
+    assert (r.err_kind, r.n_seeds) == ("sd", 2)
