@@ -175,13 +175,18 @@ def plot_bars(ax, labels: Sequence[str], means: Sequence[float], errs: Sequence[
         ax.bar(x[i], means[i], yerr=errs[i], capsize=4, color=COLORS[i % len(COLORS)],
                alpha=0.45 if i else 0.25, edgecolor="black", hatch=HATCHES[i % len(HATCHES)],
                label=labels[i])
-        ax.annotate(f"{means[i]:.2f}$\\pm${errs[i]:.2f}", (x[i], means[i]), ha="center",
-                    va="bottom", fontsize=6, xytext=(0, 2), textcoords="offset points")
+        ax.annotate(f"{means[i]:.3g}$\\pm${errs[i]:.2g}", (x[i], means[i] + errs[i]),
+                    ha="center", va="bottom", fontsize=6, xytext=(0, 2),
+                    textcoords="offset points")
     ax.set_xticks(x, labels, rotation=15, fontsize=7)
     ax.set_ylabel(ylabel)
     if title:
         ax.set_title(title, fontsize=9)
-    ax.legend(fontsize=6, title="mean $\\pm$ SE", title_fontsize=6)
+    # headroom above the tallest error bar keeps the legend off the bars
+    top = max([m + e for m, e in zip(means, errs)] + [0.0])
+    ax.set_ylim(min(0.0, min(means, default=0.0)), top * 1.6 if top > 0 else 1.0)
+    ax.legend(fontsize=6, title="mean $\\pm$ SE", title_fontsize=6, loc="upper center",
+              ncol=2)
     ax.grid(axis="y", alpha=0.3)
 
 
@@ -277,7 +282,7 @@ def make_figures(diag: pd.DataFrame, priors: Mapping[tuple[str, str], pd.DataFra
             else:
                 skipped.append(f"{name}_{model}: no {metric} rows of a quantized run")
 
-        fig, axes = plt.subplots(1, 2, figsize=(6.4, 3.0))
+        fig, axes = plt.subplots(1, 2, figsize=(7.6, 3.2), gridspec_kw={"wspace": 0.35})
         drawn = 0
         for ax, metric, sub in zip(axes, ("never_agree_rate", "mean_disagree_rate"),
                                    ("never agrees after commit", "disagreeing post-commit steps")):
@@ -288,7 +293,6 @@ def make_figures(diag: pd.DataFrame, priors: Mapping[tuple[str, str], pd.DataFra
                 plot_bars(ax, [b[0] for b in bars], [b[1][0] for b in bars],
                           [b[1][1] for b in bars], "rate (fraction of committed positions)"
                           if metric == "never_agree_rate" else "rate (fraction of steps)", sub)
-                ax.set_ylim(bottom=0)
         if drawn:
             fig.suptitle(f"Post-commit mismatch: {mlab}", fontsize=9)
             cap = (f"{mlab}, each model decoding freely: left, the share of committed positions "
