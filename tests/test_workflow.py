@@ -69,6 +69,8 @@ def test_calibration_seeds_plan_one_run_per_seed(ws):
     assert "results/eval/tiny-llada/fair-calib/w3a3/synth_gen.parquet" in res.stdout
     bad = _plan(ws, {"methods": {"flatquant": {"seeds": [1, 1]}}})
     assert bad.returncode != 0 and "seeds" in bad.stderr
+    # the seeds list is not part of a run's settings: adding a seed leaves the others cached
+    assert '"seeds"' not in shown
 
 
 def test_wrong_type_names_the_key(ws):

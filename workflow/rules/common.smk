@@ -24,6 +24,8 @@ def check_config(cfg):
         if not re.fullmatch(r"w\d+a\d+", name):
             raise ValueError(f"config: bits.{name}: names must look like w4a4 (weights/activations)")
     for name, m in cfg["methods"].items():
+        if "@s" in name:  # reserved: `name@s<k>` is the run of method `name` with seed k
+            raise ValueError(f"config: methods.{name}: method names must not contain '@s'")
         if m["type"] not in registry.METHOD_TYPES:
             _fail(f"methods.{name}.type", m["type"], registry.METHOD_TYPES)
         if "prior" in m and m["prior"] not in cfg["priors"]:
@@ -226,8 +228,8 @@ def model_entry(model):
 
 def method_entry(method):
     """The method's config under its wildcard name (`fair-calib@s1`: the table splits it into
-    method and seed)."""
-    return {"name": method, **method_cfg(method)}
+    method and seed). `seeds` is left out: adding a seed must not rerun the existing runs."""
+    return {"name": method, **{k: v for k, v in method_cfg(method).items() if k != "seeds"}}
 
 
 def bits_entry(bits):
