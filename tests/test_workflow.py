@@ -53,6 +53,26 @@ def test_bad_names_fail_before_any_job(ws, overrides, key, valid):
     assert key in res.stderr and valid in res.stderr, res.stderr[-2000:]
 
 
+def test_calibration_seeds_plan_one_run_per_seed(ws):
+    """`seeds` on a method: one calibration and one evaluation per seed (the table averages
+    them); the seed reaches the calibration job's settings; other methods are unchanged."""
+    res = _plan(ws, {"methods": {"flatquant": {"seeds": [3, 4]}}})
+    assert res.returncode == 0, res.stderr
+    shown = subprocess.run(["snakemake", "results/calib/tiny-llada/flatquant@s4/w3a3/meta.json",
+                            "-n", "-p", "--cores", "1", "--configfile", "override.yaml"],
+                           cwd=ws, capture_output=True, text=True).stdout
+    assert '"seed": 4' in shown
+    for k in (3, 4):
+        assert f"results/calib/tiny-llada/flatquant@s{k}/w3a3/meta.json" in res.stdout
+        assert f"results/eval/tiny-dream/flatquant@s{k}/w3a3/synth_gen.parquet" in res.stdout
+    assert "results/eval/tiny-llada/flatquant/w3a3/synth_gen.parquet" not in res.stdout
+    assert "results/eval/tiny-llada/fair-calib/w3a3/synth_gen.parquet" in res.stdout
+    bad = _plan(ws, {"methods": {"flatquant": {"seeds": [1, 1]}}})
+    assert bad.returncode != 0 and "seeds" in bad.stderr
+    # the seeds list is not part of a run's settings: adding a seed leaves the others cached
+    assert '"seeds"' not in shown
+
+
 def test_wrong_type_names_the_key(ws):
     res = _plan(ws, {"probes": {"default": {"n_samples": "many"}}})
     assert res.returncode != 0

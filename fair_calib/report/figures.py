@@ -7,8 +7,12 @@ Inputs are sorted by their columns: diagnostics Parquet (``metric`` column, writ
 ``results/prior/{model}/{prior}.parquet``). Every figure is drawn to be legible in grayscale:
 each series has its own line style and marker (bars: hatch), not only its own colour.
 
-Figures (``{name}.pdf`` and ``{name}.png``; a figure whose data are absent is skipped and
-reported, never drawn empty):
+Figures (``{name}.pdf``, ``{name}.png`` and the caption sidecar ``{name}.txt``; a figure whose
+data are absent is skipped and reported, never drawn empty). Each is readable on its own: a
+title, axes labelled with their units, a legend naming every series, and a caption saying what
+is plotted, over how many sequences and what the error bars are, stored in the PDF (Subject)
+and PNG (Description) metadata and in the sidecar. Bars show mean ± standard error over
+sequences (std / sqrt(n)): the error bars are for comparing methods, not the spread.
 
 * ``stability_lag_ccdf_{model}``   CCDF of the stability lag per method (FP, baseline, FAIR-Calib)
 * ``mse_prob_trace_{model}``       mean mse_prob vs diffusion step, first false commit marked
@@ -54,18 +58,37 @@ def _label(settings: Mapping[str, Any], kind: str, name: str) -> str:
     return str(((settings.get("labels") or {}).get(kind) or {}).get(name, name))
 
 
-def save(fig, out_dir: str | Path, name: str) -> list[Path]:
-    """Write ``name.pdf`` and ``name.png`` atomically; closes the figure."""
-    from fair_calib.io import atomic_path
+def save(fig, out_dir: str | Path, name: str, caption: str = "") -> list[Path]:
+    """Write ``name.pdf``, ``name.png`` (caption in their metadata) and ``name.txt`` (title and
+    caption) atomically; closes the figure."""
+    from fair_calib.io import atomic_path, write_text
 
+    title = _figure_title(fig) or name
+    meta = {"pdf": {"Title": title, "Subject": caption, "Creator": "fair-calib figures"},
+            "png": {"Title": title, "Description": caption, "Software": "fair-calib figures"}}
     paths = []
     for ext in ("pdf", "png"):
         p = Path(out_dir) / f"{name}.{ext}"
         with atomic_path(p) as tmp:
-            fig.savefig(tmp, format=ext, dpi=150, bbox_inches="tight")
+            fig.savefig(tmp, format=ext, dpi=150, bbox_inches="tight", metadata=meta[ext])
         paths.append(p)
+    side = Path(out_dir) / f"{name}.txt"
+    write_text(side, f"{title}\n\n{caption}\n")
+    paths.append(side)
     plt.close(fig)
     return paths
+
+
+def _figure_title(fig) -> str:
+    """The suptitle, else the axes titles joined (what a reader sees as the figure's title)."""
+    if fig.get_suptitle():
+        return fig.get_suptitle()
+    return "; ".join(t for t in (ax.get_title() for ax in fig.axes) if t)
+
+
+def _n_of(d: pd.DataFrame, metric: str) -> int:
+    r = d[d["metric"] == metric]["n"]
+    return int(r.max()) if len(r) else 0
 
 
 def _series(diag: pd.DataFrame, metric: str) -> pd.DataFrame:
@@ -73,11 +96,13 @@ def _series(diag: pd.DataFrame, metric: str) -> pd.DataFrame:
 
 
 def _scalar(diag: pd.DataFrame, metric: str) -> tuple[float, float] | None:
+    """(mean, standard error over sequences = std / sqrt(n)) of a scalar metric."""
     r = diag[diag["metric"] == metric]
     if r.empty or np.isnan(r["value"].iloc[0]):
         return None
-    std = r["std"].iloc[0]
-    return float(r["value"].iloc[0]), float(0.0 if np.isnan(std) else std)
+    std, n = r["std"].iloc[0], int(r["n"].iloc[0])
+    se = 0.0 if (np.isnan(std) or n < 1) else float(std) / np.sqrt(n)
+    return float(r["value"].iloc[0]), se
 
 
 def _runs(diag: pd.DataFrame, model: str, settings: Mapping[str, Any]) -> list[tuple[str, str]]:
@@ -112,7 +137,7 @@ def plot_ccdf(curves: Sequence[tuple[str, np.ndarray, np.ndarray]], title: str):
                 markevery=max(1, len(xs) // 10))
     ax.set_yscale("log")
     ax.set_xlabel(r"stability lag $\delta_{\mathrm{lag}}$ (steps)")
-    ax.set_ylabel(r"CCDF $P(\delta_{\mathrm{lag}} > x)$")
+    ax.set_ylabel(r"CCDF $P(\delta_{\mathrm{lag}} > x)$ (fraction of positions)")
     ax.set_title(title, fontsize=9)
     ax.legend(fontsize=7)
     ax.grid(alpha=0.3)
@@ -135,25 +160,33 @@ def plot_mse_trace(traces: Sequence[tuple[str, np.ndarray, np.ndarray, float | N
             marked = True
     ax.invert_xaxis()  # decoding runs from step T down to 1
     ax.set_xlabel("diffusion step $t$ (T $\\rightarrow$ 1)")
-    ax.set_ylabel(r"$\mathrm{mse\_prob}$ w.r.t. FP")
+    ax.set_ylabel(r"$\mathrm{mse\_prob}$ w.r.t. FP (probability$^2$)")
     ax.set_title(title, fontsize=9)
     ax.legend(fontsize=7)
     ax.grid(alpha=0.3)
     return fig
 
 
-def plot_bars(ax, labels: Sequence[str], means: Sequence[float], stds: Sequence[float],
+def plot_bars(ax, labels: Sequence[str], means: Sequence[float], errs: Sequence[float],
               ylabel: str, title: str | None = None) -> None:
+    """One bar per run with its error bar (mean ± SE), value printed on top, and a legend."""
     x = np.arange(len(labels))
     for i in range(len(labels)):
-        ax.bar(x[i], means[i], yerr=stds[i], capsize=4, color=COLORS[i % len(COLORS)],
-               alpha=0.45 if i else 0.25, edgecolor="black", hatch=HATCHES[i % len(HATCHES)])
-        ax.annotate(f"{means[i]:.2f}$\\pm${stds[i]:.2f}", (x[i], means[i]), ha="center",
-                    va="bottom", fontsize=6, xytext=(0, 2), textcoords="offset points")
+        ax.bar(x[i], means[i], yerr=errs[i], capsize=4, color=COLORS[i % len(COLORS)],
+               alpha=0.45 if i else 0.25, edgecolor="black", hatch=HATCHES[i % len(HATCHES)],
+               label=labels[i])
+        ax.annotate(f"{means[i]:.3g}$\\pm${errs[i]:.2g}", (x[i], means[i] + errs[i]),
+                    ha="center", va="bottom", fontsize=6, xytext=(0, 2),
+                    textcoords="offset points")
     ax.set_xticks(x, labels, rotation=15, fontsize=7)
     ax.set_ylabel(ylabel)
     if title:
         ax.set_title(title, fontsize=9)
+    # headroom above the tallest error bar keeps the legend off the bars
+    top = max([m + e for m, e in zip(means, errs)] + [0.0])
+    ax.set_ylim(min(0.0, min(means, default=0.0)), top * 1.6 if top > 0 else 1.0)
+    ax.legend(fontsize=6, title="mean $\\pm$ SE", title_fontsize=6, loc="upper center",
+              ncol=2)
     ax.grid(axis="y", alpha=0.3)
 
 
@@ -164,7 +197,7 @@ def plot_curves(curves: Sequence[tuple[str, np.ndarray, np.ndarray]], title: str
         fig, ax = plt.subplots(figsize=(4.6, 3.0))
     for i, (lab, xs, ys) in enumerate(curves):
         ax.plot(xs, ys, label=lab, markersize=3, markevery=max(1, len(xs) // 12), **_style(i))
-    ax.set_xlabel("position in generation window")
+    ax.set_xlabel("position in generation window (tokens)")
     ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=9)
     ax.legend(fontsize=7)
@@ -196,8 +229,14 @@ def make_figures(diag: pd.DataFrame, priors: Mapping[tuple[str, str], pd.DataFra
             if len(s):
                 curves.append((_run_label(settings, m, b, fp), s["x"].to_numpy(), s["value"].to_numpy()))
         if curves:
+            n = _n_of(d, "stability_lag_ccdf")
+            cap = (f"{mlab}: share of committed positions whose top-1 prediction still changes more "
+                   "than x steps after the commit (the stability lag, in diffusion steps), for "
+                   "each model decoding freely with its default policy; log scale, "
+                   f"{n} committed positions of the FP run. Curves further right: later "
+                   "stabilisation.")
             written += save(plot_ccdf(curves, f"Stability lag CCDF: {mlab}"), out_dir,
-                            f"stability_lag_ccdf_{model}")
+                            f"stability_lag_ccdf_{model}", cap)
         else:
             skipped.append(f"stability_lag_ccdf_{model}: no stability_lag_ccdf rows")
 
@@ -211,16 +250,25 @@ def make_figures(diag: pd.DataFrame, priors: Mapping[tuple[str, str], pd.DataFra
                 traces.append((_run_label(settings, m, b, fp), s["x"].to_numpy(),
                                s["value"].to_numpy(), None if ffc is None else ffc[0]))
         if traces:
+            cap = (f"{mlab}: mean squared difference between the quantized and the FP model's "
+                   "probability of the FP model's final token, over the window positions, at "
+                   "each diffusion step of each model's own decoding (step T first); the red X "
+                   "marks the mean step of the first commit that differs from FP's final "
+                   f"token. Mean over {_n_of(d, 'mse_prob')} sequences. Lower is closer to FP.")
             written += save(plot_mse_trace(traces, f"Decode divergence w.r.t. FP: {mlab}"),
-                            out_dir, f"mse_prob_trace_{model}")
+                            out_dir, f"mse_prob_trace_{model}", cap)
         else:
             skipped.append(f"mse_prob_trace_{model}: no mse_prob rows of a quantized run")
 
-        for metric, name, ylabel, title in (
-                ("commit_flips", "commit_flips", "flips per sequence",
-                 f"Teacher-forced commit-step flips: {mlab}"),
-                ("frontier_margin", "frontier_margin", "frontier margin",
-                 f"Average frontier margin at commit steps: {mlab}")):
+        for metric, name, ylabel, title, what in (
+                ("commit_flips", "commit_flips", "flips per sequence (count)",
+                 f"Teacher-forced commit-step flips: {mlab}",
+                 "positions where the quantized model, fed the FP model's decoding states, "
+                 "predicts a different token than FP at FP's commit step (lower is better)"),
+                ("frontier_margin", "frontier_margin", "frontier margin (logit)",
+                 f"Average frontier margin at commit steps: {mlab}",
+                 "the quantized model's logit margin of FP's final token over its strongest "
+                 "alternative at FP's commit steps, on FP's states (higher is better)")):
             bars = [(_run_label(settings, m, b, fp), _scalar(sel(m, b), metric))
                     for m, b in runs if m != fp]
             bars = [(lab, v) for lab, v in bars if v is not None]
@@ -228,23 +276,31 @@ def make_figures(diag: pd.DataFrame, priors: Mapping[tuple[str, str], pd.DataFra
                 fig, ax = plt.subplots(figsize=(3.6, 3.0))
                 plot_bars(ax, [b[0] for b in bars], [b[1][0] for b in bars],
                           [b[1][1] for b in bars], ylabel, title)
-                written += save(fig, out_dir, f"{name}_{model}")
+                cap = (f"{mlab}: {what}. Bars: mean, error bars: standard error over "
+                       f"{_n_of(d, metric)} sequences.")
+                written += save(fig, out_dir, f"{name}_{model}", cap)
             else:
                 skipped.append(f"{name}_{model}: no {metric} rows of a quantized run")
 
-        fig, axes = plt.subplots(1, 2, figsize=(6.4, 3.0))
+        fig, axes = plt.subplots(1, 2, figsize=(7.6, 3.2), gridspec_kw={"wspace": 0.35})
         drawn = 0
-        for ax, metric in zip(axes, ("never_agree_rate", "mean_disagree_rate")):
+        for ax, metric, sub in zip(axes, ("never_agree_rate", "mean_disagree_rate"),
+                                   ("never agrees after commit", "disagreeing post-commit steps")):
             bars = [(_run_label(settings, m, b, fp), _scalar(sel(m, b), metric)) for m, b in runs]
             bars = [(lab, v) for lab, v in bars if v is not None]
             if bars:
                 drawn += 1
                 plot_bars(ax, [b[0] for b in bars], [b[1][0] for b in bars],
-                          [b[1][1] for b in bars], "rate", metric)
-                ax.set_ylim(bottom=0)
+                          [b[1][1] for b in bars], "rate (fraction of committed positions)"
+                          if metric == "never_agree_rate" else "rate (fraction of steps)", sub)
         if drawn:
             fig.suptitle(f"Post-commit mismatch: {mlab}", fontsize=9)
-            written += save(fig, out_dir, f"post_commit_mismatch_{model}")
+            cap = (f"{mlab}, each model decoding freely: left, the share of committed positions "
+                   "whose top-1 prediction never again equals the committed token; right, the "
+                   "mean share of post-commit steps at which it differs. Bars: mean, error "
+                   f"bars: standard error over {_n_of(d, 'never_agree_rate')} sequences. "
+                   "Lower is better.")
+            written += save(fig, out_dir, f"post_commit_mismatch_{model}", cap)
         else:
             plt.close(fig)
             skipped.append(f"post_commit_mismatch_{model}: no post-commit rows")
@@ -257,7 +313,10 @@ def make_figures(diag: pd.DataFrame, priors: Mapping[tuple[str, str], pd.DataFra
                                s["value"].to_numpy()))
     if len(fam_curves) >= 2:
         written += save(plot_ccdf(fam_curves, "Stability lag of the FP models"), out_dir,
-                        "stability_lag_ccdf_models")
+                        "stability_lag_ccdf_models",
+                        "Stability-lag CCDF (diffusion steps) of each FP model decoding freely "
+                        "with its own default policy: how long committed predictions keep "
+                        "changing in each family.")
     else:
         skipped.append("stability_lag_ccdf_models: FP lag CCDF of fewer than two models")
 
@@ -265,7 +324,10 @@ def make_figures(diag: pd.DataFrame, priors: Mapping[tuple[str, str], pd.DataFra
         curves = [(_label(settings, "priors", p), df["position"].to_numpy(), df["w_bar"].to_numpy())
                   for (m, p), df in priors.items() if m == model]
         written += save(plot_curves(curves, f"Position prior: {_label(settings, 'models', model)}"),
-                        out_dir, f"prior_curve_{model}")
+                        out_dir, f"prior_curve_{model}",
+                        "Stage I position prior w_bar (unitless weight in (0, 1], maximum 1) "
+                        "of each probed prior of the model, by position in the generation "
+                        "window; FAIR-Calib weights its calibration loss with it.")
 
     pairs = list(settings.get("cross_corpus") or [])
     pairs = [p for p in pairs if _key(p["a"]) in priors and _key(p["b"]) in priors]
@@ -282,7 +344,9 @@ def make_figures(diag: pd.DataFrame, priors: Mapping[tuple[str, str], pd.DataFra
                          (lb, b["position"].to_numpy(), b["w_bar"].to_numpy())],
                         f"{p.get('title', '')} Spearman={sp:.3f}, Pearson={pe:.3f}".strip(), ax=ax)
         fig.tight_layout()
-        written += save(fig, out_dir, "prior_cross_corpus")
+        written += save(fig, out_dir, "prior_cross_corpus",
+                        "Position priors w_bar probed on two corpora, per probing variant; "
+                        "titles give their Spearman and Pearson correlation over positions.")
     return written, skipped
 
 

@@ -3,8 +3,17 @@
 Every table follows the paper's layout (booktabs). A result that should be in a table but is
 not found shows as ``--`` and is listed in a footnote under the table; nothing is dropped
 silently. Accuracies are stored as fractions and printed as percentages with two decimals.
-Bold marks the best *quantized* value of each column (within each model group for the family
-tables); ties are all bold; the FP (and chance) rows never take part.
+
+Uncertainty: every accuracy cell carries a ``±`` (printed small, one decimal): lm-eval's
+standard error of the mean over the evaluated items (the eval Parquet's ``stderr``), or, where a
+cell has several eval rows told apart by a ``seed`` column (several calibration seeds), the mean
+and the sample standard deviation over the seeds. Avg. propagates them as independent:
+``sqrt(sum ±^2) / n_tasks``. Bold marks the best *quantized* value of a column (within each
+model group for the family tables) only where it beats every other quantized value of the column
+by more than ``Z * sqrt(±_best^2 + ±_other^2)`` (``Z`` = 1.96, a two-sided 95 % test of the
+difference); otherwise nothing in the column is bold. The FP (and chance) rows never take part.
+The caption says both conventions (:data:`CONVENTION`). Every table also returns its cells as a
+frame (:data:`CELL_COLUMNS`), which the CLI writes beside the LaTeX (``--cells-out``).
 
 ``fair-calib report --settings JSON --inputs FILES... --table NAME --out FILE.tex``
 
@@ -34,6 +43,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -46,6 +56,14 @@ TABLES = ("main", "components", "nprobe", "schedule", "w3a4", "qdrop", "calib_me
           "deploy_memory")
 METRIC_PREFERENCE = ("acc", "exact_match", "pass@1", "mc2", "acc_norm")
 FILTER_PREFERENCE = ("none", "strict-match")
+Z = 1.96  # bold only where the difference to every other quantized value exceeds Z noise units
+CONVENTION = (r"Cells: value{\scriptsize$\pm$s}, s = standard error over the evaluated items"
+              r" (lm-eval), or the standard deviation over calibration seeds where several ran;"
+              r" Avg.\ combines them as independent. Bold: best quantized method of a column,"
+              r" only where it beats every other quantized method by more than"
+              rf" ${Z}\sqrt{{s_1^2+s_2^2}}$.")
+CELL_COLUMNS = ("table", "model", "method", "bits", "column", "value", "err", "err_kind",
+                "n_seeds", "n_items", "bold")
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -94,8 +112,42 @@ def pick_metric(eval_df: pd.DataFrame, task: str, labels: Mapping[str, Any]) -> 
     raise ValueError(f"task {task!r} has metrics {metrics}; name one in settings tasks.{task}.metric")
 
 
+@dataclass
+class Cell:
+    """One table cell in percent: ``err`` is the ± (``err_kind`` "se": lm-eval standard error
+    over items; "sd": standard deviation over ``n_seeds`` calibration seeds)."""
+    value: float | None
+    err: float | None = None
+    err_kind: str = ""
+    n_seeds: int = 1
+    n_items: int | None = None
+
+
+MISSING_CELL = Cell(None)
+
+
+def _finite(x: Any) -> float | None:
+    return None if _is_nan(x) else float(x)
+
+
+def _aggregate(rows: pd.DataFrame, where: str) -> Cell:
+    """The cell of one (model, method, bits, task): one eval row -> value ± stderr; several rows
+    with distinct ``seed`` values -> mean ± sample std over seeds (ddof=1)."""
+    n_items = _finite(rows["n"].iloc[0]) if "n" in rows.columns else None
+    n_items = None if n_items is None else int(n_items)
+    if len(rows) == 1:
+        se = _finite(rows["stderr"].iloc[0]) if "stderr" in rows.columns else None
+        return Cell(float(rows["value"].iloc[0]) * 100.0, None if se is None else se * 100.0,
+                    "se" if se is not None else "", 1, n_items)
+    if "seed" not in rows.columns or rows["seed"].nunique() != len(rows):
+        raise ValueError(f"{len(rows)} eval rows for {where}: one expected per cell "
+                         "(or one per calibration seed, told apart by a `seed` column)")
+    v = rows["value"].to_numpy(dtype=np.float64) * 100.0
+    return Cell(float(v.mean()), float(v.std(ddof=1)), "sd", len(v), n_items)
+
+
 class _Cells:
-    """Look-up of percentage values with a record of what was missing."""
+    """Look-up of cells (value ± noise, percent) with a record of what was missing."""
 
     def __init__(self, eval_df: pd.DataFrame, tasks: Sequence[str], labels: Mapping[str, Any]):
         self.df = eval_df
@@ -104,28 +156,25 @@ class _Cells:
         self.missing: list[str] = []
 
     def get(self, model: str, method: str, bits: str | None, task: str,
-            fp_method: str = "fp") -> float | None:
+            fp_method: str = "fp") -> Cell:
         d = self.df
         sel = (d["model"] == model) & (d["method"] == method) & (d["task"] == task)
         if self.metric[task] is not None:
             sel &= d["metric"] == self.metric[task]
         if method != fp_method and bits is not None:
             sel &= d["bits"] == bits
-        rows = d.loc[sel, "value"].dropna()
+        rows = d.loc[sel & d["value"].notna()]
         if rows.empty:
             extra = [bits] if (method != fp_method and bits is not None) else []
             self.note(model, method, *extra, task)
-            return None
-        if len(rows) > 1:
-            raise ValueError(f"{len(rows)} eval rows for {model}/{method}/{bits}/{task}: "
-                             "one expected per cell")
-        return float(rows.iloc[0]) * 100.0
+            return MISSING_CELL
+        return _aggregate(rows, f"{model}/{method}/{bits}/{task}")
 
-    def chance(self, task: str) -> float | None:
+    def chance(self, task: str) -> Cell:
         if "chance" not in self.df.columns:
-            return None
+            return MISSING_CELL
         d = self.df.loc[self.df["task"] == task, "chance"].dropna()
-        return None if d.empty else float(d.iloc[0]) * 100.0
+        return MISSING_CELL if d.empty else Cell(float(d.iloc[0]) * 100.0)
 
     def note(self, *parts: str) -> None:
         self.missing.append(" / ".join(parts))
@@ -138,24 +187,61 @@ def _fmt(v: float | None, bold: bool = False, shade: bool = False, digits: int =
     return (SHADE + s) if shade else s
 
 
-def _avg(values: Sequence[float | None]) -> float | None:
-    if not values or any(v is None for v in values):
-        return None
-    return float(np.mean(values))
+def _fmt_cell(c: Cell, bold: bool = False, shade: bool = False) -> str:
+    r"""``70.00{\scriptsize$\pm$1.2}``; the ± is left out where no noise estimate exists."""
+    s = _fmt(c.value, bold=bold, shade=shade)
+    if c.value is not None and c.err is not None:
+        s += rf"{{\scriptsize$\pm${c.err:.1f}}}"
+    return s
 
 
-def _best(rows: Sequence[Sequence[float | None]], digits: int = 2) -> list[set[int]]:
-    """For each column, the indices of rows holding the maximum printed value (ties kept)."""
+def _avg(cells: Sequence[Cell]) -> Cell:
+    """Mean over tasks; the noise of independent cells combines as sqrt(sum err^2) / n."""
+    if not cells or any(c.value is None for c in cells):
+        return MISSING_CELL
+    value = float(np.mean([c.value for c in cells]))
+    if any(c.err is None for c in cells):
+        return Cell(value)
+    err = math.sqrt(sum(c.err ** 2 for c in cells)) / len(cells)
+    kinds = {c.err_kind for c in cells}
+    return Cell(value, err, kinds.pop() if len(kinds) == 1 else "mixed",
+                min(c.n_seeds for c in cells))
+
+
+def _beats(a: Cell, b: Cell, z: float = Z) -> bool:
+    """``a`` exceeds ``b`` by more than the noise of their difference (unknown noise: 0)."""
+    noise = math.sqrt((a.err or 0.0) ** 2 + (b.err or 0.0) ** 2)
+    return a.value - b.value > z * noise
+
+
+def _best(rows: Sequence[Sequence[Cell]], z: float = Z) -> list[set[int]]:
+    """For each column, the row of the best value when it beats every other row's value by more
+    than the noise (see :func:`_beats`); an empty set where no value is clearly best or the
+    column has fewer than two values (a lone method has nothing to be best against)."""
     out = []
     ncol = len(rows[0]) if rows else 0
     for j in range(ncol):
-        vals = [(i, round(r[j], digits)) for i, r in enumerate(rows) if r[j] is not None]
-        if not vals:
+        vals = [(i, r[j]) for i, r in enumerate(rows) if r[j].value is not None]
+        if len(vals) < 2:
             out.append(set())
             continue
-        top = max(v for _, v in vals)
-        out.append({i for i, v in vals if v == top})
+        top_i, top = max(vals, key=lambda iv: iv[1].value)
+        clear = all(_beats(top, c, z) for i, c in vals if i != top_i)
+        out.append({top_i} if clear else set())
     return out
+
+
+def _records(table: str, model: str, method: str, bits: str | None, columns: Sequence[str],
+             cells: Sequence[Cell], bold: set[int] | Sequence[bool] = ()) -> list[dict]:
+    """Rows of the cells frame (:data:`CELL_COLUMNS`) for one table row."""
+    return [{"table": table, "model": model, "method": method, "bits": bits, "column": col,
+             "value": c.value, "err": c.err, "err_kind": c.err_kind or None,
+             "n_seeds": c.n_seeds, "n_items": c.n_items, "bold": j in bold}
+            for j, (col, c) in enumerate(zip(columns, cells))]
+
+
+def _with_convention(caption: str | None) -> str:
+    return f"{caption} {CONVENTION}" if caption else CONVENTION
 
 
 def _footnote(missing: Sequence[str]) -> str:
@@ -181,18 +267,22 @@ def _wrap(body: str, caption: str | None, label: str | None, env: str | None,
 def main_table(eval_df: pd.DataFrame, models: Sequence[str], methods: Sequence[str],
                tasks: Sequence[str], labels: Mapping[str, Any], *, bits: str | None = None,
                fp_method: str = "fp", chance: bool = True, caption: str | None = None,
-               label: str | None = None, env: str | None = "table*") -> str:
+               label: str | None = None, env: str | None = "table*",
+               records: list[dict] | None = None, name: str = "main") -> str:
     """One family table (paper Tables 1-2): a ``\\multirow`` group per model, the FP row shaded
     on every cell, then (when ``chance`` and eval rows carry it) an unshaded Chance row, then
     the quantized methods at ``bits``; per-task columns and Avg. (mean over tasks, ``--`` when
-    any task is missing). Best quantized value per column and model in bold (ties all bold).
+    any task is missing). Cells carry their ± and bold follows the noise rule (module
+    docstring); ``records`` (a list) receives the cells frame's rows.
 
     ``labels`` has ``models`` / ``methods`` / ``tasks`` name -> label (or {"label": ...}), and
     optionally ``tasks.<t>.metric``. Quantized rows need ``bits`` when eval_df holds several.
     """
     cells = _Cells(eval_df, tasks, labels)
+    records = [] if records is None else records
+    columns = list(tasks) + ["avg"]
     quant = [m for m in methods if m != fp_method]
-    show_chance = chance and any(cells.chance(t) is not None for t in tasks)
+    show_chance = chance and any(cells.chance(t).value is not None for t in tasks)
     ncol = len(tasks) + 1
     lines = [
         "{\\renewcommand{\\arraystretch}{0.92}",
@@ -204,65 +294,74 @@ def main_table(eval_df: pd.DataFrame, models: Sequence[str], methods: Sequence[s
                    + [f"\\textbf{{{_label(labels, 'tasks', t)}}}" for t in tasks]
                    + ["\\textbf{Avg.}"]) + " \\\\",
     ]
-    for g, model in enumerate(models):
+
+    def row_cells(model, method):
+        vals = [cells.get(model, method, bits, t, fp_method) for t in tasks]
+        return vals + [_avg(vals)]
+
+    for model in models:
         lines.append("\\midrule")
         mlabel = _label(labels, "models", model)
         nrows = (1 if fp_method in methods else 0) + (1 if show_chance else 0) + len(quant)
         lines.append(f"\\multirow{{{nrows}}}{{*}}{{\\textbf{{{mlabel}}}}}")
         if fp_method in methods:
-            vals = [cells.get(model, fp_method, bits, t, fp_method) for t in tasks]
-            vals.append(_avg(vals))
-            row = [SHADE + _label(labels, "methods", fp_method)] + [_fmt(v, shade=True) for v in vals]
+            vals = row_cells(model, fp_method)
+            row = [SHADE + _label(labels, "methods", fp_method)] + [_fmt_cell(v, shade=True) for v in vals]
             lines.append("& " + " & ".join(row) + " \\\\")
+            records += _records(name, model, fp_method, "fp", columns, vals)
         if show_chance:
             cv = [cells.chance(t) for t in tasks]
             cv.append(_avg(cv))
-            lines.append("& " + " & ".join(["Chance"] + [_fmt(v) for v in cv]) + " \\\\")
-        qvals = []
-        for m in quant:
-            vals = [cells.get(model, m, bits, t, fp_method) for t in tasks]
-            vals.append(_avg(vals))
-            qvals.append(vals)
+            lines.append("& " + " & ".join(["Chance"] + [_fmt_cell(v) for v in cv]) + " \\\\")
+            records += _records(name, model, "chance", None, columns, cv)
+        qvals = [row_cells(model, m) for m in quant]
         best = _best(qvals)
         for i, m in enumerate(quant):
+            bold = {j for j in range(ncol) if i in best[j]}
             row = [_label(labels, "methods", m)]
-            row += [_fmt(v, bold=i in best[j]) for j, v in enumerate(qvals[i])]
+            row += [_fmt_cell(v, bold=j in bold) for j, v in enumerate(qvals[i])]
             lines.append("& " + " & ".join(row) + " \\\\")
+            records += _records(name, model, m, bits, columns, qvals[i], bold)
     lines += ["\\bottomrule", "\\end{tabular}}"]
     body = "\n".join(lines) + "\n" + _footnote(cells.missing)
-    return _wrap(body, caption, label, env)
+    return _wrap(body, _with_convention(caption), label, env)
 
 
 # ----------------------------------------------------------------------------- ablations
 def average_table(eval_df: pd.DataFrame, model: str, rows: Sequence[tuple[str, str]],
                   tasks: Sequence[str], labels: Mapping[str, Any], *, bits: str | None = None,
                   header: str = "Method", fp_method: str = "fp", caption: str | None = None,
-                  label: str | None = None, env: str | None = "table") -> str:
+                  label: str | None = None, env: str | None = "table",
+                  records: list[dict] | None = None, name: str = "ablation") -> str:
     """Ablation table (components, N_probe, lambda0 schedule): one row per (method, row label)
-    with the average accuracy over ``tasks`` on ``model``; best average in bold. A method with
-    any task missing shows ``--`` and its missing tasks go to the footnote."""
+    with the average accuracy over ``tasks`` on ``model`` (± and bold as in the module
+    docstring). A method with any task missing shows ``--`` and its missing tasks go to the
+    footnote."""
     cells = _Cells(eval_df, tasks, labels)
-    avgs = []
-    for method, _ in rows:
-        vals = [cells.get(model, method, bits, t, fp_method) for t in tasks]
-        avgs.append([_avg(vals)])
+    records = [] if records is None else records
+    avgs = [[_avg([cells.get(model, method, bits, t, fp_method) for t in tasks])]
+            for method, _ in rows]
     best = _best(avgs)[0] if avgs else set()
     lines = ["\\small", "\\begin{tabular}{lc}", "\\toprule",
              f"\\textbf{{{header}}} & \\textbf{{Avg.}} \\\\", "\\midrule"]
-    for i, (_, rlabel) in enumerate(rows):
-        lines.append(f"{rlabel} & {_fmt(avgs[i][0], bold=i in best)} \\\\")
+    for i, (method, rlabel) in enumerate(rows):
+        lines.append(f"{rlabel} & {_fmt_cell(avgs[i][0], bold=i in best)} \\\\")
+        records += _records(name, model, method, bits, ["avg"], avgs[i], {0} if i in best else set())
     lines += ["\\bottomrule", "\\end{tabular}"]
     body = "\n".join(lines) + "\n" + _footnote(cells.missing)
-    return _wrap(body, caption, label, env)
+    return _wrap(body, _with_convention(caption), label, env)
 
 
 def flat_table(eval_df: pd.DataFrame, model: str, methods: Sequence[str], tasks: Sequence[str],
                labels: Mapping[str, Any], *, bits: str | None = None, fp_method: str = "fp",
                fp_label: str = "Real-valued", caption: str | None = None,
-               label: str | None = None, env: str | None = "table") -> str:
+               label: str | None = None, env: str | None = "table",
+               records: list[dict] | None = None, name: str = "flat") -> str:
     """Single-model comparison (W3A4 and QDrop-style W8A8 tables): FP row ("Real-valued") then
-    ``methods`` at ``bits``; task columns and AVG; best quantized value per column in bold."""
+    ``methods`` at ``bits``; task columns and AVG; ± and bold as in the module docstring."""
     cells = _Cells(eval_df, tasks, labels)
+    records = [] if records is None else records
+    columns = list(tasks) + ["avg"]
     lines = ["\\setlength{\\tabcolsep}{3.5pt}", "\\small", "\\resizebox{\\linewidth}{!}{",
              "\\begin{tabular}{l" + "c" * (len(tasks) + 1) + "}", "\\toprule",
              " & ".join(["\\textbf{Method}"]
@@ -274,17 +373,20 @@ def flat_table(eval_df: pd.DataFrame, model: str, methods: Sequence[str], tasks:
         return vals + [_avg(vals)]
 
     fp_vals = row_vals(fp_method)
-    lines.append(" & ".join([fp_label] + [_fmt(v) for v in fp_vals]) + " \\\\")
+    lines.append(" & ".join([fp_label] + [_fmt_cell(v) for v in fp_vals]) + " \\\\")
+    records += _records(name, model, fp_method, "fp", columns, fp_vals)
     quant = [m for m in methods if m != fp_method]
     qvals = [row_vals(m) for m in quant]
     best = _best(qvals)
     for i, m in enumerate(quant):
+        bold = {j for j in range(len(columns)) if i in best[j]}
         lines.append(" & ".join([_label(labels, "methods", m)]
-                                + [_fmt(v, bold=i in best[j]) for j, v in enumerate(qvals[i])])
+                                + [_fmt_cell(v, bold=j in bold) for j, v in enumerate(qvals[i])])
                      + " \\\\")
+        records += _records(name, model, m, bits, columns, qvals[i], bold)
     lines += ["\\bottomrule", "\\end{tabular}", "}"]
     body = "\n".join(lines) + "\n" + _footnote(cells.missing)
-    return _wrap(body, caption, label, env)
+    return _wrap(body, _with_convention(caption), label, env)
 
 
 # ----------------------------------------------------------------------------- memory
@@ -429,6 +531,18 @@ def _key3(path: Path) -> tuple[str, str, str]:
     return path.parent.parent.parent.name, path.parent.parent.name, path.parent.name
 
 
+SEED_SEP = "@s"  # the workflow names a method's calibration-seed runs `method@s<k>`
+
+
+def split_seed(df: pd.DataFrame) -> pd.DataFrame:
+    """Eval rows of a seeded run (method `fair-calib@s1`) -> method `fair-calib`, seed 1."""
+    if "seed" in df.columns or not df["method"].str.contains(SEED_SEP, regex=False).any():
+        return df
+    parts = df["method"].str.split(SEED_SEP, n=1, expand=True, regex=False)
+    seed = pd.to_numeric(parts[1], errors="raise") if parts.shape[1] > 1 else None
+    return df.assign(method=parts[0], seed=seed)
+
+
 def load_inputs(paths: Sequence[str | Path]) -> dict[str, pd.DataFrame]:
     """Sort input files into eval rows, calibration stats and export sizes.
 
@@ -456,7 +570,7 @@ def load_inputs(paths: Sequence[str | Path]) -> dict[str, pd.DataFrame]:
             continue
         df, _ = read_parquet(p)
         if "task" in df.columns:
-            evals.append(df)
+            evals.append(split_seed(df))
         elif "peak_mem_mb" in df.columns:
             m, x, b = _key3(p)
             stats.append(df.assign(model=m, method=x, bits=b))
@@ -475,11 +589,14 @@ def load_inputs(paths: Sequence[str | Path]) -> dict[str, pd.DataFrame]:
 
 
 def build_table(name: str | None, settings: Mapping[str, Any],
-                data: Mapping[str, pd.DataFrame]) -> str:
+                data: Mapping[str, pd.DataFrame], records: list[dict] | None = None) -> str:
     """The LaTeX of table ``name`` (one of ``TABLES``; None: from the settings, see
     :func:`resolve_table`) from loaded inputs and settings. The grid (``models``, ``methods``,
-    ``tasks``, ``bits``) is read from ``settings.table`` first, then from the top level."""
+    ``tasks``, ``bits``) is read from ``settings.table`` first, then from the top level.
+    ``records`` (a list) receives the accuracy tables' cells (:data:`CELL_COLUMNS`)."""
     name = resolve_table(name, settings)
+    records = [] if records is None else records
+    tname = str((settings.get("table") or {}).get("name") or name)
     if name not in TABLES:
         raise ValueError(f"unknown table {name!r}; one of {TABLES}")
     labels = labels_from_settings(settings)
@@ -507,7 +624,8 @@ def build_table(name: str | None, settings: Mapping[str, Any],
             if lab and len(families) > 1:
                 flab = f"{lab}_{slug}"
             parts.append(main_table(ev, ms, methods, tasks, labels, bits=bits, fp_method=fp,
-                                    chance=chance, caption=fcap, label=flab))
+                                    chance=chance, caption=fcap, label=flab, records=records,
+                                    name=tname))
         return "\n".join(parts)
     model = opts.get("model") or (models[0] if models else None)
     if name in ("components", "nprobe", "schedule"):
@@ -516,10 +634,11 @@ def build_table(name: str | None, settings: Mapping[str, Any],
         rows = [tuple(r) for r in opts.get("rows", [])] or \
             [(m, _label(labels, "methods", m)) for m in methods if m != fp]
         return average_table(ev, model, rows, tasks, labels, bits=bits, header=header,
-                             fp_method=fp, caption=cap, label=lab)
+                             fp_method=fp, caption=cap, label=lab, records=records, name=tname)
     if name in ("w3a4", "qdrop"):
         return flat_table(ev, model, methods, tasks, labels, bits=bits, fp_method=fp,
-                          fp_label=opts.get("fp_label", "Real-valued"), caption=cap, label=lab)
+                          fp_label=opts.get("fp_label", "Real-valued"), caption=cap, label=lab,
+                          records=records, name=tname)
     if name == "calib_memory":
         return calib_memory_table(data["stats"], models, opts["baseline"], opts["method"], labels,
                                   bits=bits, caption=cap, label=lab)
@@ -528,8 +647,22 @@ def build_table(name: str | None, settings: Mapping[str, Any],
                                label=lab)
 
 
+def cells_frame(records: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
+    """The cells of a table as a frame with :data:`CELL_COLUMNS` (empty for memory tables)."""
+    return pd.DataFrame(list(records), columns=list(CELL_COLUMNS))
+
+
+def cells_schema():
+    import pyarrow as pa
+
+    return pa.schema([("table", pa.string()), ("model", pa.string()), ("method", pa.string()),
+                      ("bits", pa.string()), ("column", pa.string()), ("value", pa.float64()),
+                      ("err", pa.float64()), ("err_kind", pa.string()), ("n_seeds", pa.int64()),
+                      ("n_items", pa.int64()), ("bold", pa.bool_())])
+
+
 def run_cli(argv: Sequence[str]) -> None:
-    from fair_calib.io import write_text
+    from fair_calib.io import provenance, write_parquet, write_text
 
     ap = argparse.ArgumentParser(prog="fair-calib report")
     ap.add_argument("--settings", required=True, help="JSON (module docstring)")
@@ -538,8 +671,13 @@ def run_cli(argv: Sequence[str]) -> None:
     ap.add_argument("--table", choices=TABLES, default=None,
                     help="default: settings table.kind / table.layout / table.name, else main")
     ap.add_argument("--out", required=True)
+    ap.add_argument("--cells-out", default=None,
+                    help="Parquet of the printed cells: value, ± (err, err_kind), bold")
     a = ap.parse_args(list(argv))
     settings = json.loads(a.settings)
-    tex = build_table(a.table, settings, load_inputs(a.inputs))
+    records: list[dict] = []
+    tex = build_table(a.table, settings, load_inputs(a.inputs), records)
     name = resolve_table(a.table, settings)
     write_text(a.out, f"% generated by fair-calib report (table {name}); do not edit\n" + tex)
+    if a.cells_out:
+        write_parquet(cells_frame(records), a.cells_out, cells_schema(), provenance(settings))

@@ -68,6 +68,46 @@ def test_missing_data_is_skipped_not_drawn(tmp_path):
     diag = pd.DataFrame([("m", "fp", "fp", "stability_lag_ccdf", 0.0, 0.5, np.nan, 2)],
                         columns=["model", "method", "bits", "metric", "x", "value", "std", "n"])
     written, skipped = F.make_figures(diag, {}, tmp_path)
-    assert sorted(p.name for p in written) == ["stability_lag_ccdf_m.pdf", "stability_lag_ccdf_m.png"]
+    assert sorted(p.name for p in written) == ["stability_lag_ccdf_m.pdf", "stability_lag_ccdf_m.png",
+                                               "stability_lag_ccdf_m.txt"]
     assert any(s.startswith("mse_prob_trace_m") for s in skipped)
     assert any(s.startswith("stability_lag_ccdf_models") for s in skipped)
+
+
+def test_every_figure_carries_title_units_legend_and_caption(tmp_path, monkeypatch):
+    """Captured at save time: each figure has a title, labelled axes with units in
+    parentheses, a legend; its caption is in the PNG metadata, the PDF and the sidecar."""
+    from PIL import Image
+
+    rows = []
+    for method, bits, scale in (("fp", "fp", 0.5), ("rtn", "w4a4", 3.0), ("fair-calib", "w4a4", 1.0)):
+        rows += diag_rows("llada", method, bits, scale)
+    diag = pd.DataFrame(rows, columns=["model", "method", "bits", "metric", "x", "value", "std", "n"])
+    seen = {}
+    real_save = F.save
+
+    def spy(fig, out_dir, name, caption=""):
+        seen[name] = [(ax.get_title(), ax.get_xlabel(), ax.get_ylabel(), ax.get_legend())
+                      for ax in fig.axes]
+        return real_save(fig, out_dir, name, caption)
+
+    monkeypatch.setattr(F, "save", spy)
+    settings = {"methods": ["rtn", "fair-calib"],
+                "labels": {"methods": {"fp": "FP", "rtn": "RTN", "fair-calib": "FAIR-Calib"}}}
+    F.make_figures(diag, {}, tmp_path, settings)
+    assert {"commit_flips_llada", "post_commit_mismatch_llada", "stability_lag_ccdf_llada",
+            "mse_prob_trace_llada"} <= set(seen)
+    for name, axes in seen.items():
+        for title, xlabel, ylabel, legend in axes:
+            assert title and legend is not None, name
+            assert "(" in ylabel and ")" in ylabel, (name, ylabel)  # a unit
+        side = (tmp_path / f"{name}.txt").read_text()
+        png = Image.open(tmp_path / f"{name}.png").text
+        assert png["Title"] in side and png["Description"] in side
+        assert len(png["Description"]) > 40
+        assert b"/Subject" in (tmp_path / f"{name}.pdf").read_bytes()
+    flips = (tmp_path / "commit_flips_llada.txt").read_text()
+    assert "standard error over 4 sequences" in flips
+    # RTN and FAIR-Calib both appear as bars; the FP teacher is the reference, not a bar
+    assert [lab.get_text() for lab in seen["commit_flips_llada"][0][3].get_texts()] == \
+        ["RTN (W4A4)", "FAIR-Calib (W4A4)"]

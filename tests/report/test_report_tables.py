@@ -52,6 +52,15 @@ def lines_of(tex):
     return [ln.strip() for ln in tex.splitlines()]
 
 
+def c(value, err="1.0", bold=False):
+    """A printed cell: value (bold or not) and its small ± (None: no ±)."""
+    s = f"\\textbf{{{value}}}" if bold else value
+    return s if err is None else s + f"{{\\scriptsize$\\pm${err}}}"
+
+
+SH = "\\cellcolor{gray!20}"
+
+
 def test_main_table_exact_lines():
     tex = T.main_table(eval_df(), ["m1", "m2"], ["fp", "rtn", "fair"], ["t1", "t2"], LABELS,
                        bits="w4a4", caption="Cap", label="tab:x")
@@ -61,18 +70,22 @@ def test_main_table_exact_lines():
     assert ("\\textbf{Model} & \\textbf{Method} & \\textbf{T1} & \\textbf{T2} & "
             "\\textbf{Avg.} \\\\") in L
     i = L.index("\\multirow{4}{*}{\\textbf{M-One}}")
-    assert L[i + 1] == ("& \\cellcolor{gray!20}FP & \\cellcolor{gray!20}80.00 & "
-                        "\\cellcolor{gray!20}60.00 & \\cellcolor{gray!20}70.00 \\\\")
+    # stderr 0.01 -> ±1.0 points; Avg. of two: sqrt(1 + 1) / 2 = 0.7
+    assert L[i + 1] == (f"& {SH}FP & {SH}{c('80.00')} & {SH}{c('60.00')} & "
+                        f"{SH}{c('70.00', '0.7')} \\\\")
     assert L[i + 2] == "& Chance & 25.00 & 50.00 & 37.50 \\\\"
-    # tie on T1 -> both bold; FP (80.00) never bold
-    assert L[i + 3] == "& RTN & \\textbf{70.00} & 55.00 & 62.50 \\\\"
-    assert L[i + 4] == "& \\textbf{FAIR} & \\textbf{70.00} & \\textbf{58.00} & \\textbf{64.00} \\\\"
+    # T1: tie -> nobody bold; T2: 58 - 55 = 3 > 1.96 * sqrt(2) -> FAIR bold;
+    # Avg.: 64 - 62.5 = 1.5 < 1.96 * sqrt(0.5) * sqrt(2) -> nobody bold. FP (80) never bold.
+    assert L[i + 3] == f"& RTN & {c('70.00')} & {c('55.00')} & {c('62.50', '0.7')} \\\\"
+    assert L[i + 4] == (f"& \\textbf{{FAIR}} & {c('70.00')} & {c('58.00', bold=True)} & "
+                        f"{c('64.00', '0.7')} \\\\")
     j = L.index("\\multirow{4}{*}{\\textbf{M-Two}}")
     assert L[j - 1] == "\\midrule"
-    assert L[j + 1] == ("& \\cellcolor{gray!20}FP & \\cellcolor{gray!20}90.00 & "
-                        "\\cellcolor{gray!20}-- & \\cellcolor{gray!20}-- \\\\")
-    assert L[j + 3] == "& RTN & \\textbf{50.00} & 50.00 & \\textbf{50.00} \\\\"
-    assert L[j + 4] == "& \\textbf{FAIR} & -- & \\textbf{60.00} & -- \\\\"
+    assert L[j + 1] == f"& {SH}FP & {SH}{c('90.00')} & {SH}-- & {SH}-- \\\\"
+    # a column with a single quantized value has nothing to be best against
+    assert L[j + 3] == f"& RTN & {c('50.00')} & {c('50.00')} & {c('50.00', '0.7')} \\\\"
+    assert L[j + 4] == f"& \\textbf{{FAIR}} & -- & {c('60.00', bold=True)} & -- \\\\"
+    assert T.CONVENTION in tex and "standard error" in tex and "1.96" in tex
     assert ("\\par\\smallskip{\\footnotesize Missing results (shown as --): "
             "m2 / fp / t2; m2 / fair / w4a4 / t1.}") in L
     assert L.index("\\bottomrule") < L.index("\\end{tabular}}")
@@ -107,26 +120,29 @@ def test_ablation_table():
                                              ("rel", "reliability only"), ("fair", "FAIR-Calib")],
                           ["t1", "t2"], LABELS, bits="w4a4", header="Method")
     L = lines_of(tex)
-    assert "baseline & 62.50 \\\\" in L
-    assert "frontier-hit only & 63.00 \\\\" in L
+    assert f"baseline & {c('62.50', '0.7')} \\\\" in L
+    assert f"frontier-hit only & {c('63.00', '0.7')} \\\\" in L
     assert "reliability only & -- \\\\" in L
-    assert "FAIR-Calib & \\textbf{64.00} \\\\" in L
+    # 64.00 vs 63.00 / 62.50, each ±0.7: within the noise, so nothing is bold
+    assert f"FAIR-Calib & {c('64.00', '0.7')} \\\\" in L
     assert any(ln.endswith("m1 / rel / w4a4 / t2.}") for ln in L)
 
 
 def test_ablation_bold_is_the_best():
-    tex = T.average_table(eval_df(), "m1", [("rtn", "baseline"), ("fair", "FAIR-Calib")],
+    df = eval_df().assign(stderr=0.002)  # ±0.2 per task, ±0.1 on the average
+    tex = T.average_table(df, "m1", [("rtn", "baseline"), ("fair", "FAIR-Calib")],
                           ["t1", "t2"], LABELS, bits="w4a4")
     L = lines_of(tex)
-    assert "baseline & 62.50 \\\\" in L and "FAIR-Calib & \\textbf{64.00} \\\\" in L
+    assert f"baseline & {c('62.50', '0.1')} \\\\" in L
+    assert f"FAIR-Calib & {c('64.00', '0.1', bold=True)} \\\\" in L
     assert "Missing" not in tex
 
 
 def test_flat_table_w3a4():
     tex = T.flat_table(eval_df(), "m1", ["rtn"], ["t1", "t2"], LABELS, bits="w3a4")
     L = lines_of(tex)
-    assert "Real-valued & 80.00 & 60.00 & 70.00 \\\\" in L
-    assert "RTN & \\textbf{10.00} & \\textbf{10.00} & \\textbf{10.00} \\\\" in L
+    assert f"Real-valued & {c('80.00')} & {c('60.00')} & {c('70.00', '0.7')} \\\\" in L
+    assert f"RTN & {c('10.00')} & {c('10.00')} & {c('10.00', '0.7')} \\\\" in L
 
 
 def test_memory_tables():
@@ -178,7 +194,7 @@ def test_report_cli(tmp_path):
     T.run_cli(["--settings", json.dumps({**settings, "table": {
         "model": "m1", "rows": [["rtn", "baseline"], ["fair", "FAIR-Calib"]]}}),
         "--inputs", *paths, "--table", "components", "--out", str(out3)])
-    assert "FAIR-Calib & \\textbf{64.00} \\\\" in out3.read_text()
+    assert f"FAIR-Calib & {c('64.00', '0.7')} \\\\" in out3.read_text()
 
 
 def test_report_cli_workflow_settings(tmp_path):
@@ -197,14 +213,14 @@ def test_report_cli_workflow_settings(tmp_path):
     T.run_cli(["--settings", json.dumps(settings), "--inputs", str(p), "--out", str(out)])
     L = lines_of(out.read_text())
     assert L[0] == "% generated by fair-calib report (table main); do not edit"
-    assert "\\caption{W4A4 results (accuracy, \\%).}" in L
+    assert f"\\caption{{W4A4 results (accuracy, \\%). {T.CONVENTION}}}" in L
     assert "\\label{tab:main_tiny}" in L
-    assert "& RTN & \\textbf{70.00} & 55.00 & 62.50 \\\\" in L
+    assert f"& RTN & {c('70.00')} & {c('55.00')} & {c('62.50', '0.7')} \\\\" in L
     assert "\\multirow{4}{*}{\\textbf{M-Two}}" in L
     settings["table"].update(name="abl", layout="average", model="m1", methods=["rtn", "hit"])
     T.run_cli(["--settings", json.dumps(settings), "--inputs", str(p), "--out", str(out)])
     L = lines_of(out.read_text())
-    assert "RTN & 62.50 \\\\" in L and "hit & \\textbf{63.00} \\\\" in L
+    assert f"RTN & {c('62.50', '0.7')} \\\\" in L and f"hit & {c('63.00', '0.7')} \\\\" in L
 
 
 def test_pick_metric_with_lm_eval_filters():
@@ -216,3 +232,97 @@ def test_pick_metric_with_lm_eval_filters():
     amb = pd.DataFrame({"task": ["k", "k"], "metric": ["acc,a", "acc,b"]})
     with pytest.raises(ValueError, match="name one"):
         T.pick_metric(amb, "k", {})
+
+
+def _seed_rows():
+    """m1 x {rtn, fair} at w4a4 on t1, three calibration seeds each (told apart by `seed`)."""
+    rows = [("rtn", 0, 0.50), ("rtn", 1, 0.52), ("rtn", 2, 0.54),
+            ("fair", 0, 0.70), ("fair", 1, 0.71), ("fair", 2, 0.72)]
+    df = pd.DataFrame([{"model": "m1", "method": m, "bits": "w4a4", "task": "t1", "metric": "acc",
+                        "value": v, "stderr": 0.03, "n": 100, "chance": 0.25, "seed": s}
+                       for m, s, v in rows])
+    fp = eval_df().query("model == 'm1' and method == 'fp' and task == 't1'").assign(seed=0)
+    return pd.concat([fp, df], ignore_index=True)
+
+
+def test_seeds_give_mean_and_std_over_seeds():
+    records = []
+    tex = T.main_table(_seed_rows(), ["m1"], ["fp", "rtn", "fair"], ["t1"], LABELS,
+                       bits="w4a4", records=records)
+    L = lines_of(tex)
+    # mean of 50/52/54 = 52, std (ddof=1) = 2.0; 70/71/72 -> 71 +- 1.0; not the items' 3.0
+    assert f"& RTN & {c('52.00', '2.0')} & {c('52.00', '2.0')} \\\\" in L
+    # 71 - 52 = 19 > 1.96 * sqrt(4 + 1): bold
+    assert f"& \\textbf{{FAIR}} & {c('71.00', bold=True)} & {c('71.00', bold=True)} \\\\" in L
+    cells = T.cells_frame(records)
+    r = cells[(cells.method == "rtn") & (cells.column == "t1")].iloc[0]
+    assert (r.value, r.err, r.err_kind, r.n_seeds, r.n_items) == (52.0, 2.0, "sd", 3, 100)
+    fp = cells[(cells.method == "fp") & (cells.column == "t1")].iloc[0]
+    assert (fp.value, fp.err_kind, fp.n_seeds) == (80.0, "se", 1)
+    assert cells.loc[cells.method == "fair", "bold"].all()
+    assert not cells.loc[cells.method != "fair", "bold"].any()
+
+
+def test_duplicate_rows_without_seeds_raise():
+    df = pd.concat([eval_df(), eval_df().iloc[:1]], ignore_index=True)
+    with pytest.raises(ValueError, match="one per calibration seed"):
+        T.main_table(df, ["m1"], ["fp"], ["t1"], LABELS)
+
+
+@pytest.mark.parametrize("gap,bold", [(2.80, True), (2.75, False)])
+def test_bold_only_beyond_the_noise(gap, bold):
+    """Two methods with ±1.0 each: the threshold is 1.96 * sqrt(2) = 2.772 points."""
+    df = pd.DataFrame({"model": "m1", "method": ["rtn", "fair"], "bits": "w4a4", "task": "t1",
+                       "metric": "acc", "value": [0.50, 0.50 + gap / 100], "stderr": 0.01,
+                       "n": 100, "chance": float("nan")})
+    records = []
+    T.main_table(df, ["m1"], ["rtn", "fair"], ["t1"], LABELS, bits="w4a4", records=records)
+    cells = T.cells_frame(records)
+    assert cells.loc[(cells.method == "fair") & (cells.column == "t1"), "bold"].item() is bold
+    assert not cells.loc[cells.method == "rtn", "bold"].any()
+
+
+def test_missing_stderr_prints_no_pm_and_bolds_on_value():
+    df = eval_df().assign(stderr=float("nan"))
+    L = lines_of(T.main_table(df, ["m1"], ["fp", "rtn", "fair"], ["t1", "t2"], LABELS,
+                              bits="w4a4"))
+    assert "& RTN & 70.00 & 55.00 & 62.50 \\\\" in L
+    assert "& \\textbf{FAIR} & 70.00 & \\textbf{58.00} & \\textbf{64.00} \\\\" in L
+
+
+def test_report_cli_writes_cells_parquet(tmp_path):
+    from fair_calib.io import read_parquet
+
+    p = tmp_path / "all.parquet"
+    write_parquet(eval_df(), p, EVAL_SCHEMA)
+    settings = {"table": {"name": "main", "kind": "main", "models": ["m1"],
+                          "methods": ["fp", "rtn", "fair"], "bits": "w4a4", "tasks": ["t1", "t2"]},
+                "labels": {"methods": {"fp": "FP", "rtn": "RTN", "fair": "FAIR"}}}
+    out, cells_out = tmp_path / "main.tex", tmp_path / "main.parquet"
+    T.run_cli(["--settings", json.dumps(settings), "--inputs", str(p), "--out", str(out),
+               "--cells-out", str(cells_out)])
+    cells, _ = read_parquet(cells_out)
+    assert list(cells.columns) == list(T.CELL_COLUMNS)
+    fair_t2 = cells[(cells.method == "fair") & (cells.column == "t2")].iloc[0]
+    assert fair_t2.value == pytest.approx(58.0) and fair_t2.err == pytest.approx(1.0)
+    assert fair_t2.bold
+    assert set(cells.method) == {"fp", "chance", "rtn", "fair"}
+    assert len(cells) == 4 * 3  # rows x (two tasks + avg)
+
+
+def test_seeded_runs_from_the_workflow_are_aggregated(tmp_path):
+    """The workflow names seed runs `fair@s<k>`; load_inputs splits them into method + seed."""
+    paths = []
+    for k, v in ((0, 0.60), (1, 0.64)):
+        p = tmp_path / f"fair@s{k}.parquet"
+        row = eval_df().query("model == 'm1' and method == 'fair' and task == 't1'")
+        write_parquet(row.assign(method=f"fair@s{k}", value=v), p, EVAL_SCHEMA)
+        paths.append(p)
+    ev = T.load_inputs(paths)["eval"]
+    assert sorted(ev["seed"]) == [0, 1] and set(ev["method"]) == {"fair"}
+    records = []
+    T.main_table(ev, ["m1"], ["fair"], ["t1"], LABELS, bits="w4a4", records=records)
+    cells = T.cells_frame(records)
+    r = cells[(cells.method == "fair") & (cells.column == "t1")].iloc[0]
+    assert r.value == pytest.approx(62.0) and r.err == pytest.approx(2.0 ** 1.5)  # std of 60, 64
+    assert (r.err_kind, r.n_seeds) == ("sd", 2)

@@ -24,6 +24,7 @@ rule calibrate:
             method=method_entry(wc.method),
             bits=bits_entry(wc.bits),
             calibration=calibration_entry(wc.method, wc.model),
+            seed=run_seed(wc.method),
         ),
         model_dir=lambda wc: model_dir(wc.model),
         prior=lambda wc, input: f"--prior {input.prior}" if "prior" in input.keys() else "",

@@ -38,6 +38,8 @@ def check_config(cfg):
         if not re.fullmatch(r"w\d+a\d+", name):
             raise ValueError(f"config: bits.{name}: names must look like w4a4 (weights/activations)")
     for name, m in cfg["methods"].items():
+        if "@s" in name:  # reserved: `name@s<k>` is the run of method `name` with seed k
+            raise ValueError(f"config: methods.{name}: method names must not contain '@s'")
         if m["type"] not in registry.METHOD_TYPES:
             _fail(f"methods.{name}.type", m["type"], registry.METHOD_TYPES)
         if "prior" in m and m["prior"] not in cfg["priors"]:
@@ -109,8 +111,33 @@ check_config(config)
 
 
 # ---------------------------------------------------------------- grid
+SEED_SEP = "@s"  # a method run with calibration seed k is the method wildcard `name@sk`
+
+
+def base_method(method):
+    """The config name of a method wildcard (`fair-calib@s1` -> `fair-calib`)."""
+    return method.split(SEED_SEP, 1)[0]
+
+
+def method_cfg(method):
+    return config["methods"][base_method(method)]
+
+
+def method_runs(method):
+    """The method wildcards of a configured method: one per calibration seed of `seeds`
+    (tables report mean ± std over them), else the method itself (the top-level seed)."""
+    seeds = method_cfg(method).get("seeds")
+    return [f"{method}{SEED_SEP}{s}" for s in seeds] if seeds else [method]
+
+
+def run_seed(method):
+    """The calibration seed of a method wildcard: its `@s<k>`, else the top-level seed."""
+    _, sep, k = method.partition(SEED_SEP)
+    return int(k) if sep else config["seed"]
+
+
 def is_fp(method):
-    return config["methods"][method]["type"] == "fp"
+    return method_cfg(method)["type"] == "fp"
 
 
 def bits_for(method, bits):
@@ -127,14 +154,16 @@ def table_inputs(table):
     """The files a table is made from: eval rows, or calibration stats/meta for memory tables."""
     t = config["tables"][table]
     models = list(dict.fromkeys(t["models"] + ([t["model"]] if "model" in t else [])))
+    # memory is a property of the method, not of the seed: its first run stands for it
     if t["kind"] == "calib_memory":
-        return [f"{calib_dir(m, x, t['bits'])}/stats.parquet"
+        return [f"{calib_dir(m, method_runs(x)[0], t['bits'])}/stats.parquet"
                 for m in models for x in table_methods(t) if not is_fp(x)]
     if t["kind"] == "deploy_memory":
-        return [f"{calib_dir(m, x, t['bits'])}/meta.json"
+        return [f"{calib_dir(m, method_runs(x)[0], t['bits'])}/meta.json"
                 for m in models for x in table_methods(t) if not is_fp(x)]
-    return sorted({f"results/eval/{m}/{x}/{bits_for(x, t['bits'])}/{task}.parquet"
-                   for m in models for x in table_methods(t) for task in t["tasks"]})
+    return sorted({f"results/eval/{m}/{run}/{bits_for(x, t['bits'])}/{task}.parquet"
+                   for m in models for x in table_methods(t) for run in method_runs(x)
+                   for task in t["tasks"]})
 
 
 # ---------------------------------------------------------------- paths of stage inputs
@@ -202,7 +231,7 @@ def calib_dir(model, method, bits):
 
 
 def prior_of(method):
-    return config["methods"][method].get("prior")
+    return method_cfg(method).get("prior")
 
 
 # ---------------------------------------------------------------- settings passed to a stage
@@ -221,7 +250,9 @@ def model_entry(model):
 
 
 def method_entry(method):
-    return {"name": method, **config["methods"][method]}
+    """The method's config under its wildcard name (`fair-calib@s1`: the table splits it into
+    method and seed). `seeds` is left out: adding a seed must not rerun the existing runs."""
+    return {"name": method, **{k: v for k, v in method_cfg(method).items() if k != "seeds"}}
 
 
 def bits_entry(bits):
@@ -235,7 +266,7 @@ def probe_entry(probe):
 def calibration_entry(method, model=None):
     """The calibration section with the method's overrides, and its per-family overrides
     (`calibration_by_family`, e.g. FlatQuant's 4096 tokens on LLaDA, 2048 on Dream)."""
-    entry = config["methods"][method]
+    entry = method_cfg(method)
     out = {**config["calibration"], **entry.get("calibration", {})}
     if model is not None:
         out.update(entry.get("calibration_by_family", {}).get(config["models"][model]["family"], {}))

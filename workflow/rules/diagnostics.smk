@@ -61,6 +61,7 @@ rule diagnose:
         "{PY} diagnose --inputs {input.students} --teacher {input.teacher} --out {output} > {log} 2>&1"
 
 
+FIGURE_EXTS = ["pdf", "png", "txt"]
 FIGURE_NAMES = ["stability_lag_ccdf", "mse_prob_trace", "commit_flips", "post_commit_mismatch",
                 "frontier_margin", "prior_curve"]
 
@@ -83,10 +84,11 @@ rule figures:
         cross_corpus=[f"results/prior/{pair[k]}.parquet" for pair in DIAG.get("cross_corpus", [])
                       for k in ("a", "b")],
     output:
+        # each figure: PDF, PNG (caption in their metadata) and the caption sidecar .txt
         expand("results/figures/{name}_{model}.{ext}", name=FIGURE_NAMES,
-               model=DIAG.get("models", []), ext=["pdf", "png"]),
-        expand("results/figures/stability_lag_ccdf_models.{ext}", ext=["pdf", "png"]),
-        expand("results/figures/prior_cross_corpus.{ext}", ext=["pdf", "png"])
+               model=DIAG.get("models", []), ext=FIGURE_EXTS),
+        expand("results/figures/stability_lag_ccdf_models.{ext}", ext=FIGURE_EXTS),
+        expand("results/figures/prior_cross_corpus.{ext}", ext=FIGURE_EXTS)
         if DIAG.get("cross_corpus") else [],
     params:
         settings=figure_settings(),

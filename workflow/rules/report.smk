@@ -15,7 +15,9 @@ rule table:
     input:
         lambda wc: table_inputs(wc.table),
     output:
-        "results/tables/{table}.tex",
+        tex="results/tables/{table}.tex",
+        # the printed cells with their uncertainty (value, err, err_kind, n_seeds, bold)
+        cells="results/tables/{table}.parquet",
     params:
         settings=lambda wc: json.dumps(
             {"table": {"name": wc.table, **config["tables"][wc.table]}, "labels": labels()},
@@ -27,4 +29,5 @@ rule table:
     resources:
         **resources_for("table"),
     shell:
-        "{PY} report --settings {params.settings:q} --inputs {input} --out {output} > {log} 2>&1"
+        "{PY} report --settings {params.settings:q} --inputs {input} --out {output.tex}"
+        " --cells-out {output.cells} > {log} 2>&1"
