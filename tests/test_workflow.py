@@ -153,7 +153,9 @@ def test_every_stage_runs_on_checkpoints_in_the_released_layouts(ws):
     field names and key names, read through the native hub loader by every stage (probe,
     prior, calibration for every method type, evaluation, export, diagnostics, tables)."""
     import json
-    cmd = ["snakemake", "--cores", "2", "--configfile", "config/smoke.yaml", "config/hub_layout.yaml"]
+    (ws / "fast.yaml").write_text(yaml.safe_dump({"methods": {"qdrop": {"epochs": 1}}}))
+    cmd = ["snakemake", "--cores", "2", "--configfile", "config/smoke.yaml",
+           "config/hub_layout.yaml", "fast.yaml"]
     run = subprocess.run(cmd, cwd=ws, capture_output=True, text=True)
     assert run.returncode == 0, (run.stdout + run.stderr)[-4000:]
     llada = ws / "resources/hub/toy-llada"
