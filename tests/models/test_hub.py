@@ -181,3 +181,29 @@ def test_hub_id_loads_offline_from_a_hugging_face_cache(family, hub_id, tmp_path
     res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert res.returncode == 0, res.stderr[-3000:]
     assert res.stdout.split()[-2:] == ["93", "2"]
+
+
+@pytest.mark.parametrize("tiny,family", [("tiny-llada", "llada"), ("tiny-dream", "dream")])
+def test_a_converted_tiny_model_is_the_same_model(tiny, family, tmp_path):
+    """convert-hub writes the hub layout; read back through the hub loader it is the same
+    model (logits, tokens, mask id): what config/hub_layout.yaml relies on."""
+    from fair_calib.models.tiny.tokenizer import train_tokenizer, wrap_fast
+    from fair_calib.models.tiny.train import DEFAULT_TRAIN, build_model
+    from fair_calib.models.toy_hub import convert_tiny
+
+    text = ["Question : what colour is the plosk ? Answer : red", "the maple is a tree"]
+    tok = wrap_fast(train_tokenizer(text))
+    ids = {t: tok.convert_tokens_to_ids(t) for t in ("[PAD]", "[MASK]", "[EOS]", "[BOS]")}
+    train = {**DEFAULT_TRAIN, "hidden": 32, "heads": 4, "intermediate": 48, "layers": 2}
+    torch.manual_seed(0)
+    build_model(tiny, len(tok), train, ids).save_pretrained(tmp_path / "tiny")
+    tok.save_pretrained(tmp_path / "tiny")
+    (tmp_path / "tiny" / "fair_calib.json").write_text(json.dumps({"family": tiny}))
+    convert_tiny(tmp_path / "tiny", family, tmp_path / "hub", max_shard_bytes=16 * 1024)
+    assert (tmp_path / "hub" / "model.safetensors.index.json").is_file()    # sharded
+    a, b = load_model(tmp_path / "tiny", tiny), load_model(tmp_path / "hub", family)
+    assert a.mask_id == b.mask_id and a.eos_id == b.eos_id and a.pad_id == b.pad_id
+    assert a.tokenizer(text)["input_ids"] == b.tokenizer(text)["input_ids"]
+    x = torch.tensor(a.tokenizer(text[:1])["input_ids"])
+    with torch.no_grad():
+        assert torch.equal(a.logits(x), b.logits(x))
