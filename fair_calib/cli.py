@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import json
 import sys
 
 SUBCOMMANDS = {
@@ -20,6 +21,44 @@ SUBCOMMANDS = {
 }
 
 
+def _checked_settings(stage: str, argv: list[str]) -> list[str]:
+    """Parse and validate the stage's --settings (fair_calib.config: the checks the Snakefile
+    applies to the config), so a stage run by hand refuses what the workflow would refuse.
+    ``--threads N`` (train-tiny) is a run-time option: it sets ``model.train.threads``, which
+    the workflow keeps out of the job's settings so that a thread count never retrains."""
+    from . import config
+
+    argv = list(argv)
+    threads = None
+    if stage == "train-tiny" and "--threads" in argv:
+        i = argv.index("--threads")
+        try:
+            threads = int(argv[i + 1])
+        except (IndexError, ValueError):
+            sys.exit(f"fair-calib {stage}: error: --threads needs a positive integer")
+        del argv[i:i + 2]
+    idx = next((i for i, a in enumerate(argv) if a == "--settings" or a.startswith("--settings=")),
+               None)
+    if idx is None:
+        return argv  # the stage's own parser reports a missing required --settings
+    if argv[idx] == "--settings":
+        if idx + 1 >= len(argv):
+            sys.exit(f"fair-calib {stage}: error: --settings needs a JSON object")
+        text, span = argv[idx + 1], 2
+    else:
+        text, span = argv[idx].split("=", 1)[1], 1
+    try:
+        settings = config.parse_settings(text, stage)
+        if threads is not None and isinstance(settings.get("model"), dict):
+            model = dict(settings["model"])
+            model["train"] = {**(model.get("train") or {}), "threads": threads}
+            settings["model"] = model
+        config.check_settings(stage, settings)
+    except config.ConfigError as err:
+        sys.exit(f"error: fair-calib {err}")
+    return argv[:idx] + ["--settings", json.dumps(settings)] + argv[idx + span:]
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in SUBCOMMANDS:
@@ -29,8 +68,10 @@ def main(argv: list[str] | None = None) -> None:
             sys.exit(f"unknown subcommand {argv[0]!r}\n\n{msg}")
         print(msg)
         return
-    module = importlib.import_module(SUBCOMMANDS[argv[0]])
-    module.run_cli(argv[1:] if argv[0] not in ("trajectories", "diagnose") else argv)
+    stage = argv[0]
+    rest = _checked_settings(stage, argv[1:])
+    module = importlib.import_module(SUBCOMMANDS[stage])
+    module.run_cli(rest if stage not in ("trajectories", "diagnose") else [stage] + rest)
 
 
 if __name__ == "__main__":
