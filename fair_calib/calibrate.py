@@ -22,6 +22,7 @@ import math
 import resource
 import sys
 import time
+import warnings
 from pathlib import Path
 from typing import Any, Callable
 
@@ -314,7 +315,20 @@ def calibrate(loaded, method: QuantMethod, input_ids: torch.Tensor, out_dir: str
         path = blocks_dir / f"{i}.safetensors"
         state = None
         if path.exists():
-            state, prov = io.load_tensors(path)
+            try:
+                state, prov = io.load_tensors(path)
+                if not isinstance(prov.get("stats"), list):
+                    raise io.CorruptFileError(f"{path}: no block stats in its metadata")
+            except (io.CorruptFileError, FileNotFoundError) as err:
+                # A partial or overwritten block file (a full disk, a copy gone wrong): never
+                # taken as finished. Later blocks were fed by it, so they are redone too.
+                log(f"WARNING block {i}: {path} is unreadable ({err}); discarding it and every "
+                    "later block, recomputing from here")
+                warnings.warn(f"calibrate: discarded unreadable {path}; recomputing block {i}")
+                for stale in blocks_dir.glob("*.safetensors"):
+                    if stale.stem.isdigit() and int(stale.stem) >= i:
+                        stale.unlink()
+                state, prov = None, {"resume_key": resume_key}
             if prov.get("resume_key") != resume_key:
                 # Settings changed since these blocks were saved (Snakemake reruns the job on a
                 # params change): they are stale, so this and every later block is redone.

@@ -245,3 +245,72 @@ def test_missing_data_subfolder_fails_before_any_job(ws, tmp_path_factory):
     assert res.returncode != 0
     assert "wikitext2/wiki.test.raw" in res.out and "calibration.dataset" in res.out
     assert "docs/data.md" in res.out
+
+
+# ------------------------------------------------------------------ corrupt / partial files
+def _garbage(path: Path, n=64):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"\xff" * n)
+
+
+def test_truncated_parquet_names_file_and_command(tmp_path):
+    import pandas as pd
+    import pyarrow as pa
+
+    from fair_calib import io
+    path = tmp_path / "results/prior/m/default.parquet"
+    io.write_parquet(pd.DataFrame({"x": list(range(100))}), path, pa.schema([("x", pa.int64())]))
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    with pytest.raises(io.CorruptFileError) as err:
+        io.read_parquet(path)
+    assert str(path) in str(err.value) and "rm -r" in str(err.value) and "snakemake" in str(err.value)
+
+
+@pytest.mark.parametrize("reader, name", [("load_tensors", "params.safetensors"),
+                                           ("read_json", "meta.json"),
+                                           ("read_parquet", "shard-0.parquet")])
+def test_garbage_intermediate_names_the_path(tmp_path, reader, name):
+    from fair_calib import io
+    path = tmp_path / name
+    _garbage(path)
+    with pytest.raises(io.CorruptFileError) as err:
+        getattr(io, reader)(path)
+    assert str(path) in str(err.value)
+
+
+def test_corrupt_jsonl_line_names_file_and_line(tmp_path):
+    from fair_calib import data
+    path = tmp_path / "calib.jsonl"
+    path.write_text('{"text": "a"}\n{"text": "b"}\n{"text": "c\n')
+    with pytest.raises(ValueError, match=rf"{re.escape(str(path))}:3: corrupt JSON line"):
+        data.read_jsonl(path)
+
+
+def test_garbage_block_file_is_discarded_and_recomputed(tmp_path):
+    """A garbage blocks/{i}.safetensors (full disk, bad copy) never stops a resume: the block
+    and those after it are recomputed, with a warning, and the result equals a fresh run."""
+    import torch
+
+    from fair_calib import io
+    from fair_calib.calibrate import calibrate
+    from fair_calib.methods import make_method
+    from fair_calib.quant.toy import tiny_random_loaded
+
+    ids = torch.randint(0, 60, (4, 16), generator=torch.Generator().manual_seed(0))
+
+    def run(out, log=lambda s: None):
+        method = make_method({"type": "flatquant", "epochs": 1, "lr": 5e-3}, 4, 4, seed=0)
+        return calibrate(tiny_random_loaded("llama", layers=2), method, ids, out, batch_size=4,
+                         log=log)
+
+    run(tmp_path / "a")
+    run(tmp_path / "b")
+    (tmp_path / "b/meta.json").unlink()                # as if killed before the end
+    _garbage(tmp_path / "b/blocks/0.safetensors")
+    lines: list[str] = []
+    with pytest.warns(UserWarning, match="0.safetensors"):
+        run(tmp_path / "b", lines.append)
+    assert any("unreadable" in line and "0.safetensors" in line for line in lines)
+    pa_, _ = io.load_tensors(tmp_path / "a/params.safetensors")
+    pb_, _ = io.load_tensors(tmp_path / "b/params.safetensors")
+    assert pa_.keys() == pb_.keys() and all(torch.equal(pa_[k], pb_[k]) for k in pa_)
