@@ -113,8 +113,18 @@ def calibration_batch(tokenizer, texts: list[str], n_samples: int, seq_len: int,
     offsets. Raises if the corpus is shorter than one window.
     """
     joiner = f" {tokenizer.eos_token} " if tokenizer.eos_token else "\n\n"
-    ids = tokenizer(joiner.join(texts), add_special_tokens=False,
-                    return_tensors="pt")["input_ids"][0]
+    # The whole corpus is tokenized at once and cut into windows below, so it is meant to be
+    # longer than the model's context: lift model_max_length for this call, which silences the
+    # tokenizer's "Token indices sequence length is longer than..." warning.
+    max_len = getattr(tokenizer, "model_max_length", None)
+    try:
+        if max_len is not None:
+            tokenizer.model_max_length = int(1e30)
+        ids = tokenizer(joiner.join(texts), add_special_tokens=False,
+                        return_tensors="pt")["input_ids"][0]
+    finally:
+        if max_len is not None:
+            tokenizer.model_max_length = max_len
     if ids.numel() <= seq_len:
         raise ValueError(f"calibration corpus has {ids.numel()} tokens; need more than seq_len={seq_len}")
     gen = torch.Generator().manual_seed(seed)

@@ -310,3 +310,16 @@ def log_path(rule, pattern):
 
 
 check_used_data()
+
+
+# ---------------------------------------------------------------- console progress of long jobs
+PROGRESS_SECONDS = 30
+
+
+def progress(job):
+    """A shell prefix that prints, every PROGRESS_SECONDS, one line `[job] <the log's last
+    progress line>` on the console while the job runs (its full output stays in the log), so
+    minutes of training are not silent and parallel jobs stay readable: one prefixed line each."""
+    return (f"( while sleep {PROGRESS_SECONDS}; do l=$(tail -c 400 {{log}} 2>/dev/null | tr '\\r' '\\n'"
+            f" | grep -v '^[[:space:]]*$' | tail -n 1); [ -n \"$l\" ] && echo \"[{job}] $l\"; done ) &"
+            " _progress=$!; trap 'kill $_progress 2>/dev/null || true' EXIT; ")

@@ -33,6 +33,7 @@ rule train_tiny:
         **resources_for("train_tiny"),
     shell:
         # --threads: train.threads, outside the settings (a thread count does not retrain)
+        progress("train_tiny {wildcards.model}") +
         "OMP_NUM_THREADS={threads} {PY} train-tiny --threads {threads} --settings {params.settings:q}"
         " --data {params.data} --out {output} > {log} 2>&1"
 
