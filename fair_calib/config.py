@@ -166,6 +166,9 @@ def method_settings_error(name: str, entry: Mapping, where: str = "methods") -> 
     """An unknown setting of a methods entry, checked against its type's declared names."""
     mtype = entry.get("type")
     if mtype not in registry.METHOD_SETTINGS:
+        if mtype in registry.METHOD_TYPES:
+            return (f"config: {where}.{name}: method type {mtype!r} declares no settings; add "
+                    "the names it reads to METHOD_SETTINGS in fair_calib/registry.py")
         return None  # an unknown type is reported by the cross-reference checks
     allowed = registry.method_setting_names(mtype)
     extra = sorted(set(entry) - set(allowed) - {"name"})
