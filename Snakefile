@@ -28,6 +28,16 @@ except ConfigError as err:
     sys.exit(f"Error: {err}")
 
 
+# Another run in this directory: say so first (Snakemake's own message about incomplete files
+# advises --rerun-incomplete, which would redo the files that run is writing).
+if (workflow.is_main_process and "--unlock" not in sys.argv
+        and any(os.scandir(".snakemake/locks") if os.path.isdir(".snakemake/locks") else [])):
+    print("Note: another Snakemake run holds the lock on this directory (.snakemake/locks/). "
+          "Wait for it to finish; do not rerun with --rerun-incomplete (its jobs' outputs are "
+          "incomplete because they are being written). If no other run is active (a killed run "
+          "left the lock behind), `snakemake --unlock` removes it.", file=sys.stderr)
+
+
 configfile: "config/config.yaml"
 
 

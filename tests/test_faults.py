@@ -314,3 +314,14 @@ def test_garbage_block_file_is_discarded_and_recomputed(tmp_path):
     pa_, _ = io.load_tensors(tmp_path / "a/params.safetensors")
     pb_, _ = io.load_tensors(tmp_path / "b/params.safetensors")
     assert pa_.keys() == pb_.keys() and all(torch.equal(pa_[k], pb_[k]) for k in pa_)
+
+
+def test_concurrent_run_is_named_as_such(ws):
+    """A lock left by another run: the message says another run holds it (and how to clear a
+    stale one), before Snakemake's own advice about incomplete files."""
+    (ws / ".snakemake/locks").mkdir(parents=True)
+    (ws / ".snakemake/locks/0.input.lock").write_text("results/x\n")
+    res = _plan(ws)
+    assert "another Snakemake run holds the lock" in res.out and "--unlock" in res.out
+    (ws / ".snakemake/locks/0.input.lock").unlink()
+    assert "holds the lock" not in _plan(ws).out
