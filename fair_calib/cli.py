@@ -37,6 +37,10 @@ def _checked_settings(stage: str, argv: list[str]) -> list[str]:
         except (IndexError, ValueError):
             sys.exit(f"fair-calib {stage}: error: --threads needs a positive integer")
         del argv[i:i + 2]
+    if "--model-dir" in argv[:-1]:
+        problem = config.missing_model_folder(argv[argv.index("--model-dir") + 1])
+        if problem:
+            sys.exit(f"error: fair-calib {stage} --model-dir: {problem}")
     idx = next((i for i, a in enumerate(argv) if a == "--settings" or a.startswith("--settings=")),
                None)
     if idx is None:

@@ -346,3 +346,20 @@ def check_data(cfg: Mapping, probes: Iterable[str], tasks: Iterable[str],
             f"config: data_dir = {str(data_dir)!r} lacks {lines}{more}. Add them in the layout "
             "of docs/data.md, or set data_source: hub on a machine that reaches the Hugging "
             "Face hub.")
+
+
+# ------------------------------------------------------------------------------ model sources
+def looks_like_local_path(source: str) -> bool:
+    """A model ``source`` that is a folder, not a hub id (``org/name``)."""
+    return (source.startswith(("/", "./", "../", "~")) or source.count("/") > 1
+            or Path(source).expanduser().exists())
+
+
+def missing_model_folder(source: str) -> str | None:
+    """An error if ``source`` names a local folder that does not exist (else it would be
+    taken for a hub id and fail with "Repo id must be in the form ...")."""
+    if source in ("train", "convert") or not looks_like_local_path(source):
+        return None
+    if not Path(source).expanduser().is_dir():
+        return f"model folder {source!r} does not exist"
+    return None

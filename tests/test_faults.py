@@ -325,3 +325,22 @@ def test_concurrent_run_is_named_as_such(ws):
     assert "another Snakemake run holds the lock" in res.out and "--unlock" in res.out
     (ws / ".snakemake/locks/0.input.lock").unlink()
     assert "holds the lock" not in _plan(ws).out
+
+
+@pytest.mark.parametrize("source, needle", [("/nonexistent/llada-8b", "does not exist"),
+                                            ("./models/mine", "does not exist"),
+                                            ("results/models/x", "does not exist")])
+def test_missing_local_model_folder_is_not_taken_for_a_hub_id(source, needle):
+    assert needle in C.missing_model_folder(source)
+
+
+def test_hub_ids_and_existing_folders_pass(tmp_path):
+    assert C.missing_model_folder("GSAI-ML/LLaDA-8B-Base") is None
+    assert C.missing_model_folder("gpt2") is None          # a legacy hub id
+    assert C.missing_model_folder(str(tmp_path)) is None
+    assert C.missing_model_folder("train") is None
+
+
+def test_stage_cli_names_a_missing_model_folder(tmp_path):
+    res = _cli("probe", "--settings", "{}", "--model-dir", "/nonexistent/model", "--out", "x")
+    assert res.returncode != 0 and "model folder '/nonexistent/model' does not exist" in res.stderr

@@ -203,6 +203,16 @@ def check_used_data():
         check_data(config, [p for p in probes if p in config["probes"]], tasks, calib)
     except ConfigError as err:
         sys.exit(f"Error: {err}")
+    from fair_calib.config import missing_model_folder
+
+    models = {m for t in config["tables"].values() for m in t.get("models", []) + [t.get("model")]}
+    diag = config.get("diagnostics", {})
+    if diag.get("enabled", True):
+        models |= set(diag.get("models", []))
+    for m in sorted(models - {None}):
+        err = missing_model_folder(config["models"][m]["source"])
+        if err:
+            sys.exit(f"Error: config: models.{m}.source: {err}")
 
 
 def synthetic_inputs(wc=None):
