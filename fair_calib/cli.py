@@ -18,6 +18,7 @@ SUBCOMMANDS = {
     "diagnose": "fair_calib.diagnostics",           # diagnostics from trajectories
     "report": "fair_calib.report.tables",           # LaTeX tables
     "figures": "fair_calib.report.figures",         # PDF/PNG figures
+    "check-config": "fair_calib.config",            # syntax/schema check of config files
 }
 
 

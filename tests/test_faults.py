@@ -344,3 +344,17 @@ def test_hub_ids_and_existing_folders_pass(tmp_path):
 def test_stage_cli_names_a_missing_model_folder(tmp_path):
     res = _cli("probe", "--settings", "{}", "--model-dir", "/nonexistent/model", "--out", "x")
     assert res.returncode != 0 and "model folder '/nonexistent/model' does not exist" in res.stderr
+
+
+def test_check_config_names_line_of_a_configfile_syntax_error(tmp_path):
+    """Snakemake reads --configfile files before the Snakefile and names no line for a YAML
+    error; `fair-calib check-config FILE` (as the README says) does."""
+    bad = tmp_path / "mine.yaml"
+    bad.write_text("methods:\n  flatquant: {epochs: 2\n")
+    res = _cli("check-config", str(bad))
+    assert res.returncode != 0 and f"{bad}:" in res.stderr and "YAML syntax error" in res.stderr
+    good = tmp_path / "ok.yaml"
+    good.write_text("methods:\n  flatquant: {epoch: 2}\n")
+    res = _cli("check-config", str(good))
+    assert res.returncode != 0 and "methods.flatquant.epoch" in res.stderr
+    assert _cli("check-config", str(REPO / "config/smoke.yaml")).returncode == 0
