@@ -190,7 +190,8 @@ def _settings_of(plan_out: str, stage: str) -> list[dict]:
     found = []
     for line in plan_out.splitlines():
         if f"fair_calib.cli {stage} " in line:
-            words = shlex.split(line.split(">")[0])
+            command = line[line.index(f"fair_calib.cli {stage} "):].split(" > ")[0]
+            words = shlex.split(command)
             if "--settings" in words:
                 found.append(json.loads(words[words.index("--settings") + 1]))
     return sorted(found, key=lambda d: json.dumps(d, sort_keys=True))
