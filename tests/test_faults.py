@@ -377,3 +377,22 @@ def test_calibration_corpus_tokenization_does_not_warn_about_length(capfd):
     tok2.model_max_length = 32
     tok2(" ".join(texts))                      # the control: a plain call does warn
     assert "Token indices sequence length" in capfd.readouterr().err
+
+
+def test_long_jobs_print_prefixed_progress_and_keep_their_exit_status(ws, tmp_path):
+    """train_tiny's shell prints `[train_tiny <model>] <last log line>` on the console while
+    the job runs (the log keeps everything), and a failing job still fails."""
+    res = _plan(ws, None, target="resources/models/tiny-llada")
+    line = next(l for l in res.out.splitlines() if "fair_calib.cli train-tiny" in l)
+    prefix = line[line.index("( while"): line.index("OMP_NUM_THREADS")]
+    assert "[train_tiny tiny-llada]" in prefix
+    log = ws / "logs/train_tiny/tiny-llada.log"
+    log.parent.mkdir(parents=True)
+    fake = "(for i in 1 2 3 4 5; do printf 'step %s\\r' $i; sleep 1; done; exit 3)"
+    run = subprocess.run(["bash", "-euo", "pipefail", "-c", f"{prefix}{fake} > {log} 2>&1"],
+                         cwd=ws, capture_output=True, text=True,
+                         env={**os.environ, "FAIR_CALIB_PROGRESS_SECONDS": "0.5"})
+    assert run.returncode == 3
+    shown = [l for l in run.stdout.splitlines() if l]
+    assert shown and all(l.startswith("[train_tiny tiny-llada] step ") for l in shown), run.stdout
+    assert "step 5" in log.read_text()

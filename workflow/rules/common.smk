@@ -323,13 +323,13 @@ check_used_data()
 
 
 # ---------------------------------------------------------------- console progress of long jobs
-PROGRESS_SECONDS = 30
+PROGRESS_SECONDS = 30  # FAIR_CALIB_PROGRESS_SECONDS overrides it at run time
 
 
 def progress(job):
     """A shell prefix that prints, every PROGRESS_SECONDS, one line `[job] <the log's last
     progress line>` on the console while the job runs (its full output stays in the log), so
     minutes of training are not silent and parallel jobs stay readable: one prefixed line each."""
-    return (f"( while sleep {PROGRESS_SECONDS}; do l=$(tail -c 400 {{log}} 2>/dev/null | tr '\\r' '\\n'"
+    return (f"( while sleep ${{{{FAIR_CALIB_PROGRESS_SECONDS:-{PROGRESS_SECONDS}}}}}; do l=$(tail -c 400 {{log}} 2>/dev/null | tr '\\r' '\\n'"
             f" | grep -v '^[[:space:]]*$' | tail -n 1); [ -n \"$l\" ] && echo \"[{job}] $l\"; done ) &"
             " _progress=$!; trap 'kill $_progress 2>/dev/null || true' EXIT; ")
