@@ -361,22 +361,40 @@ def test_check_config_names_line_of_a_configfile_syntax_error(tmp_path):
     assert _cli("check-config", str(REPO / "config/smoke.yaml")).returncode == 0
 
 
-def test_calibration_corpus_tokenization_does_not_warn_about_length(capfd):
+def test_calibration_corpus_tokenization_does_not_warn_about_length():
     """The whole calibration corpus is tokenized at once (then cut into windows): the
     tokenizer's "Token indices sequence length is longer than ..." warning must not appear."""
+    import logging
+
+    from transformers.utils import logging as hf_logging
+
     from fair_calib import data
     from fair_calib.models.tiny.tokenizer import train_tokenizer, wrap_fast
 
-    texts = [f"the plosk is red and the maple is a tree {i}" for i in range(50)]
-    tok = wrap_fast(train_tokenizer(texts))
-    tok.model_max_length = 32
-    ids = data.calibration_batch(tok, texts, n_samples=3, seq_len=16, seed=0)
-    assert tuple(ids.shape) == (3, 16) and tok.model_max_length == 32
-    assert "Token indices sequence length" not in capfd.readouterr().err
-    tok2 = wrap_fast(train_tokenizer(texts))
-    tok2.model_max_length = 32
-    tok2(" ".join(texts))                      # the control: a plain call does warn
-    assert "Token indices sequence length" in capfd.readouterr().err
+    records: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            records.append(record.getMessage())
+
+    logger = logging.getLogger("transformers")
+    handler, level = Keep(), hf_logging.get_verbosity()
+    logger.addHandler(handler)
+    hf_logging.set_verbosity_warning()
+    try:
+        texts = [f"the plosk is red and the maple is a tree {i}" for i in range(50)]
+        tok = wrap_fast(train_tokenizer(texts))
+        tok.model_max_length = 32
+        ids = data.calibration_batch(tok, texts, n_samples=3, seq_len=16, seed=0)
+        assert tuple(ids.shape) == (3, 16) and tok.model_max_length == 32
+        assert not any("Token indices sequence length" in r for r in records), records
+        tok2 = wrap_fast(train_tokenizer(texts))
+        tok2.model_max_length = 32
+        tok2(" ".join(texts))                  # the control: a plain call does warn
+        assert any("Token indices sequence length" in r for r in records)
+    finally:
+        logger.removeHandler(handler)
+        hf_logging.set_verbosity(level)
 
 
 def test_long_jobs_print_prefixed_progress_and_keep_their_exit_status(ws, tmp_path):
