@@ -9,15 +9,42 @@
 #
 # `snakemake --cores 2 results/tables/main.tex` runs the embedded default;
 # `--configfile config/paper.yaml --profile profiles/slurm` runs the paper grid on a cluster.
-from snakemake.utils import min_version, validate
+import os
+import sys
+
+from snakemake.utils import min_version
+
+from fair_calib.config import ConfigError, load_yaml, validate_config
 
 min_version("9.20")
+
+# The config is checked before any job, by the package (the stage CLIs apply the same checks to
+# their --settings): YAML syntax (file:line:column), types, ranges and unknown keys against
+# workflow/schemas/config.schema.yaml, method settings against their type's declared names, then
+# the cross-references (check_config in workflow/rules/common.smk). Errors are one line.
+try:
+    load_yaml(os.path.join(workflow.basedir, "config/config.yaml"))
+except ConfigError as err:
+    sys.exit(f"Error: {err}")
+
+
+# Another run in this directory: say so first (Snakemake's own message about incomplete files
+# advises --rerun-incomplete, which would redo the files that run is writing).
+if (workflow.is_main_process and "--unlock" not in sys.argv
+        and any(os.scandir(".snakemake/locks") if os.path.isdir(".snakemake/locks") else [])):
+    print("Note: another Snakemake run holds the lock on this directory (.snakemake/locks/). "
+          "Wait for it to finish; do not rerun with --rerun-incomplete (its jobs' outputs are "
+          "incomplete because they are being written). If no other run is active (a killed run "
+          "left the lock behind), `snakemake --unlock` removes it.", file=sys.stderr)
 
 
 configfile: "config/config.yaml"
 
 
-validate(config, "workflow/schemas/config.schema.yaml")
+try:
+    validate_config(config, os.path.join(workflow.basedir, "workflow/schemas/config.schema.yaml"))
+except ConfigError as err:
+    sys.exit(f"Error: {err}")
 
 
 # Path segments never contain "/": without this, `results/eval/{model}/{method}/{bits}/{task}.parquet`

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import json
 import sys
 
 SUBCOMMANDS = {
@@ -20,9 +21,52 @@ SUBCOMMANDS = {
     "lm-eval": "fair_calib.lm_eval_cli",            # lm-eval's own CLI, fair_calib_dlm registered
     "render-tasks": "fair_calib.lm_eval_cli",       # offline / synthetic task YAMLs for it
     "cost": "fair_calib.cost",                      # GPU-hours of a config's DAG
+    "check-config": "fair_calib.config",            # syntax/schema check of config files
 }
 # These read their own subcommand name (one module serves two of them).
 WHOLE_ARGV = ("trajectories", "diagnose", "lm-eval", "render-tasks")
+
+
+def _checked_settings(stage: str, argv: list[str]) -> list[str]:
+    """Parse and validate the stage's --settings (fair_calib.config: the checks the Snakefile
+    applies to the config), so a stage run by hand refuses what the workflow would refuse.
+    ``--threads N`` (train-tiny) is a run-time option: it sets ``model.train.threads``, which
+    the workflow keeps out of the job's settings so that a thread count never retrains."""
+    from . import config
+
+    argv = list(argv)
+    threads = None
+    if stage == "train-tiny" and "--threads" in argv:
+        i = argv.index("--threads")
+        try:
+            threads = int(argv[i + 1])
+        except (IndexError, ValueError):
+            sys.exit(f"fair-calib {stage}: error: --threads needs a positive integer")
+        del argv[i:i + 2]
+    if "--model-dir" in argv[:-1]:
+        problem = config.missing_model_folder(argv[argv.index("--model-dir") + 1])
+        if problem:
+            sys.exit(f"error: fair-calib {stage} --model-dir: {problem}")
+    idx = next((i for i, a in enumerate(argv) if a == "--settings" or a.startswith("--settings=")),
+               None)
+    if idx is None:
+        return argv  # the stage's own parser reports a missing required --settings
+    if argv[idx] == "--settings":
+        if idx + 1 >= len(argv):
+            sys.exit(f"fair-calib {stage}: error: --settings needs a JSON object")
+        text, span = argv[idx + 1], 2
+    else:
+        text, span = argv[idx].split("=", 1)[1], 1
+    try:
+        settings = config.parse_settings(text, stage)
+        if threads is not None and isinstance(settings.get("model"), dict):
+            model = dict(settings["model"])
+            model["train"] = {**(model.get("train") or {}), "threads": threads}
+            settings["model"] = model
+        config.check_settings(stage, settings)
+    except config.ConfigError as err:
+        sys.exit(f"error: fair-calib {err}")
+    return argv[:idx] + ["--settings", json.dumps(settings)] + argv[idx + span:]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -34,8 +78,10 @@ def main(argv: list[str] | None = None) -> None:
             sys.exit(f"unknown subcommand {argv[0]!r}\n\n{msg}")
         print(msg)
         return
-    module = importlib.import_module(SUBCOMMANDS[argv[0]])
-    module.run_cli(argv if argv[0] in WHOLE_ARGV else argv[1:])
+    stage = argv[0]
+    rest = _checked_settings(stage, argv[1:])
+    module = importlib.import_module(SUBCOMMANDS[stage])
+    module.run_cli([stage] + rest if stage in WHOLE_ARGV else rest)
 
 
 if __name__ == "__main__":

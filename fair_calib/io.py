@@ -21,6 +21,22 @@ from typing import Any, Iterator, Mapping
 PROVENANCE_KEY = b"fair_calib.provenance"
 
 
+class CorruptFileError(ValueError):
+    """A file between stages that cannot be read (truncated, overwritten, not what its name
+    says). The message names the file and the one command that regenerates it."""
+
+
+def regenerate_hint(path: str | os.PathLike) -> str:
+    return (f"Delete it and run snakemake again, which regenerates it and what depends on it: "
+            f"rm -r {str(path)!r}")
+
+
+def corrupt(path: str | os.PathLike, what: str, err: BaseException | str) -> CorruptFileError:
+    detail = str(err).splitlines()[0] if str(err) else type(err).__name__
+    return CorruptFileError(f"{path}: corrupt or truncated {what} ({detail}). "
+                            f"{regenerate_hint(path)}")
+
+
 def config_hash(obj: Any) -> str:
     """Stable short hash of a JSON-serialisable config section (key order does not matter)."""
     blob = json.dumps(obj, sort_keys=True, default=str, separators=(",", ":"))
@@ -79,7 +95,10 @@ def write_json(path: str | os.PathLike, obj: Any) -> None:
 
 
 def read_json(path: str | os.PathLike) -> Any:
-    return json.loads(Path(path).read_text())
+    try:
+        return json.loads(Path(path).read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise corrupt(path, "JSON file", err) from None
 
 
 def write_parquet(df, path: str | os.PathLike, schema,
@@ -111,9 +130,16 @@ def read_parquet(path: str | os.PathLike):
     """Read a Parquet file written by :func:`write_parquet`; returns (DataFrame, provenance)."""
     import pyarrow.parquet as pq
 
-    table = pq.read_table(path)
-    meta = table.schema.metadata or {}
-    prov = json.loads(meta[PROVENANCE_KEY]) if PROVENANCE_KEY in meta else {}
+    import pyarrow as pa
+
+    if not Path(path).exists():
+        raise FileNotFoundError(f"{path}: no such file")
+    try:
+        table = pq.read_table(path)
+        meta = table.schema.metadata or {}
+        prov = json.loads(meta[PROVENANCE_KEY]) if PROVENANCE_KEY in meta else {}
+    except (pa.ArrowException, OSError, json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise corrupt(path, "Parquet file", err) from None
     return table.to_pandas(), prov
 
 
@@ -132,10 +158,17 @@ def load_tensors(path: str | os.PathLike, device: str = "cpu"):
     """Load a safetensors file; returns (dict of tensors, provenance)."""
     from safetensors import safe_open
 
+    from safetensors import SafetensorError
+
+    if not Path(path).exists():
+        raise FileNotFoundError(f"{path}: no such file")
     out = {}
-    with safe_open(str(path), framework="pt", device=device) as f:
-        meta = f.metadata() or {}
-        for key in f.keys():
-            out[key] = f.get_tensor(key)
-    prov = json.loads(meta.get("provenance", "{}"))
+    try:
+        with safe_open(str(path), framework="pt", device=device) as f:
+            meta = f.metadata() or {}
+            for key in f.keys():
+                out[key] = f.get_tensor(key)
+        prov = json.loads(meta.get("provenance", "{}"))
+    except (SafetensorError, json.JSONDecodeError, UnicodeDecodeError, OSError) as err:
+        raise corrupt(path, "safetensors file", err) from None
     return out, prov

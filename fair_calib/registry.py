@@ -25,3 +25,27 @@ POLICIES = ("low_confidence", "random", "origin", "maskgit_plus", "topk_margin",
 PRIOR_SCHEDULES = ("early_boost", "uniform", "late_boost", "none")
 PRIOR_COMPONENTS = ("hit", "rel")
 SHARPNESS_SCORES = ("prob", "negentropy", "margin")
+
+# The settings a ``methods:`` entry may hold, declared once per method type: a key not listed
+# for the entry's type is rejected before any job (a misspelled ``epoch: 1`` would otherwise be
+# ignored and the default run). A method that reads a new setting adds its name here, in the
+# tuple of its type (and of the types that inherit it); nothing else needs to change.
+# ``fair_calib.config.validate_config`` checks configs and stage --settings against it.
+METHOD_COMMON_SETTINGS = ("type", "label")
+# every quantizing method: Stage II data, its overrides, the job's batch size, packed export
+_QUANT_SETTINGS = ("calibration", "calibration_by_family", "batch_size", "export", "keep_export")
+# learnable-transform / reconstruction methods (their optimiser and position weighting)
+_TRAINED_SETTINGS = ("prior", "weighting", "epochs", "lr", "propagate", "weight_decay")
+METHOD_SETTINGS: dict[str, tuple[str, ...]] = {
+    "fp": (),
+    "rtn": _QUANT_SETTINGS + ("a_clip_ratio", "w_clip_ratio"),
+    "quarot": _QUANT_SETTINGS + ("a_clip_ratio", "w_clip_ratio", "online_hadamard", "damp"),
+    "flatquant": _QUANT_SETTINGS + _TRAINED_SETTINGS + ("w_clip", "w_clip_init"),
+    "fair_calib": _QUANT_SETTINGS + _TRAINED_SETTINGS + ("w_clip", "w_clip_init"),
+    "qdrop": _QUANT_SETTINGS + _TRAINED_SETTINGS + ("drop_prob",),
+}
+
+
+def method_setting_names(method_type: str) -> tuple[str, ...]:
+    """Every key a ``methods:`` entry of this type may hold."""
+    return METHOD_COMMON_SETTINGS + METHOD_SETTINGS[method_type]

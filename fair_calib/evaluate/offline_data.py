@@ -213,7 +213,7 @@ def prepare_offline_data(data_dir: str | os.PathLike, cache_dir: str | os.PathLi
     cache_dir = Path(cache_dir).resolve()
     if not data_dir.is_dir():
         raise FileNotFoundError(f"offline data directory {data_dir} does not exist "
-                                f"(set data_dir in the config or FAIR_CALIB_DATA_DIR)")
+                                f"(set data_dir in the config to the offline copies, docs/data.md)")
     subs: dict[str, str] = {}
     tasks = set(tasks)
     if "piqa" in tasks:

@@ -37,5 +37,6 @@ rule calibrate:
     resources:
         **resources_for("calibrate"),
     shell:
+        progress("calibrate {wildcards.model}/{wildcards.method}/{wildcards.bits}") +
         "OMP_NUM_THREADS={threads} {PY} calibrate --settings {params.settings:q}"
         " --model-dir {params.model_dir} {params.prior} --out-dir {params.out_dir} > {log} 2>&1"

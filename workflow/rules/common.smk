@@ -2,6 +2,7 @@
 import json
 import os
 import re
+import sys
 
 from fair_calib import registry
 
@@ -87,17 +88,12 @@ def check_config(cfg):
                     _fail(f"diagnostics.cross_corpus[{i}].{k} (model)", model, cfg["models"])
                 if prior not in cfg["priors"]:
                     _fail(f"diagnostics.cross_corpus[{i}].{k} (prior)", prior, cfg["priors"])
-    external = [f"probes.{n}.dataset" for n, p in cfg["probes"].items()
-                if p["dataset"] in ("gsm8k", "wikitext2")]
-    if cfg["calibration"]["dataset"] == "wikitext2":
-        external.append("calibration.dataset")
-    external += [f"tasks.{n}" for n, t in cfg["tasks"].items() if t.get("offline")]
-    data_dir = cfg.get("data_dir", "../shared/data")
-    if external and cfg.get("data_source", "local") == "local" and not os.path.isdir(data_dir):
-        raise ValueError(
-            f"config: data_dir = {data_dir!r} does not exist, and {', '.join(external)} read it. "
-            "Put the offline data sets there (layout: docs/data.md), point data_dir at them, "
-            "or set data_source: hub on a machine that reaches the Hugging Face hub.")
+    # the offline data a run reads: checked_data() below, once the used names are known
+    if diag.get("enabled", True) and diag.get("models") and not any(
+            m["type"] == "fp" for m in cfg["methods"].values()):
+        raise ValueError("config: diagnostics need an FP method (a methods entry with type: fp) "
+                         "as the teacher; add one, e.g. `fp: {type: fp, label: FP}`, or set "
+                         "diagnostics.enabled: false")
     for name in cfg.get("resources", {}):
         if name != "default" and name not in RULES_WITH_RESOURCES:
             _fail(f"resources.{name}", name, ("default",) + RULES_WITH_RESOURCES)
@@ -107,7 +103,10 @@ MEMORY_TABLES = ("calib_memory", "deploy_memory")
 RULES_WITH_RESOURCES = ("make_data", "train_tiny", "convert_hub", "probe_shard", "prior", "calibrate",
                         "evaluate_shard", "gather_eval", "trajectories", "diagnose", "figures",
                         "table")
-check_config(config)
+try:
+    check_config(config)
+except ValueError as err:  # one line, no traceback: the message names the key
+    sys.exit(f"Error: {err}")
 
 
 # ---------------------------------------------------------------- grid
@@ -220,6 +219,31 @@ def uses_synthetic_data():
             or any(config["tasks"][t]["kind"].startswith("synthetic") for t in tasks))
 
 
+def check_used_data():
+    """The offline files (data_dir) of every probe, calibration set and task the run uses
+    exist: a missing folder fails here, before any job, not after minutes of training."""
+    from fair_calib.config import ConfigError, check_data
+
+    tasks, methods, probes = used_names()
+    calib = {calibration_entry(m)["dataset"] for m in methods if not is_fp(m)}
+    calib |= {e.get("dataset") for m in methods if not is_fp(m)
+              for e in config["methods"][m].get("calibration_by_family", {}).values()} - {None}
+    try:
+        check_data(config, [p for p in probes if p in config["probes"]], tasks, calib)
+    except ConfigError as err:
+        sys.exit(f"Error: {err}")
+    from fair_calib.config import missing_model_folder
+
+    models = {m for t in config["tables"].values() for m in t.get("models", []) + [t.get("model")]}
+    diag = config.get("diagnostics", {})
+    if diag.get("enabled", True):
+        models |= set(diag.get("models", []))
+    for m in sorted(models - {None}):
+        err = missing_model_folder(config["models"][m]["source"])
+        if err:
+            sys.exit(f"Error: config: models.{m}.source: {err}")
+
+
 def synthetic_inputs(wc=None):
     model = getattr(wc, "model", None)
     needed = uses_synthetic_data() or (model is not None and trained(model))
@@ -235,18 +259,40 @@ def prior_of(method):
 
 
 # ---------------------------------------------------------------- settings passed to a stage
-COMMON_KEYS = ("seed", "device", "dtype", "data_dir", "data_source", "synthetic_dir")
+COMMON_KEYS = ("seed", "device", "dtype", "synthetic_dir")
+DATA_KEYS = ("data_dir", "data_source")  # only in the settings of jobs that read external data
+
+
+def reads_external_data(sections):
+    """Whether a job with these settings sections reads data_dir / the hub."""
+    probe, calib, task = (sections.get(k) or {} for k in ("probe", "calibration", "task"))
+    return (probe.get("dataset") in ("gsm8k", "wikitext2") or calib.get("dataset") == "wikitext2"
+            or task.get("kind") == "lm_eval")
 
 
 def settings(**sections):
-    """The exact config a job depends on, as JSON. A change here reruns that job only."""
+    """The exact config a job depends on, as JSON. A change here reruns that job only: so
+    data_dir is in it only for jobs that read it, and run-time knobs (train.threads) never."""
     out = {k: config.get(k) for k in COMMON_KEYS}
+    if reads_external_data(sections):
+        out.update({k: config.get(k) for k in DATA_KEYS})
     out.update(sections)
     return json.dumps(out, sort_keys=True)
 
 
+RUNTIME_TRAIN_KEYS = ("threads",)  # how fast, not what: passed on the command line instead
+
+
 def model_entry(model):
-    return {"name": model, **config["models"][model]}
+    entry = {"name": model, **config["models"][model]}
+    if "train" in entry:
+        entry["train"] = {k: v for k, v in entry["train"].items() if k not in RUNTIME_TRAIN_KEYS}
+    return entry
+
+
+def train_threads(model):
+    """train.threads of a tiny model (its torch threads), else the rule's threads."""
+    return config["models"][model].get("train", {}).get("threads") or threads_for("train_tiny")
 
 
 def method_entry(method):
@@ -302,3 +348,19 @@ def threads_for(rule):
 
 def log_path(rule, pattern):
     return f"logs/{rule}/{pattern}.log"
+
+
+check_used_data()
+
+
+# ---------------------------------------------------------------- console progress of long jobs
+PROGRESS_SECONDS = 30  # FAIR_CALIB_PROGRESS_SECONDS overrides it at run time
+
+
+def progress(job):
+    """A shell prefix that prints, every PROGRESS_SECONDS, one line `[job] <the log's last
+    progress line>` on the console while the job runs (its full output stays in the log), so
+    minutes of training are not silent and parallel jobs stay readable: one prefixed line each."""
+    return (f"( while sleep ${{{{FAIR_CALIB_PROGRESS_SECONDS:-{PROGRESS_SECONDS}}}}}; do l=$(tail -c 400 {{log}} 2>/dev/null | tr '\\r' '\\n'"
+            f" | grep -v '^[[:space:]]*$' | tail -n 1); [ -n \"$l\" ] && echo \"[{job}] $l\"; done ) &"
+            " _progress=$!; trap 'kill $_progress 2>/dev/null || true' EXIT; ")

@@ -11,7 +11,7 @@ def traj_inputs(wc):
     inputs = {"model": model_input(wc), "data": synthetic_inputs(wc)}
     if not is_fp(wc.method):
         inputs["calib"] = f"{calib_dir(wc.model, wc.method, wc.bits)}/meta.json"
-        inputs["teacher"] = f"results/traj/{wc.model}/fp/fp.parquet"
+        inputs["teacher"] = f"results/traj/{wc.model}/{fp_method()}/fp.parquet"
     return inputs
 
 
@@ -42,6 +42,8 @@ rule trajectories:
 
 
 def fp_method():
+    """The FP teacher of the diagnostics: the first method of type fp, whatever its name
+    (check_config refuses diagnostics without one, before any job)."""
     return next(m for m in config["methods"] if is_fp(m))
 
 

@@ -28,11 +28,13 @@ rule train_tiny:
         "logs/train_tiny/{model}.log",
     benchmark:
         "results/benchmarks/train_tiny/{model}.tsv"
-    threads: threads_for("train_tiny")
+    threads: lambda wc: train_threads(wc.model)
     resources:
         **resources_for("train_tiny"),
     shell:
-        "OMP_NUM_THREADS={threads} {PY} train-tiny --settings {params.settings:q}"
+        # --threads: train.threads, outside the settings (a thread count does not retrain)
+        progress("train_tiny {wildcards.model}") +
+        "OMP_NUM_THREADS={threads} {PY} train-tiny --threads {threads} --settings {params.settings:q}"
         " --data {params.data} --out {output} > {log} 2>&1"
 
 

@@ -11,6 +11,13 @@ def labels():
     }
 
 
+def table_fp_method(table):
+    """The FP reference of a table: its FP method (whatever its name), else the config's."""
+    t = config["tables"][table]
+    fps = [m for m in table_methods(t) if is_fp(m)] or [m for m in config["methods"] if is_fp(m)]
+    return fps[0] if fps else "fp"
+
+
 rule table:
     input:
         lambda wc: table_inputs(wc.table),
@@ -20,7 +27,8 @@ rule table:
         cells="results/tables/{table}.parquet",
     params:
         settings=lambda wc: json.dumps(
-            {"table": {"name": wc.table, **config["tables"][wc.table]}, "labels": labels()},
+            {"table": {"name": wc.table, **config["tables"][wc.table]}, "labels": labels(),
+             "fp_method": table_fp_method(wc.table)},
             sort_keys=True,
         ),
     log:

@@ -1,0 +1,416 @@
+"""The fault table (issue 16): bad config, corrupt or partial intermediates, rerun scope.
+
+Every row is a fault a user can make or a machine can cause; each must be refused before any job
+with the key or file named, or detected and redone, never silently taken. The fast rows call
+``fair_calib.config`` / the stage CLIs directly; a few plan the workflow (``snakemake -n``) to
+show the Snakefile applies the same checks.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from fair_calib import config as C
+from fair_calib import registry
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _default():
+    return C.load_yaml(REPO / "config/config.yaml")
+
+
+def _merge(base, over):
+    out = copy.deepcopy(base)
+    for k, v in over.items():
+        out[k] = _merge(out.get(k, {}), v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+# ------------------------------------------------------------------ config cases (schema level)
+CONFIG_FAULTS = [
+    # (override, text the one-line error must contain)
+    ({"corpus": {"n_train_docs": -1}}, "corpus.n_train_docs = -1"),
+    ({"corpus": {"n_trian_docs": 10}}, "unknown key corpus.n_trian_docs"),
+    ({"corpus": {"mix": {"colur": 0.3}}}, "unknown key corpus.mix.colur"),
+    ({"corpus": {"instruction_frac": 1.5}}, "corpus.instruction_frac = 1.5"),
+    ({"models": {"tiny-llada": {"train": {"stepz": 3}}}}, "unknown key models.tiny-llada.train.stepz"),
+    ({"models": {"tiny-llada": {"train": {"steps": 0}}}}, "models.tiny-llada.train.steps = 0"),
+    ({"models": {"tiny-llada": {"train": {"loss_norm": "mean"}}}}, "choose one of ['elbo', 'masked_mean']"),
+    ({"methods": {"flatquant": {"epoch": 1}}}, "unknown key methods.flatquant.epoch"),
+    ({"methods": {"rtn": {"epochs": 3}}}, "unknown key methods.rtn.epochs"),
+    ({"methods": {"flatquant": {"calibration": {"seqlen": 8}}}}, "unknown key methods.flatquant.calibration.seqlen"),
+    ({"methods": {"flatquant": {"calibration_by_family": {"lama": {"seq_len": 8}}}}},
+     "methods.flatquant.calibration_by_family.lama"),
+    ({"tasks": {"synth_mc": {"shardz": 2}}}, "unknown key tasks.synth_mc.shardz"),
+    ({"bits": {"w4a4": {"w_bits": 0}}}, "bits.w4a4.w_bits = 0"),
+    ({"bogus": 1}, "unknown key bogus"),
+]
+
+
+@pytest.mark.parametrize("override, needle", CONFIG_FAULTS, ids=[n for _, n in CONFIG_FAULTS])
+def test_config_fault_is_refused_naming_the_key(override, needle):
+    with pytest.raises(C.ConfigError) as err:
+        C.validate_config(_merge(_default(), override))
+    msg = str(err.value)
+    assert needle in msg, msg
+    assert "\n" not in msg
+    if "unknown key" in needle:
+        assert "allowed" in msg      # and says what is allowed
+
+
+def test_unknown_key_lists_the_allowed_ones_not_a_schema_dump():
+    with pytest.raises(C.ConfigError) as err:
+        C.validate_config(_merge(_default(), {"methods": {"fair-calib": {"epoch": 1}}}))
+    msg = str(err.value)
+    assert "'epochs'" in msg and "'lr'" in msg and len(msg) < 600
+
+
+def test_shipped_configs_pass():
+    base = _default()
+    for extra in ([], ["smoke.yaml"], ["paper.yaml"], ["smoke.yaml", "hub_layout.yaml"]):
+        cfg = copy.deepcopy(base)
+        for f in extra:
+            cfg = _merge(cfg, C.load_yaml(REPO / "config" / f))
+        C.validate_config(cfg)
+
+
+def test_every_method_type_declares_its_settings():
+    assert set(registry.METHOD_SETTINGS) == set(registry.METHOD_TYPES)
+    for mtype in registry.METHOD_TYPES:
+        assert "type" in registry.method_setting_names(mtype)
+
+
+def test_method_settings_declaration_covers_what_the_methods_read():
+    """Every `self.cfg.get("key")` in a method module is declared for some type (a setting a
+    method reads but the config may not hold could never be set)."""
+    declared = {k for t in registry.METHOD_TYPES for k in registry.method_setting_names(t)}
+    read = set()
+    for path in (REPO / "fair_calib/methods").glob("*.py"):
+        read |= set(re.findall(r"cfg\.get\(\"([a-z_0-9]+)\"", path.read_text()))
+    assert read - {"name"} <= declared, sorted(read - {"name"} - declared)
+
+
+def test_yaml_syntax_error_names_file_line_and_column(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("seed: 0\nmodels:\n  a: [1,\n  b: 2\n")
+    with pytest.raises(C.ConfigError) as err:
+        C.load_yaml(bad)
+    assert re.search(rf"{re.escape(str(bad))}:\d+:\d+: YAML syntax error", str(err.value)), err.value
+
+
+# ------------------------------------------------------------------ stage CLIs check --settings
+def _cli(*args, cwd=None):
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.run([sys.executable, "-m", "fair_calib.cli", *args], capture_output=True,
+                          text=True, env=env, cwd=cwd)
+
+
+MODEL = {"name": "m", "family": "tiny-llada", "source": "train"}
+CALIB = {"dataset": "synthetic", "n_samples": 2, "seq_len": 8}
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["calibrate", "--settings", "{not json", "--model-dir", "x", "--out-dir", "OUT"], "is not valid JSON"),
+    (["calibrate", "--settings", "{}", "--model-dir", "x", "--out-dir", "OUT"], "lacks 'model', 'method', 'calibration'"),
+    (["calibrate", "--settings", json.dumps({"model": MODEL, "method": {"name": "r", "type": "rtn"},
+                                             "bits": {"name": "w0a4", "w_bits": 0, "a_bits": 4},
+                                             "calibration": CALIB}),
+      "--model-dir", "x", "--out-dir", "OUT"], "bits.w0a4.w_bits = 0"),
+    (["calibrate", "--settings", json.dumps({"model": MODEL, "calibration": CALIB,
+                                             "method": {"name": "f", "type": "flatquant", "epoch": 1}}),
+      "--model-dir", "x", "--out-dir", "OUT"], "unknown key methods.f.epoch"),
+    (["make-data", "--settings", json.dumps({"corpus": {"n_train_docs": -1}}), "--out", "OUT"],
+     "corpus.n_train_docs = -1"),
+    (["train-tiny", "--settings", json.dumps({"model": {**MODEL, "train": {"stepz": 1}}}),
+      "--data", "x", "--out", "OUT"], "unknown key models.m.train.stepz"),
+    (["probe", "--settings", "{}", "--model-dir", "x", "--out", "OUT"], "lacks 'seed', 'model', 'probe'"),
+])
+def test_stage_cli_refuses_what_the_schema_refuses(tmp_path, args, needle):
+    out = tmp_path / "out"
+    res = _cli(*[str(out) if a == "OUT" else a for a in args], cwd=tmp_path)
+    assert res.returncode != 0
+    assert needle in res.stderr, res.stderr[-2000:]
+    assert "Traceback" not in res.stderr
+    assert not out.exists()         # nothing written
+
+
+# ------------------------------------------------------------------ workflow: before any job
+def _workspace(tmp: Path) -> Path:
+    for item in ("Snakefile", "workflow", "config"):
+        src = REPO / item
+        (shutil.copytree if src.is_dir() else shutil.copy)(src, tmp / item)
+    return tmp
+
+
+def _plan(ws: Path, overrides: dict | None = None, *extra: str, target="results/tables/main.tex"):
+    cmd = ["snakemake", *([target] if target else []), "-n", "-p", "--cores", "1", *extra]
+    if overrides is not None:
+        (ws / "override.yaml").write_text(yaml.safe_dump(overrides))
+        cmd += ["--configfile", "override.yaml"]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    res = subprocess.run(cmd, cwd=ws, capture_output=True, text=True, env=env)
+    res.out = res.stdout + res.stderr
+    return res
+
+
+@pytest.fixture
+def ws(tmp_path):
+    return _workspace(tmp_path)
+
+
+def test_workflow_refuses_bad_config_in_one_line(ws):
+    res = _plan(ws, {"corpus": {"n_train_docs": -1}, "methods": {"flatquant": {"epoch": 1}}})
+    assert res.returncode != 0
+    assert "Error: config:" in res.out and ("n_train_docs" in res.out or "epoch" in res.out)
+    assert "Traceback" not in res.out and "$schema" not in res.out and len(res.out) < 3000
+    assert not (ws / "resources").exists() and not (ws / "results").exists()
+
+
+def test_default_config_yaml_syntax_error_names_line(ws):
+    cfg = ws / "config/config.yaml"
+    cfg.write_text(cfg.read_text().replace("seed: 0\n", "seed: [0\n", 1))
+    res = _plan(ws)
+    assert res.returncode != 0
+    assert re.search(r"config/config\.yaml:\d+:\d+: YAML syntax error", res.out), res.out[-2000:]
+
+
+def _settings_of(plan_out: str, stage: str) -> list[dict]:
+    """The --settings JSON of every planned `fair-calib <stage>` command."""
+    found = []
+    for line in plan_out.splitlines():
+        if f"fair_calib.cli {stage} " in line:
+            command = line[line.index(f"fair_calib.cli {stage} "):].split(" > ")[0]
+            words = shlex.split(command)
+            if "--settings" in words:
+                found.append(json.loads(words[words.index("--settings") + 1]))
+    return sorted(found, key=lambda d: json.dumps(d, sort_keys=True))
+
+
+def test_rerun_scope_data_dir_and_threads_do_not_touch_training(ws):
+    """A job's settings hold exactly what changes its output: data_dir is not in the settings
+    of jobs that do not read it, and train.threads (how fast, not what) is in none."""
+    base = _plan(ws)
+    assert base.returncode == 0, base.out[-2000:]
+    other = _plan(ws, {"data_dir": str(ws), "models": {"tiny-llada": {"train": {"threads": 2}},
+                                                       "tiny-dream": {"train": {"threads": 2}}}})
+    assert other.returncode == 0, other.out[-2000:]
+    for stage in ("make-data", "train-tiny", "probe", "calibrate", "evaluate"):
+        a, b = _settings_of(base.out, stage), _settings_of(other.out, stage)
+        assert a and a == b, stage
+        assert all("data_dir" not in s for s in a), stage
+    assert "train-tiny --threads 1" in other.out   # capped by --cores 1
+
+
+def test_fp_method_under_another_name_reaches_tables_and_diagnostics(ws):
+    over = {"methods": {"full": {"type": "fp", "label": "Full"}},
+            "tables": {"main": {"methods": ["full", "rtn", "flatquant", "fair-calib"]}}}
+    # drop the default's `fp` entry: the merged config keeps it otherwise
+    cfg = ws / "config/config.yaml"
+    text = cfg.read_text()
+    text = re.sub(r"\n  fp: \{[^}]*\}", "", text)
+    cfg.write_text(text)
+    res = _plan(ws, over, "--forceall", target=None)     # the tables and the figures
+    assert res.returncode == 0, res.out[-3000:]
+    table = _settings_of(res.out, "report")
+    assert table and table[0]["fp_method"] == "full"
+    assert "results/traj/tiny-llada/full/fp.parquet" in res.out
+    assert "results/traj/tiny-llada/fp/" not in res.out
+
+
+def test_no_fp_method_with_diagnostics_is_a_config_error(ws):
+    cfg = ws / "config/config.yaml"
+    text = re.sub(r"\n  fp: \{[^}]*\}", "", cfg.read_text())
+    text = text.replace("methods: [fp, ", "methods: [")
+    cfg.write_text(text)
+    res = _plan(ws)
+    assert res.returncode != 0
+    assert "diagnostics need an FP method" in res.out and "StopIteration" not in res.out
+
+
+def test_missing_data_subfolder_fails_before_any_job(ws, tmp_path_factory):
+    data = tmp_path_factory.mktemp("data")
+    (data / "gsm8k").mkdir()            # gsm8k present, wikitext2 absent
+    (data / "gsm8k" / "train.jsonl").write_text("")
+    res = _plan(ws, {"data_dir": str(data), "calibration": {"dataset": "wikitext2"}})
+    assert res.returncode != 0
+    assert "wikitext2/wiki.test.raw" in res.out and "calibration.dataset" in res.out
+    assert "docs/data.md" in res.out
+
+
+# ------------------------------------------------------------------ corrupt / partial files
+def _garbage(path: Path, n=64):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"\xff" * n)
+
+
+def test_truncated_parquet_names_file_and_command(tmp_path):
+    import pandas as pd
+    import pyarrow as pa
+
+    from fair_calib import io
+    path = tmp_path / "results/prior/m/default.parquet"
+    io.write_parquet(pd.DataFrame({"x": list(range(100))}), path, pa.schema([("x", pa.int64())]))
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    with pytest.raises(io.CorruptFileError) as err:
+        io.read_parquet(path)
+    assert str(path) in str(err.value) and "rm -r" in str(err.value) and "snakemake" in str(err.value)
+
+
+@pytest.mark.parametrize("reader, name", [("load_tensors", "params.safetensors"),
+                                           ("read_json", "meta.json"),
+                                           ("read_parquet", "shard-0.parquet")])
+def test_garbage_intermediate_names_the_path(tmp_path, reader, name):
+    from fair_calib import io
+    path = tmp_path / name
+    _garbage(path)
+    with pytest.raises(io.CorruptFileError) as err:
+        getattr(io, reader)(path)
+    assert str(path) in str(err.value)
+
+
+def test_corrupt_jsonl_line_names_file_and_line(tmp_path):
+    from fair_calib import data
+    path = tmp_path / "calib.jsonl"
+    path.write_text('{"text": "a"}\n{"text": "b"}\n{"text": "c\n')
+    with pytest.raises(ValueError, match=rf"{re.escape(str(path))}:3: corrupt JSON line"):
+        data.read_jsonl(path)
+
+
+def test_garbage_block_file_is_discarded_and_recomputed(tmp_path):
+    """A garbage blocks/{i}.safetensors (full disk, bad copy) never stops a resume: the block
+    and those after it are recomputed, with a warning, and the result equals a fresh run."""
+    import torch
+
+    from fair_calib import io
+    from fair_calib.calibrate import calibrate
+    from fair_calib.methods import make_method
+    from fair_calib.quant.toy import tiny_random_loaded
+
+    ids = torch.randint(0, 60, (4, 16), generator=torch.Generator().manual_seed(0))
+
+    def run(out, log=lambda s: None):
+        method = make_method({"type": "flatquant", "epochs": 1, "lr": 5e-3}, 4, 4, seed=0)
+        return calibrate(tiny_random_loaded("llama", layers=2), method, ids, out, batch_size=4,
+                         log=log)
+
+    run(tmp_path / "a")
+    run(tmp_path / "b")
+    (tmp_path / "b/meta.json").unlink()                # as if killed before the end
+    _garbage(tmp_path / "b/blocks/0.safetensors")
+    lines: list[str] = []
+    with pytest.warns(UserWarning, match="0.safetensors"):
+        run(tmp_path / "b", lines.append)
+    assert any("unreadable" in line and "0.safetensors" in line for line in lines)
+    pa_, _ = io.load_tensors(tmp_path / "a/params.safetensors")
+    pb_, _ = io.load_tensors(tmp_path / "b/params.safetensors")
+    assert pa_.keys() == pb_.keys() and all(torch.equal(pa_[k], pb_[k]) for k in pa_)
+
+
+def test_concurrent_run_is_named_as_such(ws):
+    """A lock left by another run: the message says another run holds it (and how to clear a
+    stale one), before Snakemake's own advice about incomplete files."""
+    (ws / ".snakemake/locks").mkdir(parents=True)
+    (ws / ".snakemake/locks/0.input.lock").write_text("results/x\n")
+    res = _plan(ws)
+    assert "another Snakemake run holds the lock" in res.out and "--unlock" in res.out
+    (ws / ".snakemake/locks/0.input.lock").unlink()
+    assert "holds the lock" not in _plan(ws).out
+
+
+@pytest.mark.parametrize("source, needle", [("/nonexistent/llada-8b", "does not exist"),
+                                            ("./models/mine", "does not exist"),
+                                            ("results/models/x", "does not exist")])
+def test_missing_local_model_folder_is_not_taken_for_a_hub_id(source, needle):
+    assert needle in C.missing_model_folder(source)
+
+
+def test_hub_ids_and_existing_folders_pass(tmp_path):
+    assert C.missing_model_folder("GSAI-ML/LLaDA-8B-Base") is None
+    assert C.missing_model_folder("gpt2") is None          # a legacy hub id
+    assert C.missing_model_folder(str(tmp_path)) is None
+    assert C.missing_model_folder("train") is None
+
+
+def test_stage_cli_names_a_missing_model_folder(tmp_path):
+    res = _cli("probe", "--settings", "{}", "--model-dir", "/nonexistent/model", "--out", "x")
+    assert res.returncode != 0 and "model folder '/nonexistent/model' does not exist" in res.stderr
+
+
+def test_check_config_names_line_of_a_configfile_syntax_error(tmp_path):
+    """Snakemake reads --configfile files before the Snakefile and names no line for a YAML
+    error; `fair-calib check-config FILE` (as the README says) does."""
+    bad = tmp_path / "mine.yaml"
+    bad.write_text("methods:\n  flatquant: {epochs: 2\n")
+    res = _cli("check-config", str(bad))
+    assert res.returncode != 0 and f"{bad}:" in res.stderr and "YAML syntax error" in res.stderr
+    good = tmp_path / "ok.yaml"
+    good.write_text("methods:\n  flatquant: {epoch: 2}\n")
+    res = _cli("check-config", str(good))
+    assert res.returncode != 0 and "methods.flatquant.epoch" in res.stderr
+    assert _cli("check-config", str(REPO / "config/smoke.yaml")).returncode == 0
+
+
+def test_calibration_corpus_tokenization_does_not_warn_about_length():
+    """The whole calibration corpus is tokenized at once (then cut into windows): the
+    tokenizer's "Token indices sequence length is longer than ..." warning must not appear."""
+    import logging
+
+    from transformers.utils import logging as hf_logging
+
+    from fair_calib import data
+    from fair_calib.models.tiny.tokenizer import train_tokenizer, wrap_fast
+
+    records: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            records.append(record.getMessage())
+
+    logger = logging.getLogger("transformers")
+    handler, level = Keep(), hf_logging.get_verbosity()
+    logger.addHandler(handler)
+    hf_logging.set_verbosity_warning()
+    try:
+        texts = [f"the plosk is red and the maple is a tree {i}" for i in range(50)]
+        tok = wrap_fast(train_tokenizer(texts))
+        tok.model_max_length = 32
+        ids = data.calibration_batch(tok, texts, n_samples=3, seq_len=16, seed=0)
+        assert tuple(ids.shape) == (3, 16) and tok.model_max_length == 32
+        assert not any("Token indices sequence length" in r for r in records), records
+        tok2 = wrap_fast(train_tokenizer(texts))
+        tok2.model_max_length = 32
+        tok2(" ".join(texts))                  # the control: a plain call does warn
+        assert any("Token indices sequence length" in r for r in records)
+    finally:
+        logger.removeHandler(handler)
+        hf_logging.set_verbosity(level)
+
+
+def test_long_jobs_print_prefixed_progress_and_keep_their_exit_status(ws, tmp_path):
+    """train_tiny's shell prints `[train_tiny <model>] <last log line>` on the console while
+    the job runs (the log keeps everything), and a failing job still fails."""
+    res = _plan(ws, None, target="resources/models/tiny-llada")
+    line = next(l for l in res.out.splitlines() if "fair_calib.cli train-tiny" in l)
+    prefix = line[line.index("( while"): line.index("OMP_NUM_THREADS")]
+    assert "[train_tiny tiny-llada]" in prefix
+    log = ws / "logs/train_tiny/tiny-llada.log"
+    log.parent.mkdir(parents=True)
+    fake = "(for i in 1 2 3 4 5; do printf 'step %s\\r' $i; sleep 1; done; exit 3)"
+    run = subprocess.run(["bash", "-euo", "pipefail", "-c", f"{prefix}{fake} > {log} 2>&1"],
+                         cwd=ws, capture_output=True, text=True,
+                         env={**os.environ, "FAIR_CALIB_PROGRESS_SECONDS": "0.5"})
+    assert run.returncode == 3
+    shown = [l for l in run.stdout.splitlines() if l]
+    assert shown and all(l.startswith("[train_tiny tiny-llada] step ") for l in shown), run.stdout
+    assert "step 5" in log.read_text()
