@@ -31,17 +31,22 @@ SHARPNESS_SCORES = ("prob", "negentropy", "margin")
 # ignored and the default run). A method that reads a new setting adds its name here, in the
 # tuple of its type (and of the types that inherit it); nothing else needs to change.
 # ``fair_calib.config.validate_config`` checks configs and stage --settings against it.
-METHOD_COMMON_SETTINGS = ("type", "label")
+METHOD_COMMON_SETTINGS = ("type", "label", "seeds")
 # every quantizing method: Stage II data, its overrides, the job's batch size, packed export
 _QUANT_SETTINGS = ("calibration", "calibration_by_family", "batch_size", "export", "keep_export")
 # learnable-transform / reconstruction methods (their optimiser and position weighting)
-_TRAINED_SETTINGS = ("prior", "weighting", "epochs", "lr", "propagate", "weight_decay")
+_TRAINED_SETTINGS = ("prior", "weighting", "epochs", "lr", "propagate", "weight_decay",
+                     "clip_lr_mult", "eta_min_ratio", "normalize_loss", "shuffle")
+# FlatQuant's transforms and learnable clipping (FAIR-Calib is FlatQuant with a weighted loss)
+_FLATQUANT_SETTINGS = ("alpha", "kron", "smooth", "init", "w_clip", "a_clip", "clip_init_logit",
+                       "o_trans", "w_clip_init")
 METHOD_SETTINGS: dict[str, tuple[str, ...]] = {
     "fp": (),
     "rtn": _QUANT_SETTINGS + ("a_clip_ratio", "w_clip_ratio"),
-    "quarot": _QUANT_SETTINGS + ("a_clip_ratio", "w_clip_ratio", "online_hadamard", "damp"),
-    "flatquant": _QUANT_SETTINGS + _TRAINED_SETTINGS + ("w_clip", "w_clip_init"),
-    "fair_calib": _QUANT_SETTINGS + _TRAINED_SETTINGS + ("w_clip", "w_clip_init"),
+    "quarot": _QUANT_SETTINGS + ("a_clip_ratio", "w_clip_ratio", "w_clip", "online_hadamard",
+                                 "damp", "propagate"),
+    "flatquant": _QUANT_SETTINGS + _TRAINED_SETTINGS + _FLATQUANT_SETTINGS,
+    "fair_calib": _QUANT_SETTINGS + _TRAINED_SETTINGS + _FLATQUANT_SETTINGS,
     "qdrop": _QUANT_SETTINGS + _TRAINED_SETTINGS + ("drop_prob",),
 }
 

@@ -29,7 +29,8 @@ LATEX = {"begin", "end", "centering", "caption", "label", "textbf", "textit", "e
          "protect", "newline", "and", "sim", "approx", "infty", "geq", "leq", "Delta", "ast",
          "star", "bullet", "circ", "checkmark", "cline", "vline", "relax", "phantom", "null",
          "N", "textsc", "textrm", "texttt", "rightarrow", "leftarrow", "to", "mid", "lvert",
-         "rvert", "vert", "colon", "tablenotes", "noalign", "smallskip", "medskip", "bigskip"}
+         "rvert", "vert", "colon", "tablenotes", "noalign", "smallskip", "medskip", "bigskip",
+         "sqrt", "sigma", "frac"}
 BOOKTABS = {"toprule", "midrule", "bottomrule", "cmidrule", "addlinespace", "specialrule"}
 MULTIROW = {"multirow"}
 XCOLOR = {"rowcolor", "cellcolor", "color", "textcolor", "definecolor", "colorbox"}
