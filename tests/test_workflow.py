@@ -95,31 +95,6 @@ def test_registry_names_match_the_code():
     assert set(registry.POLICIES) <= set(policies.POLICIES)
 
 
-@pytest.mark.slow
-def test_whole_tiny_dag_runs_and_reruns_nothing(ws):
-    """The smoke config end to end: every stage, then a no-op rerun plans no job."""
-    # Targets go before --configfile, which takes several files.
-    run = subprocess.run(["snakemake", "results/tables/main.tex", "--cores", "2",
-                          "--configfile", "config/smoke.yaml"], cwd=ws, capture_output=True, text=True)
-    assert run.returncode == 0, run.stderr[-4000:]
-    tex = (ws / "results/tables/main.tex").read_text()
-    assert "\\toprule" in tex and "FAIR-Calib" in tex and "RTN" in tex
-    again = subprocess.run(["snakemake", "results/tables/main.tex", "-n", "--cores", "2",
-                            "--configfile", "config/smoke.yaml"],
-                           cwd=ws, capture_output=True, text=True)
-    assert again.returncode == 0
-    assert "Nothing to be done" in again.stdout + again.stderr
-    # Changing one method's settings reruns that method's jobs and what depends on them only.
-    (ws / "bump.yaml").write_text(yaml.safe_dump({"methods": {"flatquant": {"lr": 1.0e-3}}}))
-    plan = subprocess.run(["snakemake", "results/tables/main.tex", "-n", "--cores", "2",
-                           "--configfile", "config/smoke.yaml", "bump.yaml"],
-                          cwd=ws, capture_output=True, text=True)
-    assert plan.returncode == 0, plan.stderr
-    planned = plan.stdout
-    assert "calibrate" in planned and "train_tiny" not in planned and "probe_shard" not in planned
-    assert "fair-calib" not in "".join(l for l in planned.splitlines() if l.strip().startswith("output:"))
-
-
 def test_paper_config_plans_the_full_grid(ws):
     res = subprocess.run(["snakemake", "-n", "--cores", "1", "--configfile", "config/paper.yaml"],
                          cwd=ws, capture_output=True, text=True)
@@ -148,15 +123,17 @@ def test_gpu_model_and_node_features_reach_the_jobs(ws):
 
 
 @pytest.mark.slow
-def test_every_stage_runs_on_checkpoints_in_the_released_layouts(ws):
-    """config/hub_layout.yaml: toy LLaDA / Dream checkpoints in the hub's file layout, config
-    field names and key names, read through the native hub loader by every stage (probe,
-    prior, calibration for every method type, evaluation, export, diagnostics, tables)."""
+def test_whole_dag_on_checkpoints_in_the_released_layouts_then_rerun_scope(ws):
+    """The smoke config merged with config/hub_layout.yaml, end to end (rule all): tiny models
+    trained, written in the LLaDA / Dream hub layouts (config field names, key names), and read
+    through the native hub loader by every stage (probe, prior, calibration for every method
+    type, evaluation, export, trajectories, diagnostics, tables, figures). Then a no-op rerun
+    plans nothing, and changing one method's settings reruns that method's jobs only."""
     import json
     (ws / "fast.yaml").write_text(yaml.safe_dump({"methods": {"qdrop": {"epochs": 1}}}))
-    cmd = ["snakemake", "--cores", "2", "--configfile", "config/smoke.yaml",
-           "config/hub_layout.yaml", "fast.yaml"]
-    run = subprocess.run(cmd, cwd=ws, capture_output=True, text=True)
+    configs = ["--configfile", "config/smoke.yaml", "config/hub_layout.yaml", "fast.yaml"]
+    run = subprocess.run(["snakemake", "--cores", "2"] + configs, cwd=ws, capture_output=True,
+                         text=True)
     assert run.returncode == 0, (run.stdout + run.stderr)[-4000:]
     llada = ws / "resources/hub/toy-llada"
     cfg = json.loads((llada / "config.json").read_text())
@@ -166,13 +143,28 @@ def test_every_stage_runs_on_checkpoints_in_the_released_layouts(ws):
     dream = json.loads((ws / "resources/hub/toy-dream/config.json").read_text())
     assert dream["model_type"] == "Dream"
     tex = (ws / "results/tables/main.tex").read_text()
-    for label in ("LLaDA layout (toy)", "Dream layout (toy)", "QuaRot", "QDrop", "FAIR-Calib"):
+    assert "\\toprule" in tex
+    for label in ("LLaDA layout (toy)", "Dream layout (toy)", "RTN", "QuaRot", "FlatQuant",
+                  "QDrop", "FAIR-Calib"):
         assert label in tex, label
     for table in ("calib_memory", "deploy_memory"):
         assert (ws / f"results/tables/{table}.tex").is_file(), table
-    assert list((ws / "results/figures").glob("*.png"))
-    again = subprocess.run(cmd + ["-n"], cwd=ws, capture_output=True, text=True)
+    assert list((ws / "results/figures").glob("*toy-dream*.png"))
+    again = subprocess.run(["snakemake", "-n", "--cores", "2"] + configs, cwd=ws,
+                           capture_output=True, text=True)
+    assert again.returncode == 0
     assert "Nothing to be done" in again.stdout + again.stderr
+    # Changing one method's settings reruns that method's jobs and what depends on them only.
+    (ws / "bump.yaml").write_text(yaml.safe_dump({"methods": {"flatquant": {"lr": 1.0e-3}}}))
+    plan = subprocess.run(["snakemake", "-n", "--cores", "2"] + configs + ["bump.yaml"],
+                          cwd=ws, capture_output=True, text=True)
+    assert plan.returncode == 0, plan.stderr
+    planned = plan.stdout
+    assert "calibrate" in planned
+    for rule in ("train_tiny", "convert_hub", "probe_shard"):
+        assert f"rule {rule}:" not in planned, rule
+    outputs = "".join(l for l in planned.splitlines() if l.strip().startswith("output:"))
+    assert "fair-calib" not in outputs and "flatquant" in outputs
 
 
 def test_task_settings_resolve_per_family_into_the_jobs(ws):
