@@ -128,14 +128,31 @@ def _run_label(settings, method, bits, fp):
 # ----------------------------------------------------------------------------- plots
 def plot_ccdf(curves: Sequence[tuple[str, np.ndarray, np.ndarray]], title: str):
     """Step-plot CCDFs P(lag > x) on a log y axis; curves: (label, xs, ccdf)."""
+    from matplotlib.ticker import MaxNLocator
+
     fig, ax = plt.subplots(figsize=(4.2, 3.2))
+    drawn = 0
     for i, (lab, xs, ys) in enumerate(curves):
         st = _style(i)
+        if not (np.asarray(ys) > 0).any():
+            # P(lag > x) is 0 everywhere: nothing to draw on a log axis; say so in the legend
+            # rather than showing an entry whose line is missing.
+            ax.plot([], [], linestyle="none", label=f"{lab}: every lag is 0")
+            continue
         y = np.where(np.asarray(ys) > 0, ys, np.nan)
         ax.step(xs, y, where="post", label=lab, linestyle=st["linestyle"], color=st["color"])
         ax.plot(xs, y, linestyle="none", marker=st["marker"], color=st["color"], markersize=3,
                 markevery=max(1, len(xs) // 10))
-    ax.set_yscale("log")
+        drawn += 1
+    if drawn:
+        ax.set_yscale("log")
+    else:
+        ax.set_ylim(0, 1)
+        right = max([float(np.max(xs)) for _, xs, _ in curves if len(xs)] + [1.0])
+        ax.set_xlim(-0.5, right + 0.5)
+        ax.text(0.5, 0.5, "no position changed its prediction\nafter its commit (all lags 0)",
+                ha="center", va="center", transform=ax.transAxes, fontsize=8)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel(r"stability lag $\delta_{\mathrm{lag}}$ (steps)")
     ax.set_ylabel(r"CCDF $P(\delta_{\mathrm{lag}} > x)$ (fraction of positions)")
     ax.set_title(title, fontsize=9)

@@ -111,3 +111,16 @@ def test_every_figure_carries_title_units_legend_and_caption(tmp_path, monkeypat
     # RTN and FAIR-Calib both appear as bars; the FP teacher is the reference, not a bar
     assert [lab.get_text() for lab in seen["commit_flips_llada"][0][3].get_texts()] == \
         ["RTN (W4A4)", "FAIR-Calib (W4A4)"]
+
+
+def test_all_zero_ccdf_is_said_not_drawn_as_empty_log_axes():
+    import numpy as np
+    from fair_calib.report.figures import plot_ccdf
+    fig = plot_ccdf([("FP", np.arange(3), np.zeros(3)),
+                     ("RTN (W4A4)", np.arange(4), np.array([0.5, 0.2, 0.05, 0.0]))], "t")
+    ax = fig.axes[0]
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert labels == ["FP: every lag is 0", "RTN (W4A4)"] and ax.get_yscale() == "log"
+    fig = plot_ccdf([("FP", np.arange(3), np.zeros(3))], "t")
+    assert fig.axes[0].get_yscale() == "linear"
+    assert any("all lags 0" in t.get_text() for t in fig.axes[0].texts)
