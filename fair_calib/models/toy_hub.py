@@ -11,11 +11,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
+from .. import io
 from .hub import LAYOUTS, HubLayout, save_hub_layout
 from .tiny.tokenizer import BOS, EOS, MASK, PAD
 
@@ -79,22 +77,13 @@ def convert_tiny(src: str | Path, family: str, out_dir: str | Path,
     tokenizer = rename_special_tokens(PreTrainedTokenizerFast.from_pretrained(str(src)),
                                       HUB_SPECIAL_TOKENS[layout.name])
     mask_id = tokenizer.convert_tokens_to_ids(adapter.mask_token)
-    out = Path(out_dir)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    try:
+    with io.atomic_dir(out_dir) as tmp:
         save_hub_layout(model, layout, tmp, max_shard_bytes=max_shard_bytes,
                         extra_config={"mask_token_id": int(mask_id),
                                       "pad_token_id": int(tokenizer.pad_token_id),
                                       "eos_token_id": int(tokenizer.eos_token_id)})
         tokenizer.save_pretrained(tmp)
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp)
-    return out
+    return Path(out_dir)
 
 
 def run_cli(argv: list[str] | None = None) -> None:

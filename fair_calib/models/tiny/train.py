@@ -34,10 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import random
-import shutil
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -296,20 +293,12 @@ def train_tiny(settings: dict, data_dir: Path, out_dir: Path, progress: bool = T
         "train": train, "mask_token": MASK, "mask_id": ids[MASK],
     }
     prov = io.provenance({"model": mcfg, "train": train}, seed=seed)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
-    try:
+    with io.atomic_dir(out_dir) as tmp:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         io.write_json(tmp / "fair_calib.json", {**summary, "provenance": prov})
         import pandas as pd
         io.write_parquet(pd.DataFrame(log), tmp / "train_log.parquet", _log_schema(), prov)
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        os.replace(tmp, out_dir)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp)
     return summary
 
 
