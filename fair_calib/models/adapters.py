@@ -315,10 +315,10 @@ def _load_hub_native(adapter: FamilyAdapter, source: str, torch_dtype):
     from .hub import LAYOUTS, load_hub_tokenizer, load_native_model, read_hub_config
 
     layout = LAYOUTS[adapter.hub_layout]
-    model = load_native_model(layout, source, torch_dtype)
+    hub_cfg = read_hub_config(source)
+    model = load_native_model(layout, source, torch_dtype, hub_cfg)
     tokenizer = load_hub_tokenizer(layout, source)
-    config_mask = read_hub_config(source).get("mask_token_id")
-    return model, tokenizer, config_mask
+    return model, tokenizer, hub_cfg.get("mask_token_id")
 
 
 def _load_remote(adapter: FamilyAdapter, source: str, torch_dtype, trust: bool | None):

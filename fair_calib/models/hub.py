@@ -19,6 +19,7 @@ and the 8B-shaped checkpoint of ``benchmarks/hub_load_gpu.py``.
 """
 from __future__ import annotations
 
+import functools
 import json
 import re
 from dataclasses import dataclass
@@ -46,7 +47,15 @@ class HubLayout:
     tokenizer_class: str | None = None
 
     # ------------------------------------------------------------------ key names
-    def _rules(self, forward: bool) -> list[tuple[re.Pattern, str]]:
+    @functools.cached_property
+    def _hub_to_native(self) -> list[tuple[re.Pattern, str]]:
+        return self._compile(forward=True)
+
+    @functools.cached_property
+    def _native_to_hub(self) -> list[tuple[re.Pattern, str]]:
+        return self._compile(forward=False)
+
+    def _compile(self, forward: bool) -> list[tuple[re.Pattern, str]]:
         rules = []
         for hub, native in self.key_map:
             src, dst = (hub, native) if forward else (native, hub)
@@ -54,21 +63,15 @@ class HubLayout:
             rules.append((re.compile(pattern), dst.replace("{i}", r"\1")))
         return rules
 
-    def native_key(self, hub_key: str) -> str | None:
-        for pattern, repl in self._rules(True):
-            if pattern.match(hub_key):
-                return pattern.sub(repl, hub_key, count=1)
-        return None
-
     def hub_key(self, native_key: str) -> str | None:
-        for pattern, repl in self._rules(False):
+        for pattern, repl in self._native_to_hub:
             if pattern.match(native_key):
                 return pattern.sub(repl, native_key, count=1)
         return None
 
     def key_mapping(self) -> dict[str, str]:
         """The mapping as regexes for ``from_pretrained(key_mapping=...)``."""
-        return {p.pattern: r for p, r in self._rules(True)}
+        return {p.pattern: r for p, r in self._hub_to_native}
 
 
 # ---------------------------------------------------------------------------------- LLaDA
@@ -310,9 +313,11 @@ def native_config(layout: HubLayout, hub_cfg: dict, source: str = "config.json")
     return cfg
 
 
-def load_native_model(layout: HubLayout, source: str, dtype: torch.dtype) -> nn.Module:
-    """The checkpoint at ``source`` on the native class, every tensor accounted for."""
-    hub_cfg = read_hub_config(source)
+def load_native_model(layout: HubLayout, source: str, dtype: torch.dtype,
+                      hub_cfg: dict | None = None) -> nn.Module:
+    """The checkpoint at ``source`` on the native class, every tensor accounted for
+    (``hub_cfg``: its config.json when the caller has read it already)."""
+    hub_cfg = read_hub_config(source) if hub_cfg is None else hub_cfg
     cfg = native_config(layout, hub_cfg, source)
     _, model_cls = _native_classes(layout.native_arch)
     model, info = model_cls.from_pretrained(
