@@ -25,6 +25,7 @@ Smoke test on CPU:        PYTHONPATH=. python benchmarks/calibration_gpu.py --sm
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -97,10 +98,13 @@ def bench_calibration(shape: str, args, dev: str, peak_tflops: float | None) -> 
     rows = meta["stats"]
     ep = [r["seconds"] for r in rows if r["epoch"] >= 0]
     # the last epoch row's "seconds" is replaced by the whole block's time; the per-epoch median
-    # uses the epochs before it. Block 0 also pays the one-time compilation (reported apart);
+    # uses the epochs before it (of the blocks after the first). Block 0 also pays the one-time compilation (reported apart);
     # the per-block overhead (groups, FP targets, initial loss) comes from the later blocks.
     per_block = [r["seconds"] for r in rows if r["epoch"] == args.epochs - 1]
-    epoch_rows = [r for r in rows if 0 <= r["epoch"] < args.epochs - 1]
+    # block 0's first epoch compiles the chains: with more than one block measured, the later
+    # blocks' epochs give the per-epoch time
+    epoch_rows = [r for r in rows if 0 <= r["epoch"] < args.epochs - 1
+                  and (r["block"] > 0 or layers == 1)]
     sec_epoch = statistics.median(r["seconds"] for r in epoch_rows) if epoch_rows else float("nan")
     later = per_block[1:] or per_block
     overhead = statistics.median(later) - args.epochs * sec_epoch
@@ -280,7 +284,13 @@ def check_fused(shape: str, dev: str, tokens: int = 1024) -> None:
 
 
 def profile_calibration(shape: str, args, dev: str) -> None:
-    """Where a calibration step's GPU time goes: 1 block, 16 sequences, 1 epoch, profiled."""
+    """Where a training step's time goes: 1 block, 16 sequences, profiled after an unprofiled
+    warm-up calibration (no compilation in the profile). Two profiled calibrations, without
+    training (epochs 0: targets, initial loss, moves) and with one epoch, are subtracted: per
+    training step, wall time against the GPU's busy time (kernel time summed) and the kernel
+    count. A step whose wall time is far above its kernel time is bound by the host (Python,
+    autograd, kernel launches), not by the GPU. Prints the one-epoch profile's top operators by
+    GPU time and by CPU time."""
     from torch.profiler import ProfilerActivity, profile
 
     lm = shapes.build(shape, layers=1, device=dev)
@@ -288,13 +298,34 @@ def profile_calibration(shape: str, args, dev: str) -> None:
     vocab = shapes.SHAPES[shape]["vocab_size"]
     ids = torch.randint(0, vocab - 2, (16, args.seq_len), generator=torch.Generator().manual_seed(0))
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev == "cuda" else [])
-    method = make_method({"type": "fair_calib", "epochs": 2}, 4, 4, seed=0)
-    with profile(activities=acts) as prof:
+
+    def run_once(epochs):
+        method = make_method({"type": "fair_calib", "epochs": epochs}, 4, 4, seed=0)
+        t0 = time.perf_counter()
         calibrate(lm, method, ids, "/nonexistent-not-written", weights=torch.ones(args.seq_len),
                   batch_size=args.batch_size, log=lambda s: None, device=dev, write_outputs=False)
-    key = "self_cuda_time_total" if dev == "cuda" else "self_cpu_time_total"
-    table = prof.key_averages().table(sort_by=key, row_limit=25, max_name_column_width=60)
-    print(table, flush=True)
+        sync(dev)
+        return time.perf_counter() - t0
+
+    run_once(2)                                 # compiles the chains
+    plain = {e: run_once(e) for e in (0, 1)}
+    res = {}
+    for epochs in (0, 1):
+        with profile(activities=acts) as prof:
+            wall = run_once(epochs)
+        kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+        res[epochs] = (wall, sum(e.device_time for e in kernels) / 1e6, len(kernels))
+    events = prof.key_averages()
+    for key in (("self_cuda_time_total", "cpu_time_total") if dev == "cuda"
+                else ("cpu_time_total",)):
+        print(events.table(sort_by=key, row_limit=30, max_name_column_width=70), flush=True)
+    steps = len(ids) // args.batch_size
+    emit({"kind": "profile", "shape": shape, "device": dev_name(dev), "steps": steps,
+          "step_wall_s": (plain[1] - plain[0]) / steps,
+          "step_wall_profiled_s": (res[1][0] - res[0][0]) / steps,
+          "step_gpu_kernel_s": (res[1][1] - res[0][1]) / steps,
+          "step_kernels": (res[1][2] - res[0][2]) / steps,
+          "untrained_wall_s": plain[0], "untrained_gpu_kernel_s": res[0][1]})
     del lm
 
 
@@ -329,6 +360,32 @@ def profile_forward(shape: str, args, dev: str, layers: int = 4) -> None:
     del lm, model
 
 
+@contextlib.contextmanager
+def calibration_variant(variant: str):
+    """Settings of one ``--variants`` entry, restored afterwards (compiled chains forgotten)."""
+    env = {"static": {"FAIR_CALIB_COMPILE_DYNAMIC": "0"}}.get(variant, {})
+    mats = variant != "eager-mats"
+    if variant not in ("static", "eager-mats", "default"):
+        raise ValueError(f"unknown variant {variant!r}")
+    saved_env = {k: os.environ.get(k) for k in env}
+    saved_mats = transforms.COMPILE_MATS
+    os.environ.update(env)
+    transforms.COMPILE_MATS = mats
+    fused.reset()
+    torch._dynamo.reset()
+    try:
+        yield
+    finally:
+        transforms.COMPILE_MATS = saved_mats
+        for k, v in saved_env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        fused.reset()
+        torch._dynamo.reset()
+
+
 def dev_name(dev: str) -> str:
     return torch.cuda.get_device_name() if dev == "cuda" else "cpu"
 
@@ -356,6 +413,10 @@ def main(argv=None) -> None:
     ap.add_argument("--profile", action="store_true", help="profile a short calibration first")
     ap.add_argument("--profile-forward", action="store_true",
                     help="profile the fake-quant forward (last shape, 4 layers) first")
+    ap.add_argument("--variants", default="",
+                    help="comma list of calibration variants measured one after the other: "
+                         "eager-mats (transform matrices built eagerly), static (one compiled "
+                         "graph per shape), default (the current settings)")
     ap.add_argument("--smoke", action="store_true", help="tiny shape on CPU (tests the script)")
     args = ap.parse_args(argv)
     dev = "cuda" if torch.cuda.is_available() and not args.smoke else "cpu"
@@ -377,6 +438,10 @@ def main(argv=None) -> None:
     if args.check_fused:
         check_fused(names[-1], dev)
     for name in names:
+        for variant in filter(None, args.variants.split(",")):
+            with calibration_variant(variant):
+                print(json.dumps({"kind": "variant", "variant": variant}), flush=True)
+                bench_calibration(name, args, dev, peak)
         if "calibration" not in skip:
             bench_calibration(name, args, dev, peak)
             if name in args.compare_no_recompute.split(","):

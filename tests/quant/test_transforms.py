@@ -97,3 +97,35 @@ def test_kron_rotation_orthogonal(n):
     assert torch.allclose(r.rotate(x), x @ R.float(), atol=1e-5)
     h = sylvester_hadamard(8)
     assert torch.equal(h @ h.T, 8 * torch.eye(8, dtype=h.dtype))
+
+
+@pytest.mark.parametrize("n", [6, 16])
+def test_planned_construction_equals_eager_for_every_count(n):
+    """The compiled calibration path builds a factor's matrices with the squaring count as a
+    tensor (a fixed graph); run eagerly it must give :func:`factor_matrices`' values and
+    gradients bit for bit, for every count the fixed graph covers."""
+    from fair_calib.quant.transforms import (MAX_COMPILED_SQUARINGS, InvertibleFactor,
+                                             _plan_tensor, factor_matrices,
+                                             factor_matrices_planned)
+    g = torch.Generator().manual_seed(n)
+    f = InvertibleFactor(n, generator=g)
+    weights = torch.randn(2, n, n, generator=g)
+    for count in range(MAX_COMPILED_SQUARINGS + 1):
+        with torch.no_grad():
+            f.a.copy_(torch.randn(n, n, generator=g) * 0.3 * 2 ** count / n)
+            f.b.copy_(torch.randn(n, n, generator=g) * 0.2 * 2 ** count / n)
+            f.diag.copy_(torch.rand(n, generator=g) + 0.5)
+        results = []
+        for planned in (False, True):
+            for p in f.parameters():
+                p.grad = None
+            r0_inv = f._r0_inverse(torch.float32)
+            if planned:
+                mats = factor_matrices_planned(f.a, f.b, f.diag, f.r0, r0_inv,
+                                               _plan_tensor(count, count, torch.float32, f.a.device))
+            else:
+                mats = factor_matrices(f.a, f.b, f.diag, f.r0, r0_inv, count, count, torch.float32)
+            ((mats[0] * weights[0]).sum() + (mats[1] * weights[1]).sum()).backward()
+            results.append([m.detach() for m in mats] + [p.grad.clone() for p in f.parameters()])
+        for eager, planned in zip(*results):
+            assert torch.equal(eager, planned)
