@@ -363,25 +363,18 @@ def profile_forward(shape: str, args, dev: str, layers: int = 4) -> None:
 @contextlib.contextmanager
 def calibration_variant(variant: str):
     """Settings of one ``--variants`` entry, restored afterwards (compiled chains forgotten)."""
-    env = {"static": {"FAIR_CALIB_COMPILE_DYNAMIC": "0"}}.get(variant, {})
-    mats = variant != "eager-mats"
-    if variant not in ("static", "eager-mats", "default"):
+    if variant not in ("eager-mats", "default") and not variant.startswith("max-squarings-"):
         raise ValueError(f"unknown variant {variant!r}")
-    saved_env = {k: os.environ.get(k) for k in env}
-    saved_mats = transforms.COMPILE_MATS
-    os.environ.update(env)
-    transforms.COMPILE_MATS = mats
+    saved = transforms.COMPILE_MATS, transforms.MAX_COMPILED_SQUARINGS
+    transforms.COMPILE_MATS = variant != "eager-mats"
+    if variant.startswith("max-squarings-"):
+        transforms.MAX_COMPILED_SQUARINGS = int(variant.rsplit("-", 1)[1])
     fused.reset()
     torch._dynamo.reset()
     try:
         yield
     finally:
-        transforms.COMPILE_MATS = saved_mats
-        for k, v in saved_env.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+        transforms.COMPILE_MATS, transforms.MAX_COMPILED_SQUARINGS = saved
         fused.reset()
         torch._dynamo.reset()
 
@@ -415,8 +408,9 @@ def main(argv=None) -> None:
                     help="profile the fake-quant forward (last shape, 4 layers) first")
     ap.add_argument("--variants", default="",
                     help="comma list of calibration variants measured one after the other: "
-                         "eager-mats (transform matrices built eagerly), static (one compiled "
-                         "graph per shape), default (the current settings)")
+                         "eager-mats (transform matrices built eagerly, planned on the host), "
+                         "max-squarings-N (compiled construction with N squarings), "
+                         "default (the current settings)")
     ap.add_argument("--smoke", action="store_true", help="tiny shape on CPU (tests the script)")
     args = ap.parse_args(argv)
     dev = "cuda" if torch.cuda.is_available() and not args.smoke else "cpu"

@@ -39,8 +39,8 @@ from .methods.base import GroupStats, QuantMethod
 from .quant.blockio import BlockInputs, call_block, capture_block_inputs
 from .quant.discovery import discover_groups, get_submodule, groups_to_json
 from .quant.qlinear import InputQuant, QuantLinear
-from .quant.transforms import (AffineTransform, InvertibleFactor, plan_squarings,
-                               set_squaring_plans, squaring_norms)
+from .quant.transforms import (AffineTransform, InvertibleFactor, builds_on_device,
+                               plan_squarings, set_squaring_plans, squaring_norms)
 
 
 
@@ -174,6 +174,60 @@ def _make_optimizer(method: QuantMethod, block: nn.Module, tr: dict[str, Any], s
     return opt, sched
 
 
+class _StepChecks:
+    """Each training step's finiteness check (loss, gradients) and, where factors are built on
+    the host (CPU, eager), the norms that size the next step's matrix exponentials.
+
+    Host-built factors need those norms before the next step, so the flags and norms are read
+    with one synchronisation per step. Factors built on the device
+    (:func:`transforms.builds_on_device`) need no plan: the flags are then accumulated on the
+    device and read once per epoch, so the host never waits for the GPU within an epoch (a bad
+    step is seen at the epoch's end; the block is abandoned either way)."""
+
+    def __init__(self, factors: list[InvertibleFactor], device: torch.device, block_index: int):
+        self.factors = factors
+        self.block_index = block_index
+        self.on_device = all(builds_on_device(f.a.device) for f in factors) and device.type == "cuda"
+        self._ok: torch.Tensor | None = None      # [loss ok, gradients ok], device-accumulated
+        if factors and not self.on_device:
+            plan_squarings(factors)
+
+    def after_step(self, loss: torch.Tensor, grads: list[torch.Tensor], epoch: int) -> None:
+        loss_ok = torch.isfinite(loss.detach()).all()
+        # max |g| per tensor is finite iff the tensor is (NaN propagates through max): a few
+        # multi-tensor kernels instead of two per parameter
+        grads_ok = (torch.isfinite(torch.stack(torch._foreach_max(torch._foreach_abs(grads)))).all()
+                    if grads else loss_ok)
+        flags = torch.stack([loss_ok, grads_ok])
+        if self.on_device:
+            self._ok = flags if self._ok is None else self._ok & flags
+            return
+        norms = (squaring_norms(self.factors).double().flatten() if self.factors
+                 else flags[:0].double())
+        host = torch.cat([flags.double(), norms]).cpu()
+        self._raise_unless(host[:2] > 0, epoch)
+        if self.factors:
+            set_squaring_plans(self.factors, host[2:].view(-1, 2).tolist())
+
+    def end_epoch(self, epoch: int) -> None:
+        if self._ok is not None:
+            ok, self._ok = self._ok.cpu(), None
+            self._raise_unless(ok, epoch)
+
+    def _raise_unless(self, ok: torch.Tensor, epoch: int) -> None:
+        if not bool(ok[0]):
+            hint = (" (or a transform factor grew beyond the compiled matrix exponential's "
+                    "range)" if self.on_device else "")
+            raise NonFiniteError(f"non-finite loss in block {self.block_index} (epoch {epoch})"
+                                 + hint)
+        if not bool(ok[1]):
+            raise NonFiniteError(f"non-finite gradient in block {self.block_index} (epoch {epoch})")
+
+    def close(self) -> None:
+        for f in self.factors:
+            f.forget_plan()
+
+
 def _train_block(method: QuantMethod, block: nn.Module, inputs: BlockInputs, targets, w,
                  block_index: int, tr: dict[str, Any], seed: int,
                  device: torch.device, log, amp: torch.dtype | None = None) -> list[dict[str, Any]]:
@@ -190,12 +244,10 @@ def _train_block(method: QuantMethod, block: nn.Module, inputs: BlockInputs, tar
         return rows
     opt, sched = _make_optimizer(method, block, tr, epochs * len(inputs))
     gen = torch.Generator().manual_seed(seed * 7919 + block_index)
+    checks = _StepChecks([m for m in block.modules() if isinstance(m, InvertibleFactor)],
+                         device, block_index)
     transforms = [m for m in block.modules() if isinstance(m, AffineTransform)]
-    factors = [m for m in block.modules() if isinstance(m, InvertibleFactor)]
     _set_quant_training(block, True)
-    for t in transforms:
-        t.step_cache = True
-    plan_squarings(factors)     # later steps plan from the norms read with their checks
     try:
         for ep in range(epochs):
             t0 = time.time()
@@ -203,7 +255,9 @@ def _train_block(method: QuantMethod, block: nn.Module, inputs: BlockInputs, tar
             order = (torch.randperm(len(inputs), generator=gen).tolist() if tr.get("shuffle", True)
                      else range(len(inputs)))   # FlatQuant: in order
             for b in order:
-                for t in transforms:      # matrices are rebuilt once per step and group
+                # matrices are rebuilt once per step: a fused optimizer updates the parameters
+                # without bumping their version counters, which key the transforms' cache
+                for t in transforms:
                     t.clear_cache()
                 with torch.enable_grad():
                     with _autocast(inputs.hidden[b].device, amp or torch.bfloat16, amp is not None):
@@ -212,23 +266,12 @@ def _train_block(method: QuantMethod, block: nn.Module, inputs: BlockInputs, tar
                     opt.zero_grad(set_to_none=True)
                     # FlatQuant divides the loss by its detached value (unit-size gradients)
                     (loss / loss.detach() if tr.get("normalize_loss") else loss).backward()
-                grads = [p.grad for p in params if p.grad is not None]
-                flags = torch.stack([torch.isfinite(loss.detach())]
-                                    + [torch.isfinite(g).all() for g in grads]).double()
                 opt.step()
                 sched.step()
+                # after the step: host-built factors plan the next step from the new norms
+                checks.after_step(loss, [p.grad for p in params if p.grad is not None], ep)
                 tot += loss.detach().double()
-                # One host-device synchronisation per step reads the finiteness flags and the
-                # norms that size the next step's matrix exponentials. A bad step has already
-                # been applied when it is seen, but the block is abandoned then anyway.
-                norms = squaring_norms(factors).double().flatten() if factors else flags[:0]
-                host = torch.cat([flags, norms]).cpu()
-                if not bool((host[: len(flags)] > 0).all()):
-                    if host[0] == 0:
-                        raise NonFiniteError(f"non-finite loss in block {block_index} (epoch {ep})")
-                    raise NonFiniteError(f"non-finite gradient in block {block_index} (epoch {ep})")
-                if factors:
-                    set_squaring_plans(factors, host[len(flags):].view(-1, 2).tolist())
+            checks.end_epoch(ep)
             for p in params:
                 _check_finite(p.detach(), "the calibrated parameters", block_index)
             if device.type == "cuda":
@@ -239,12 +282,21 @@ def _train_block(method: QuantMethod, block: nn.Module, inputs: BlockInputs, tar
             log(f"block {block_index} epoch {ep}: loss {ep_loss:.6g}")
     finally:
         _set_quant_training(block, False)
-        for t in transforms:
-            t.step_cache = False
-            t.clear_cache()
-        for f in factors:
-            f.forget_plan()
+        checks.close()
     return rows
+
+
+def _cache_matrices(block: nn.Module, on: bool) -> None:
+    """While a block is calibrated (``on``), its transforms reuse their matrices until a
+    parameter changes (:meth:`AffineTransform._mats`' step cache, keyed on the parameters'
+    versions and the grad mode): the forward passes without training (initial loss,
+    propagation) build them once instead of once per micro-batch, and within a training step
+    the activation side and every linear's weight side share one construction (and one
+    backward)."""
+    for t in block.modules():
+        if isinstance(t, AffineTransform):
+            t.step_cache = on
+            t.clear_cache()
 
 
 def _restore_dtype(method: QuantMethod, block: nn.Module, groups, state, dtype: torch.dtype) -> None:
@@ -367,10 +419,12 @@ def calibrate(loaded, method: QuantMethod, input_ids: torch.Tensor, out_dir: str
         if state is not None:
             method.quantize_block(block, groups, None, i)
             method.load_block_state(block, groups, state)
+            _cache_matrices(block, True)
             rows = prov["stats"]
             log(f"block {i}: resumed from {path}")
         else:
             method.quantize_block(block, groups, gstats, i)
+            _cache_matrices(block, True)
 
             def run_batch(b, block=block):
                 with torch.no_grad(), _autocast(device, amp_dtype or torch.bfloat16, amp):
@@ -406,6 +460,7 @@ def calibrate(loaded, method: QuantMethod, input_ids: torch.Tensor, out_dir: str
         del targets
         for t in nxt:
             _check_finite(t, "the outputs", i)
+        _cache_matrices(block, False)
         _restore_dtype(method, block, groups, state, model_dtype)
         if offload:
             block.to(home)

@@ -250,3 +250,36 @@ def test_uniform_fair_calib_with_fp_propagation_is_flatquant(tmp_path):
         res.append(io.load_tensors(tmp_path / mtype / "params.safetensors")[0])
     assert res[0].keys() == res[1].keys()
     assert all(torch.equal(res[0][k], res[1][k]) for k in res[0])
+
+
+def test_training_rebuilds_matrices_when_the_optimizer_hides_its_updates(tmp_path, monkeypatch):
+    """Fused optimizers (AdamW(fused=True) on CUDA) update parameters without bumping their
+    version counters, which key the transforms' matrix cache: every step must rebuild the
+    matrices anyway. An optimizer that updates through ``.data`` does the same on CPU; with a
+    stale cache the second step would backpropagate through the first step's freed graph."""
+    import fair_calib.calibrate as cal
+
+    class HiddenUpdates(torch.optim.SGD):
+        @torch.no_grad()
+        def step(self, closure=None):
+            for g in self.param_groups:
+                for p in g["params"]:
+                    if p.grad is not None:
+                        p.data.sub_(g["lr"] * p.grad)      # no version bump, like a fused kernel
+            return None
+
+    def make_optimizer(method, block, tr, steps):
+        opt = HiddenUpdates(method.param_groups(block, tr["lr"]), lr=tr["lr"])
+        return opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0)
+
+    monkeypatch.setattr(cal, "_make_optimizer", make_optimizer)
+    lm = tiny_random_loaded("llama", layers=1)
+    meta = calibrate(lm, _fq(epochs=2, lr=1e-2), IDS, tmp_path, batch_size=4, **QUIET)
+    losses = [r["loss"] for r in meta_rows(tmp_path)]
+    assert len(losses) == 3 and losses[-1] < losses[0]
+    assert meta["n_blocks"] == 1
+
+
+def meta_rows(out_dir):
+    df, _ = io.read_parquet(out_dir / "stats.parquet")
+    return df.sort_values(["block", "epoch"]).to_dict("records")

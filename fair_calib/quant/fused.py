@@ -151,16 +151,6 @@ def compile_setting() -> str:
     return v
 
 
-def dynamic_setting() -> bool | None:
-    """``FAIR_CALIB_COMPILE_DYNAMIC``: "auto" (default: torch's automatic dynamic shapes, a
-    chain is recompiled shape-generic once it meets a second shape), "0" (one static graph per
-    shape: the block's widths are few and fixed) or "1"."""
-    raw = os.environ.get("FAIR_CALIB_COMPILE_DYNAMIC", "auto").strip().lower()
-    if raw not in ("auto", "0", "1"):
-        raise ValueError(f"FAIR_CALIB_COMPILE_DYNAMIC={raw!r}: expected auto, 0 or 1")
-    return None if raw == "auto" else raw == "1"
-
-
 def compile_enabled() -> bool:
     return compile_setting() == "1"
 
@@ -200,8 +190,7 @@ def call(fn: Callable, *args, device: torch.device, recompute: bool = False) -> 
     c = _compiled.get(key)
     if c is None:
         _raise_recompile_limit()
-        c = _compiled[key] = torch.compile(_recomputed(fn) if recompute else fn,
-                                           dynamic=dynamic_setting())
+        c = _compiled[key] = torch.compile(_recomputed(fn) if recompute else fn)
     kw = {"form": COMPILED_FORM} if takes_form else {}
     if key in _verified:
         return c(*args, **kw)
