@@ -39,8 +39,8 @@ from .methods.base import GroupStats, QuantMethod
 from .quant.blockio import BlockInputs, call_block, capture_block_inputs
 from .quant.discovery import discover_groups, get_submodule, groups_to_json
 from .quant.qlinear import InputQuant, QuantLinear
-from .quant.transforms import (AffineTransform, InvertibleFactor, builds_on_device,
-                               plan_squarings, set_squaring_plans, squaring_norms)
+from .quant.transforms import (AffineTransform, InvertibleFactor, plan_squarings,
+                               set_squaring_plans, squaring_norms)
 
 
 
@@ -175,22 +175,13 @@ def _make_optimizer(method: QuantMethod, block: nn.Module, tr: dict[str, Any], s
 
 
 class _StepChecks:
-    """Each training step's finiteness check (loss, gradients) and, where factors are built on
-    the host (CPU, eager), the norms that size the next step's matrix exponentials.
+    """Each training step's finiteness check (loss, gradients) and the norms that size the
+    next step's matrix exponentials, read with one host synchronisation per step."""
 
-    Host-built factors need those norms before the next step, so the flags and norms are read
-    with one synchronisation per step. Factors built on the device
-    (:func:`transforms.builds_on_device`) need no plan: the flags are then accumulated on the
-    device and read once per epoch, so the host never waits for the GPU within an epoch (a bad
-    step is seen at the epoch's end; the block is abandoned either way)."""
-
-    def __init__(self, factors: list[InvertibleFactor], device: torch.device, block_index: int):
+    def __init__(self, factors: list[InvertibleFactor], block_index: int):
         self.factors = factors
         self.block_index = block_index
-        self.on_device = all(builds_on_device(f.a.device) for f in factors) and device.type == "cuda"
-        self._ok: torch.Tensor | None = None      # [loss ok, gradients ok], device-accumulated
-        if factors and not self.on_device:
-            plan_squarings(factors)
+        plan_squarings(factors)
 
     def after_step(self, loss: torch.Tensor, grads: list[torch.Tensor], epoch: int) -> None:
         loss_ok = torch.isfinite(loss.detach()).all()
@@ -198,30 +189,15 @@ class _StepChecks:
         # multi-tensor kernels instead of two per parameter
         grads_ok = (torch.isfinite(torch.stack(torch._foreach_max(torch._foreach_abs(grads)))).all()
                     if grads else loss_ok)
-        flags = torch.stack([loss_ok, grads_ok])
-        if self.on_device:
-            self._ok = flags if self._ok is None else self._ok & flags
-            return
-        norms = (squaring_norms(self.factors).double().flatten() if self.factors
-                 else flags[:0].double())
-        host = torch.cat([flags.double(), norms]).cpu()
-        self._raise_unless(host[:2] > 0, epoch)
+        norms = (squaring_norms(self.factors).flatten() if self.factors
+                 else loss.new_zeros(0, dtype=torch.float32))
+        host = torch.cat([torch.stack([loss_ok, grads_ok]).to(norms.dtype), norms]).double().cpu()
+        if host[0] == 0:
+            raise NonFiniteError(f"non-finite loss in block {self.block_index} (epoch {epoch})")
+        if host[1] == 0:
+            raise NonFiniteError(f"non-finite gradient in block {self.block_index} (epoch {epoch})")
         if self.factors:
             set_squaring_plans(self.factors, host[2:].view(-1, 2).tolist())
-
-    def end_epoch(self, epoch: int) -> None:
-        if self._ok is not None:
-            ok, self._ok = self._ok.cpu(), None
-            self._raise_unless(ok, epoch)
-
-    def _raise_unless(self, ok: torch.Tensor, epoch: int) -> None:
-        if not bool(ok[0]):
-            hint = (" (or a transform factor grew beyond the compiled matrix exponential's "
-                    "range)" if self.on_device else "")
-            raise NonFiniteError(f"non-finite loss in block {self.block_index} (epoch {epoch})"
-                                 + hint)
-        if not bool(ok[1]):
-            raise NonFiniteError(f"non-finite gradient in block {self.block_index} (epoch {epoch})")
 
     def close(self) -> None:
         for f in self.factors:
@@ -245,7 +221,7 @@ def _train_block(method: QuantMethod, block: nn.Module, inputs: BlockInputs, tar
     opt, sched = _make_optimizer(method, block, tr, epochs * len(inputs))
     gen = torch.Generator().manual_seed(seed * 7919 + block_index)
     checks = _StepChecks([m for m in block.modules() if isinstance(m, InvertibleFactor)],
-                         device, block_index)
+                         block_index)
     transforms = [m for m in block.modules() if isinstance(m, AffineTransform)]
     _set_quant_training(block, True)
     try:
@@ -268,10 +244,9 @@ def _train_block(method: QuantMethod, block: nn.Module, inputs: BlockInputs, tar
                     (loss / loss.detach() if tr.get("normalize_loss") else loss).backward()
                 opt.step()
                 sched.step()
-                # after the step: host-built factors plan the next step from the new norms
+                # after the step: the next step's exponentials are planned from the new norms
                 checks.after_step(loss, [p.grad for p in params if p.grad is not None], ep)
                 tot += loss.detach().double()
-            checks.end_epoch(ep)
             for p in params:
                 _check_finite(p.detach(), "the calibrated parameters", block_index)
             if device.type == "cuda":

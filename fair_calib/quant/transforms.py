@@ -119,16 +119,14 @@ def plan_squarings(factors: list["InvertibleFactor"]) -> None:
 
 
 # Build the factors' matrices (two matrix exponentials, products, inverse) as one compiled
-# function on CUDA (``fused.call``): eagerly that is about 30 small kernels and as many autograd
-# nodes per factor and step, and a host synchronisation to read the norms that size the
-# exponentials, which leaves the GPU waiting on the host at the 8B shapes. The compiled graph
-# computes each exponential's squaring count on the device from its norm and takes
-# ``MAX_COMPILED_SQUARINGS`` squarings, each kept or skipped by that count: one graph for every
-# count, no recompilation, no synchronisation. A norm beyond the range of those squarings
-# (> 0.5 * 2^MAX, far outside any calibration) turns the matrices into NaN, so the step's
-# finiteness check stops the block instead of using an inaccurate exponential.
+# function on CUDA (``fused.call``) during calibration, where the host has planned the squaring
+# counts: eagerly that is about 30 small kernels and as many autograd nodes per factor and
+# step, which leaves the GPU waiting on the host at the 8B shapes. The compiled graph has one
+# shape for every count: ``MAX_COMPILED_SQUARINGS`` squarings, each kept or skipped by the
+# planned count (a tensor), so a changing count never recompiles it; a factor that needs more
+# squarings is built eagerly, with the same arithmetic.
 COMPILE_MATS = True
-MAX_COMPILED_SQUARINGS = 10
+MAX_COMPILED_SQUARINGS = 6
 
 
 def factor_matrices(a: torch.Tensor, b: torch.Tensor, s: torch.Tensor, r0: torch.Tensor,
@@ -150,25 +148,12 @@ def _compose(r0, u, sv, v, r0_inv):
     return p, p_inv
 
 
-def device_squarings(x: torch.Tensor) -> torch.Tensor:
-    """The squaring count of :func:`expm` for ``x`` as a tensor (no host synchronisation):
-    ceil(log2(||x||_1 / 0.5)), at least 0, at most ``MAX_COMPILED_SQUARINGS``; NaN beyond it
-    (and for a NaN norm). Computed in x's dtype, so a norm within rounding of a power of two
-    may get the neighbouring count of :func:`_squarings` (float64 on the host): both keep the
-    Taylor truncation below float32 rounding."""
-    norm = x.detach().abs().sum(dim=0).max()
-    count = torch.clamp(torch.ceil(torch.log2(norm * 2.0)), min=0.0)
-    return torch.where(count <= MAX_COMPILED_SQUARINGS, count, torch.full_like(count, float("nan")))
-
-
-def _expm_counted(x: torch.Tensor, count: torch.Tensor, degree: int = 12) -> torch.Tensor:
-    """:func:`expm` with the squaring count as a tensor: x scaled by 2^-count (exactly: a
-    product of halvings), the same Taylor polynomial, then ``MAX_COMPILED_SQUARINGS``
-    squarings of which the first ``count`` are kept. The same arithmetic as :func:`expm`."""
-    scale = torch.ones_like(count)
-    for k in range(MAX_COMPILED_SQUARINGS):
-        scale = torch.where(count > k, scale * 0.5, scale)
-    y = x * torch.where(torch.isnan(count), count, scale)
+def _expm_planned(x: torch.Tensor, scale: torch.Tensor, count: torch.Tensor,
+                  degree: int = 12) -> torch.Tensor:
+    """:func:`expm` with the squaring count as a tensor: ``scale`` = 2^-count (x * 2^-s equals
+    x / 2^s exactly), the same Taylor polynomial, then ``MAX_COMPILED_SQUARINGS`` squarings of
+    which the first ``count`` are kept: the arithmetic of :func:`expm` for count <= MAX."""
+    y = x * scale
     eye = torch.eye(x.shape[-1], dtype=x.dtype, device=x.device)
     p = eye + y / degree
     for j in range(degree - 1, 0, -1):
@@ -178,23 +163,37 @@ def _expm_counted(x: torch.Tensor, count: torch.Tensor, degree: int = 12) -> tor
     return p
 
 
-def factor_matrices_counted(a: torch.Tensor, b: torch.Tensor, s: torch.Tensor,
-                            r0: torch.Tensor, r0_inv: torch.Tensor
-                            ) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`factor_matrices` in float32 with the squaring counts from
-    :func:`device_squarings` (the compiled calibration path)."""
-    a = a.float()
-    b = b.float()
-    xa, xb = a - a.T, b - b.T
-    u = _expm_counted(xa, device_squarings(xa))
-    v = _expm_counted(xb, device_squarings(xb))
-    return _compose(r0.float(), u, s.float(), v, r0_inv)
+def factor_matrices_planned(a: torch.Tensor, b: torch.Tensor, s: torch.Tensor,
+                            r0: torch.Tensor, r0_inv: torch.Tensor,
+                            plan: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`factor_matrices` in ``plan``'s dtype with the squaring plan as a tensor
+    [2^-sa, 2^-sb, sa, sb] (one compiled graph for every count up to the maximum)."""
+    dtype = plan.dtype
+    a = a.to(dtype)
+    b = b.to(dtype)
+    u = _expm_planned(a - a.T, plan[0], plan[2])
+    v = _expm_planned(b - b.T, plan[1], plan[3])
+    return _compose(r0.to(dtype), u, s.to(dtype), v, r0_inv)
 
 
-def builds_on_device(device: torch.device, dtype: torch.dtype = torch.float32) -> bool:
-    """Whether factors on ``device`` build their ``dtype`` matrices with the compiled,
-    synchronisation-free :func:`factor_matrices_counted` (no host plan needed)."""
-    if not (COMPILE_MATS and device.type == "cuda" and dtype == torch.float32):
+_plan_tensors: dict[tuple, torch.Tensor] = {}
+
+
+def _plan_tensor(sa: int, sb: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """[2^-sa, 2^-sb, sa, sb] on ``device``, made once per value (no copy per step)."""
+    key = (sa, sb, dtype, device)
+    t = _plan_tensors.get(key)
+    if t is None:
+        t = _plan_tensors[key] = torch.tensor([2.0 ** -sa, 2.0 ** -sb, sa, sb], dtype=dtype,
+                                              device=device)
+    return t
+
+
+def _compiles_planned(device: torch.device, dtype: torch.dtype, plan) -> bool:
+    """Whether a factor on ``device`` with squaring ``plan`` is built by the compiled
+    :func:`factor_matrices_planned` (CUDA, float32, compilation on, counts within range)."""
+    if not (COMPILE_MATS and plan is not None and device.type == "cuda"
+            and dtype == torch.float32 and max(plan) <= MAX_COMPILED_SQUARINGS):
         return False
     from . import fused          # (fused imports this module)
     return fused.compile_enabled()
@@ -228,10 +227,10 @@ class InvertibleFactor(nn.Module):
         r0_inv = self._r0_inverse(dtype)
         dev = self.a.device
         with torch.autocast(dev.type, enabled=False):   # never in half precision
-            if builds_on_device(dev, dtype):
+            if _compiles_planned(dev, dtype, self._plan):
                 from . import fused
-                return fused.call(factor_matrices_counted, self.a, self.b, self.diag, self.r0,
-                                  r0_inv, device=dev)
+                return fused.call(factor_matrices_planned, self.a, self.b, self.diag, self.r0,
+                                  r0_inv, _plan_tensor(*self._plan, dtype, dev), device=dev)
             sa, sb = self._plan if self._plan is not None else (None, None)
             return factor_matrices(self.a, self.b, self.diag, self.r0, r0_inv, sa, sb, dtype)
 

@@ -100,15 +100,13 @@ def test_kron_rotation_orthogonal(n):
 
 
 @pytest.mark.parametrize("n", [6, 16])
-def test_counted_construction_equals_eager_for_every_count(n):
-    """The compiled calibration path builds a factor's matrices with the squaring counts
-    computed on the device (a fixed graph: every squaring computed, kept by the count); run
+def test_planned_construction_equals_eager_for_every_count(n):
+    """The compiled calibration path builds a factor's matrices with the host-planned squaring
+    counts as a tensor (one fixed graph: every squaring computed, kept by the count); run
     eagerly it must give :func:`factor_matrices`' values and gradients bit for bit, for every
-    count the fixed graph covers (norms away from the powers of two where float32 and float64
-    may round the count differently)."""
-    from fair_calib.quant.transforms import (MAX_COMPILED_SQUARINGS, InvertibleFactor, _squarings,
-                                             device_squarings, factor_matrices,
-                                             factor_matrices_counted)
+    count the fixed graph covers."""
+    from fair_calib.quant.transforms import (MAX_COMPILED_SQUARINGS, InvertibleFactor, _plan_tensor,
+                                             _squarings, factor_matrices, factor_matrices_planned)
     g = torch.Generator().manual_seed(n)
     f = InvertibleFactor(n, generator=g)
     weights = torch.randn(2, n, n, generator=g)
@@ -120,28 +118,18 @@ def test_counted_construction_equals_eager_for_every_count(n):
                 p.copy_(skew / 2 * target / float(skew.abs().sum(dim=0).max()))
             f.diag.copy_(torch.rand(n, generator=g) + 0.5)
         counts = [_squarings(float((p - p.T).detach().abs().sum(dim=0).max())) for p in (f.a, f.b)]
-        assert counts == [int(device_squarings(p - p.T)) for p in (f.a, f.b)]
+        assert counts == [count, count]
         results = []
-        for on_device in (False, True):
+        for planned in (False, True):
             for p in f.parameters():
                 p.grad = None
             r0_inv = f._r0_inverse(torch.float32)
-            if on_device:
-                mats = factor_matrices_counted(f.a, f.b, f.diag, f.r0, r0_inv)
+            if planned:
+                plan = _plan_tensor(*counts, torch.float32, f.a.device)
+                mats = factor_matrices_planned(f.a, f.b, f.diag, f.r0, r0_inv, plan)
             else:
                 mats = factor_matrices(f.a, f.b, f.diag, f.r0, r0_inv, *counts, torch.float32)
             ((mats[0] * weights[0]).sum() + (mats[1] * weights[1]).sum()).backward()
             results.append([m.detach() for m in mats] + [p.grad.clone() for p in f.parameters()])
-        for eager, counted in zip(*results):
-            assert torch.equal(eager, counted)
-
-
-def test_counted_construction_beyond_its_range_is_nan():
-    """A norm the fixed squarings cannot cover gives NaN matrices (the step's finiteness check
-    stops the block), never a silently inaccurate exponential."""
-    from fair_calib.quant.transforms import MAX_COMPILED_SQUARINGS, factor_matrices_counted
-    n = 4
-    a = torch.zeros(n, n)
-    a[0, 1] = 0.5 * 2 ** MAX_COMPILED_SQUARINGS + 1.0      # skew norm above the range
-    p, p_inv = factor_matrices_counted(a, torch.zeros(n, n), torch.ones(n), torch.eye(n), torch.eye(n))
-    assert torch.isnan(p).all() and torch.isnan(p_inv).all()
+        for eager, planned in zip(*results):
+            assert torch.equal(eager, planned)
