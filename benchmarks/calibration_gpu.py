@@ -25,7 +25,6 @@ Smoke test on CPU:        PYTHONPATH=. python benchmarks/calibration_gpu.py --sm
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import statistics
@@ -360,25 +359,6 @@ def profile_forward(shape: str, args, dev: str, layers: int = 4) -> None:
     del lm, model
 
 
-@contextlib.contextmanager
-def calibration_variant(variant: str):
-    """Settings of one ``--variants`` entry, restored afterwards (compiled chains forgotten)."""
-    if variant not in ("eager-mats", "default") and not variant.startswith("max-squarings-"):
-        raise ValueError(f"unknown variant {variant!r}")
-    saved = transforms.COMPILE_MATS, transforms.MAX_COMPILED_SQUARINGS
-    transforms.COMPILE_MATS = variant != "eager-mats"
-    if variant.startswith("max-squarings-"):
-        transforms.MAX_COMPILED_SQUARINGS = int(variant.rsplit("-", 1)[1])
-    fused.reset()
-    torch._dynamo.reset()
-    try:
-        yield
-    finally:
-        transforms.COMPILE_MATS, transforms.MAX_COMPILED_SQUARINGS = saved
-        fused.reset()
-        torch._dynamo.reset()
-
-
 def dev_name(dev: str) -> str:
     return torch.cuda.get_device_name() if dev == "cuda" else "cpu"
 
@@ -406,11 +386,6 @@ def main(argv=None) -> None:
     ap.add_argument("--profile", action="store_true", help="profile a short calibration first")
     ap.add_argument("--profile-forward", action="store_true",
                     help="profile the fake-quant forward (last shape, 4 layers) first")
-    ap.add_argument("--variants", default="",
-                    help="comma list of calibration variants measured one after the other: "
-                         "eager-mats (transform matrices built eagerly, planned on the host), "
-                         "max-squarings-N (compiled construction with N squarings), "
-                         "default (the current settings)")
     ap.add_argument("--smoke", action="store_true", help="tiny shape on CPU (tests the script)")
     args = ap.parse_args(argv)
     dev = "cuda" if torch.cuda.is_available() and not args.smoke else "cpu"
@@ -432,10 +407,6 @@ def main(argv=None) -> None:
     if args.check_fused:
         check_fused(names[-1], dev)
     for name in names:
-        for variant in filter(None, args.variants.split(",")):
-            with calibration_variant(variant):
-                print(json.dumps({"kind": "variant", "variant": variant}), flush=True)
-                bench_calibration(name, args, dev, peak)
         if "calibration" not in skip:
             bench_calibration(name, args, dev, peak)
             if name in args.compare_no_recompute.split(","):

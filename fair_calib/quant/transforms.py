@@ -118,87 +118,6 @@ def plan_squarings(factors: list["InvertibleFactor"]) -> None:
         set_squaring_plans(factors, squaring_norms(factors).double().cpu().tolist())
 
 
-# Build the factors' matrices (two matrix exponentials, products, inverse) as one compiled
-# function on CUDA (``fused.call``) during calibration, where the host has planned the squaring
-# counts: eagerly that is about 30 small kernels and as many autograd nodes per factor and
-# step, which leaves the GPU waiting on the host at the 8B shapes. The compiled graph has one
-# shape for every count: ``MAX_COMPILED_SQUARINGS`` squarings, each kept or skipped by the
-# planned count (a tensor), so a changing count never recompiles it; a factor that needs more
-# squarings is built eagerly, with the same arithmetic.
-COMPILE_MATS = True
-MAX_COMPILED_SQUARINGS = 6
-
-
-def factor_matrices(a: torch.Tensor, b: torch.Tensor, s: torch.Tensor, r0: torch.Tensor,
-                    r0_inv: torch.Tensor, sa: int | None, sb: int | None,
-                    dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """(P, P^{-1}) for P = R0 exp(A - A^T) diag(s) exp(B - B^T)^T in ``dtype``; ``sa``/``sb``:
-    the squaring counts of the two exponentials (None: read from the norms, a host sync).
-    ``r0_inv``: R0's exact inverse (R0 is stored in float32, orthogonal only to ~1e-7)."""
-    a = a.to(dtype)
-    b = b.to(dtype)
-    u = expm(a - a.T, sa)
-    v = expm(b - b.T, sb)
-    return _compose(r0.to(dtype), u, s.to(dtype), v, r0_inv)
-
-
-def _compose(r0, u, sv, v, r0_inv):
-    p = r0 @ u @ torch.diag(sv) @ v.T
-    p_inv = v @ torch.diag(1.0 / sv) @ u.T @ r0_inv
-    return p, p_inv
-
-
-def _expm_planned(x: torch.Tensor, scale: torch.Tensor, count: torch.Tensor,
-                  degree: int = 12) -> torch.Tensor:
-    """:func:`expm` with the squaring count as a tensor: ``scale`` = 2^-count (x * 2^-s equals
-    x / 2^s exactly), the same Taylor polynomial, then ``MAX_COMPILED_SQUARINGS`` squarings of
-    which the first ``count`` are kept: the arithmetic of :func:`expm` for count <= MAX."""
-    y = x * scale
-    eye = torch.eye(x.shape[-1], dtype=x.dtype, device=x.device)
-    p = eye + y / degree
-    for j in range(degree - 1, 0, -1):
-        p = torch.addmm(eye, y, p, alpha=1.0 / j)
-    for k in range(MAX_COMPILED_SQUARINGS):
-        p = torch.where(count > k, p @ p, p)
-    return p
-
-
-def factor_matrices_planned(a: torch.Tensor, b: torch.Tensor, s: torch.Tensor,
-                            r0: torch.Tensor, r0_inv: torch.Tensor,
-                            plan: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`factor_matrices` in ``plan``'s dtype with the squaring plan as a tensor
-    [2^-sa, 2^-sb, sa, sb] (one compiled graph for every count up to the maximum)."""
-    dtype = plan.dtype
-    a = a.to(dtype)
-    b = b.to(dtype)
-    u = _expm_planned(a - a.T, plan[0], plan[2])
-    v = _expm_planned(b - b.T, plan[1], plan[3])
-    return _compose(r0.to(dtype), u, s.to(dtype), v, r0_inv)
-
-
-_plan_tensors: dict[tuple, torch.Tensor] = {}
-
-
-def _plan_tensor(sa: int, sb: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """[2^-sa, 2^-sb, sa, sb] on ``device``, made once per value (no copy per step)."""
-    key = (sa, sb, dtype, device)
-    t = _plan_tensors.get(key)
-    if t is None:
-        t = _plan_tensors[key] = torch.tensor([2.0 ** -sa, 2.0 ** -sb, sa, sb], dtype=dtype,
-                                              device=device)
-    return t
-
-
-def _compiles_planned(device: torch.device, dtype: torch.dtype, plan) -> bool:
-    """Whether a factor on ``device`` with squaring ``plan`` is built by the compiled
-    :func:`factor_matrices_planned` (CUDA, float32, compilation on, counts within range)."""
-    if not (COMPILE_MATS and plan is not None and device.type == "cuda"
-            and dtype == torch.float32 and max(plan) <= MAX_COMPILED_SQUARINGS):
-        return False
-    from . import fused          # (fused imports this module)
-    return fused.compile_enabled()
-
-
 class InvertibleFactor(nn.Module):
     """One n x n factor P = R0 U diag(s) V^T with U, V = exp(skew) (:func:`expm`)."""
 
@@ -220,19 +139,26 @@ class InvertibleFactor(nn.Module):
     def forget_plan(self) -> None:
         self._plan = None
 
+    def _parts(self, dtype: torch.dtype):
+        a = self.a.to(dtype)
+        b = self.b.to(dtype)
+        sa, sb = self._plan if self._plan is not None else (None, None)
+        u = expm(a - a.T, sa)
+        v = expm(b - b.T, sb)
+        return self.r0.to(dtype), u, self.diag.to(dtype), v
+
     def matrices(self, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
         """(P, P^{-1}) in ``dtype`` (float32 or float64)."""
         if dtype not in (torch.float32, torch.float64):
             raise ValueError("transform matrices are built in float32/float64 only")
-        r0_inv = self._r0_inverse(dtype)
-        dev = self.a.device
-        with torch.autocast(dev.type, enabled=False):   # never in half precision
-            if _compiles_planned(dev, dtype, self._plan):
-                from . import fused
-                return fused.call(factor_matrices_planned, self.a, self.b, self.diag, self.r0,
-                                  r0_inv, _plan_tensor(*self._plan, dtype, dev), device=dev)
-            sa, sb = self._plan if self._plan is not None else (None, None)
-            return factor_matrices(self.a, self.b, self.diag, self.r0, r0_inv, sa, sb, dtype)
+        with torch.autocast(self.a.device.type, enabled=False):   # never in half precision
+            r0, u, sv, v = self._parts(dtype)
+            p = r0 @ u @ torch.diag(sv) @ v.T
+            # r0 is stored in float32, so it is orthogonal only to ~1e-7: invert it exactly
+            # instead of transposing (a well-conditioned n x n solve, n <= a few hundred). It is
+            # fixed, so the inverse is cached (keyed on the buffer's storage and version).
+            p_inv = v @ torch.diag(1.0 / sv) @ u.T @ self._r0_inverse(dtype)
+        return p, p_inv
 
     def _r0_inverse(self, dtype: torch.dtype) -> torch.Tensor:
         key = (self.r0.data_ptr(), self.r0._version, self.r0.device, dtype)

@@ -97,39 +97,3 @@ def test_kron_rotation_orthogonal(n):
     assert torch.allclose(r.rotate(x), x @ R.float(), atol=1e-5)
     h = sylvester_hadamard(8)
     assert torch.equal(h @ h.T, 8 * torch.eye(8, dtype=h.dtype))
-
-
-@pytest.mark.parametrize("n", [6, 16])
-def test_planned_construction_equals_eager_for_every_count(n):
-    """The compiled calibration path builds a factor's matrices with the host-planned squaring
-    counts as a tensor (one fixed graph: every squaring computed, kept by the count); run
-    eagerly it must give :func:`factor_matrices`' values and gradients bit for bit, for every
-    count the fixed graph covers."""
-    from fair_calib.quant.transforms import (MAX_COMPILED_SQUARINGS, InvertibleFactor, _plan_tensor,
-                                             _squarings, factor_matrices, factor_matrices_planned)
-    g = torch.Generator().manual_seed(n)
-    f = InvertibleFactor(n, generator=g)
-    weights = torch.randn(2, n, n, generator=g)
-    for count in range(MAX_COMPILED_SQUARINGS + 1):
-        with torch.no_grad():
-            for p, target in ((f.a, 0.37 * 2 ** count), (f.b, 0.3 * 2 ** count)):
-                skew = torch.randn(n, n, generator=g)
-                skew = skew - skew.T
-                p.copy_(skew / 2 * target / float(skew.abs().sum(dim=0).max()))
-            f.diag.copy_(torch.rand(n, generator=g) + 0.5)
-        counts = [_squarings(float((p - p.T).detach().abs().sum(dim=0).max())) for p in (f.a, f.b)]
-        assert counts == [count, count]
-        results = []
-        for planned in (False, True):
-            for p in f.parameters():
-                p.grad = None
-            r0_inv = f._r0_inverse(torch.float32)
-            if planned:
-                plan = _plan_tensor(*counts, torch.float32, f.a.device)
-                mats = factor_matrices_planned(f.a, f.b, f.diag, f.r0, r0_inv, plan)
-            else:
-                mats = factor_matrices(f.a, f.b, f.diag, f.r0, r0_inv, *counts, torch.float32)
-            ((mats[0] * weights[0]).sum() + (mats[1] * weights[1]).sum()).backward()
-            results.append([m.detach() for m in mats] + [p.grad.clone() for p in f.parameters()])
-        for eager, planned in zip(*results):
-            assert torch.equal(eager, planned)
