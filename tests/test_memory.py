@@ -1,0 +1,48 @@
+"""The calibration memory measure (fair_calib.memory): what the calib_memory table reports."""
+import pytest
+import torch
+
+from fair_calib import memory
+from fair_calib.memory import PeakMemory, process_peak_rss_mb
+
+MB = 2**20
+
+
+def _touched(mb: int) -> torch.Tensor:
+    """A tensor of ``mb`` MiB whose pages are all written (resident)."""
+    return torch.ones(mb * MB // 4, dtype=torch.float32)
+
+
+def _cpu_region() -> PeakMemory:
+    mem = PeakMemory("cpu").start()
+    if mem.kind != "cpu_rss_added":
+        pytest.skip("/proc/self/clear_refs is not writable here (not Linux?)")
+    return mem
+
+
+def test_cpu_peak_counts_what_the_region_allocates_even_once_freed():
+    mem = _cpu_region()
+    x = _touched(64)
+    del x                                   # freed before the reading: the peak keeps it
+    assert mem.peak_mb() >= 64
+
+
+def test_cpu_peak_excludes_memory_allocated_before_the_region():
+    before = _touched(128)                  # e.g. imports and the loaded model
+    mem = _cpu_region()
+    x = _touched(16)
+    peak = mem.peak_mb()
+    assert 16 <= peak < 64, peak
+    assert process_peak_rss_mb() >= 128 + 16     # the process-wide peak holds both
+    del x, before
+
+
+def test_without_clear_refs_the_process_peak_is_reported_and_named(monkeypatch):
+    monkeypatch.setattr(memory, "_reset_cpu_high_water_mark", lambda: False)
+    mem = PeakMemory("cpu").start()
+    assert mem.kind == "cpu_process_peak_rss" and "imports" in memory.MEASURES[mem.kind]
+    assert mem.peak_mb() == pytest.approx(process_peak_rss_mb(), rel=0.05)
+
+
+def test_every_measure_is_described():
+    assert set(memory.MEASURES) == {"cuda_max_allocated", "cpu_rss_added", "cpu_process_peak_rss"}
