@@ -15,6 +15,9 @@ transient copies. :class:`PeakMemory` measures the region instead:
   the process's peak resident memory since it started (``ru_maxrss``), imports included; only
   this fallback has that caveat, and the tables name it.
 
+The kernel's resident-size counters are approximate (cached per thread or CPU), to a few
+hundred kB: far below what a calibration adds.
+
 ``MEASURES`` maps each kind to the sentence the memory table prints about it (plain text).
 """
 from __future__ import annotations
