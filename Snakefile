@@ -30,8 +30,8 @@ except ConfigError as err:
 
 # Another run in this directory: say so first (Snakemake's own message about incomplete files
 # advises --rerun-incomplete, which would redo the files that run is writing).
-if (workflow.is_main_process and "--unlock" not in sys.argv
-        and any(os.scandir(".snakemake/locks") if os.path.isdir(".snakemake/locks") else [])):
+LOCKED = any(os.scandir(".snakemake/locks")) if os.path.isdir(".snakemake/locks") else False
+if workflow.is_main_process and "--unlock" not in sys.argv and LOCKED:
     print("Note: another Snakemake run holds the lock on this directory (.snakemake/locks/). "
           "Wait for it to finish; do not rerun with --rerun-incomplete (its jobs' outputs are "
           "incomplete because they are being written). If no other run is active (a killed run "
@@ -67,6 +67,17 @@ include: "workflow/rules/calibrate.smk"
 include: "workflow/rules/evaluate.smk"
 include: "workflow/rules/diagnostics.smk"
 include: "workflow/rules/report.smk"
+
+
+# A corrupt or truncated intermediate under results/ (a full disk, a partial copy) is moved
+# aside to <name>.corrupt, so Snakemake finds it missing and reruns the job that writes it and
+# what depends on it, instead of a later job failing on it. Not while another run holds the
+# lock: its jobs may be reading these files.
+if workflow.is_main_process and "--unlock" not in sys.argv and not LOCKED:
+    from fair_calib.preflight import move_aside_corrupt, report_line
+
+    for moved in move_aside_corrupt("results"):
+        print(report_line(*moved), file=sys.stderr)
 
 
 rule all:

@@ -23,8 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import resource
-import sys
 import time
 import warnings
 from pathlib import Path
@@ -34,6 +32,7 @@ import torch
 from torch import nn
 
 from . import io
+from .memory import PeakMemory
 from .methods import make_method
 from .methods.base import GroupStats, QuantMethod
 from .quant.blockio import BlockInputs, call_block, capture_block_inputs
@@ -49,7 +48,8 @@ def stats_schema():
     import pyarrow as pa
 
     return pa.schema([("block", pa.int32()), ("epoch", pa.int32()), ("loss", pa.float64()),
-                      ("seconds", pa.float64()), ("peak_mem_mb", pa.float64())])
+                      ("seconds", pa.float64()), ("peak_mem_mb", pa.float64()),
+                      ("peak_mem_kind", pa.string())])
 FORMAT_VERSION = 1
 PROPAGATE = ("fp", "quant", "teacher")
 
@@ -58,11 +58,9 @@ class NonFiniteError(RuntimeError):
     """A NaN/inf appeared while calibrating a block; the message names the block."""
 
 
-def peak_memory_mb(device: torch.device) -> float:
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**20
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss   # KiB on Linux, bytes on macOS
-    return rss / 2**20 if sys.platform == "darwin" else rss / 1024
+def _memory(mem: PeakMemory) -> dict[str, Any]:
+    """The stats row's memory columns: the peak so far and what it measures."""
+    return {"peak_mem_mb": mem.peak_mb(), "peak_mem_kind": mem.kind}
 
 
 def weighted_mse(out: torch.Tensor, target: torch.Tensor, w: torch.Tensor | None) -> torch.Tensor:
@@ -206,7 +204,8 @@ class _StepChecks:
 
 def _train_block(method: QuantMethod, block: nn.Module, inputs: BlockInputs, targets, w,
                  block_index: int, tr: dict[str, Any], seed: int,
-                 device: torch.device, log, amp: torch.dtype | None = None) -> list[dict[str, Any]]:
+                 device: torch.device, mem: PeakMemory, log,
+                 amp: torch.dtype | None = None) -> list[dict[str, Any]]:
     epochs = tr["epochs"]
     params = method.parameters(block)
     rows = []
@@ -215,7 +214,7 @@ def _train_block(method: QuantMethod, block: nn.Module, inputs: BlockInputs, tar
     if not math.isfinite(init):
         raise NonFiniteError(f"non-finite initial loss in block {block_index}")
     rows.append({"block": block_index, "epoch": -1, "loss": init, "seconds": time.time() - t0,
-                 "peak_mem_mb": peak_memory_mb(device)})
+                 **_memory(mem)})
     if not params or epochs <= 0:
         return rows
     opt, sched = _make_optimizer(method, block, tr, epochs * len(inputs))
@@ -253,7 +252,7 @@ def _train_block(method: QuantMethod, block: nn.Module, inputs: BlockInputs, tar
                 torch.cuda.synchronize(device)
             ep_loss = float(tot) / len(inputs)
             rows.append({"block": block_index, "epoch": ep, "loss": ep_loss,
-                         "seconds": time.time() - t0, "peak_mem_mb": peak_memory_mb(device)})
+                         "seconds": time.time() - t0, **_memory(mem)})
             log(f"block {block_index} epoch {ep}: loss {ep_loss:.6g}")
     finally:
         _set_quant_training(block, False)
@@ -329,8 +328,7 @@ def calibrate(loaded, method: QuantMethod, input_ids: torch.Tensor, out_dir: str
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
     offload = device != home
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
+    mem = PeakMemory(device).start()   # from here: what calibration adds (fair_calib.memory)
     torch.manual_seed(method.seed)
     method.prepare_model(loaded)
     blocks = loaded.blocks
@@ -407,12 +405,12 @@ def calibrate(loaded, method: QuantMethod, input_ids: torch.Tensor, out_dir: str
             method.fit_block(block, groups, inputs, i, run_batch)
             if method.trainable:
                 rows = _train_block(method, block, inputs, targets, w, i, tr, method.seed,
-                                    device, log, amp_dtype)
+                                    device, mem, log, amp_dtype)
             else:
                 t0 = time.time()
                 loss = _eval_loss(block, inputs, targets, w, amp_dtype)
                 rows = [{"block": i, "epoch": -1, "loss": loss, "seconds": time.time() - t0,
-                         "peak_mem_mb": peak_memory_mb(device)}]
+                         **_memory(mem)}]
             if not all(math.isfinite(r["loss"]) for r in rows):
                 raise NonFiniteError(f"non-finite loss in block {i}")
             state = method.block_state(block, groups)
@@ -449,7 +447,8 @@ def calibrate(loaded, method: QuantMethod, input_ids: torch.Tensor, out_dir: str
             on_block_done(i)
     if not write_outputs:
         return {"n_blocks": len(blocks), "seconds": sum(block_seconds), "stats": stats_rows,
-                "peak_mem_mb": max((r["peak_mem_mb"] for r in stats_rows), default=0.0)}
+                "peak_mem_mb": max((r["peak_mem_mb"] for r in stats_rows), default=0.0),
+                "peak_mem_kind": mem.kind}
     import pandas as pd
 
     prov = io.provenance(run_info, seed=method.seed)
@@ -463,6 +462,7 @@ def calibrate(loaded, method: QuantMethod, input_ids: torch.Tensor, out_dir: str
             "batch_size": batch_size, "n_blocks": len(blocks), "groups": all_groups,
             "position_weights": None if w is None else [float(v) for v in w],
             "peak_mem_mb": max((r["peak_mem_mb"] for r in stats_rows), default=0.0),
+            "peak_mem_kind": mem.kind,
             "seconds": sum(block_seconds),
             "provenance": prov}
     meta.update(method.export_info(loaded, out_dir) or {})

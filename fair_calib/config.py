@@ -74,11 +74,19 @@ def load_yaml(path: str | Path) -> Any:
         mark = getattr(err, "problem_mark", None) or getattr(err, "context_mark", None)
         where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
         problem = getattr(err, "problem", None) or str(err).splitlines()[0]
-        context = getattr(err, "context", None)
-        what = f"{context}, {problem}" if context else problem
-        raise ConfigError(f"{where}: YAML syntax error: {what}. Fix the file at that line "
+        what = f"{_yaml_context(err)}, {problem}" if getattr(err, "context", None) else problem
+        raise ConfigError(f"{where}: YAML syntax error: {what}. Fix the file there "
                           "(mixing tabs and spaces, an unclosed bracket or quote, a missing "
                           "space after ':' are the usual causes).") from None
+
+
+def _yaml_context(err) -> str:
+    """PyYAML's context ("while parsing a flow mapping") with where that construct started: an
+    unclosed bracket is found lines later, so the line that opened it is the one to fix."""
+    start, found = getattr(err, "context_mark", None), getattr(err, "problem_mark", None)
+    if start is None or (found is not None and (start.line, start.column) == (found.line, found.column)):
+        return err.context
+    return f"{err.context} started at line {start.line + 1}, column {start.column + 1}"
 
 
 @lru_cache(maxsize=4)

@@ -29,12 +29,13 @@ def test_calibration_lowers_weighted_loss_and_writes_outputs(tmp_path):
                                       "propagate": "fp"}, 4, 4), IDS, tmp_path,
                      weights=w, batch_size=4, run_info={"method_name": "fair-calib"}, **QUIET)
     df, prov = io.read_parquet(tmp_path / "stats.parquet")
-    assert list(df.columns) == ["block", "epoch", "loss", "seconds", "peak_mem_mb"]
+    assert list(df.columns) == ["block", "epoch", "loss", "seconds", "peak_mem_mb", "peak_mem_kind"]
     for b in (0, 1):
         rows = df[df.block == b].sort_values("epoch")
         assert rows.epoch.tolist() == list(range(-1, 8))
         assert rows.loss.iloc[-1] < 0.93 * rows.loss.iloc[0]
-    assert (df.peak_mem_mb > 0).all()
+    assert (df.peak_mem_mb >= 0).all() and set(df.peak_mem_kind) == {meta["peak_mem_kind"]}
+    assert meta["peak_mem_kind"] in ("cpu_rss_added", "cpu_process_peak_rss")
     on_disk = json.loads((tmp_path / "meta.json").read_text())
     assert on_disk["method"] == "fair-calib" and on_disk["type"] == "fair_calib"
     assert on_disk["weighting"] == "prior" and len(on_disk["position_weights"]) == 16

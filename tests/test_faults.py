@@ -317,6 +317,97 @@ def test_garbage_block_file_is_discarded_and_recomputed(tmp_path):
     assert pa_.keys() == pb_.keys() and all(torch.equal(pa_[k], pb_[k]) for k in pa_)
 
 
+def _parquet(path: Path, n=100):
+    import pandas as pd
+    import pyarrow as pa
+
+    from fair_calib import io
+    io.write_parquet(pd.DataFrame({"x": list(range(n))}), path, pa.schema([("x", pa.int64())]))
+
+
+def _truncate(path: Path) -> bytes:
+    data = path.read_bytes()[: path.stat().st_size // 2]
+    path.write_bytes(data)
+    return data
+
+
+def test_preflight_moves_aside_exactly_the_corrupt_intermediates(tmp_path):
+    """Truncated Parquet and safetensors files and a garbage meta.json are renamed to
+    <name>.corrupt (a second one to .corrupt-2); intact files, a job's hidden temporary file and
+    calibration's blocks/ (which calibrate checks itself) are left alone."""
+    import torch
+
+    from fair_calib import io, preflight
+    root = tmp_path / "results"
+    good_pq, bad_pq = root / "prior/m/a.parquet", root / "prior/m/b.parquet"
+    _parquet(good_pq), _parquet(bad_pq)
+    cell = root / "calib/m/x/w4a4"
+    io.save_tensors({"w": torch.ones(64, 64)}, cell / "params.safetensors")
+    io.write_json(cell / "meta.json", {"ok": 1})
+    _garbage(cell / "blocks/0.safetensors")
+    _garbage(cell / ".params.safetensors.abc.tmp.parquet")
+    (bad_pq.with_name("b.parquet.corrupt")).write_bytes(b"an earlier one")
+    _truncate(bad_pq)
+    _truncate(cell / "params.safetensors")
+    (cell / "meta.json").write_text('{"ok": ')
+    moved = preflight.move_aside_corrupt(root)
+    assert sorted((p.relative_to(root).as_posix(), t.name) for p, t, _ in moved) == [
+        ("calib/m/x/w4a4/meta.json", "meta.json.corrupt"),
+        ("calib/m/x/w4a4/params.safetensors", "params.safetensors.corrupt"),
+        ("prior/m/b.parquet", "b.parquet.corrupt-2")]
+    assert all(why for _, _, why in moved)
+    assert good_pq.is_file() and (cell / "blocks/0.safetensors").is_file()
+    assert (root / "prior/m/b.parquet.corrupt").read_bytes() == b"an earlier one"
+    assert preflight.move_aside_corrupt(root) == []          # nothing left to move
+    line = preflight.report_line(*moved[0])
+    assert "meta.json" in line and "moved it aside" in line and "\n" not in line
+
+
+@pytest.mark.slow
+def test_truncated_prior_is_moved_aside_and_only_it_is_redone(ws):
+    """A truncated prior Parquet under an otherwise finished DAG: the next run says so in one
+    line, keeps the broken file as .corrupt, reruns the prior job alone (its probe shards and
+    the model are intact) and writes the same prior again."""
+    import pandas as pd
+
+    from fair_calib import io
+    (ws / "tiny.yaml").write_text(yaml.safe_dump({
+        "corpus": {"n_train_docs": 200, "n_calib_docs": 8, "n_probe": 4, "n_facts": 4,
+                   "n_mc_items": 4, "n_gen_items": 4},
+        "models": {"tiny-llada": {"train": {"hidden": 32, "layers": 1, "heads": 2,
+                                            "intermediate": 64, "steps": 2, "batch_size": 4,
+                                            "seq_len": 32}}},
+        "probes": {"default": {"n_samples": 4, "steps": 4, "gen_length": 4, "shards": 2,
+                               "batch_size": 4}}}))
+    target = "results/prior/tiny-llada/default.parquet"
+    configs = ["--cores", "2", "--configfile", "config/smoke.yaml", "tiny.yaml"]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+
+    def snakemake(*extra):
+        res = subprocess.run(["snakemake", target, *configs, *extra], cwd=ws,
+                             capture_output=True, text=True, env=env)
+        res.out = res.stdout + res.stderr
+        return res
+
+    first = snakemake()
+    assert first.returncode == 0, first.out[-3000:]
+    prior = ws / target
+    before, _ = io.read_parquet(prior)
+    broken = _truncate(prior)
+    plan = snakemake("-n")
+    assert plan.returncode == 0, plan.out[-3000:]
+    notes = [l for l in plan.out.splitlines() if l.startswith("Note: ") and "corrupt" in l]
+    assert len(notes) == 1 and target in notes[0] and "default.parquet.corrupt" in notes[0]
+    jobs = re.findall(r"^rule (\w+):", plan.stdout, re.M)
+    assert jobs == ["prior"], plan.stdout[-3000:]
+    rerun = snakemake()
+    assert rerun.returncode == 0, rerun.out[-3000:]
+    after, _ = io.read_parquet(prior)
+    pd.testing.assert_frame_equal(before, after)
+    assert (ws / (target + ".corrupt")).read_bytes() == broken
+    assert sorted(p.name for p in (ws / "results").rglob("*.corrupt*")) == ["default.parquet.corrupt"]
+
+
 def test_concurrent_run_is_named_as_such(ws):
     """A lock left by another run: the message says another run holds it (and how to clear a
     stale one), before Snakemake's own advice about incomplete files."""
@@ -347,14 +438,22 @@ def test_stage_cli_names_a_missing_model_folder(tmp_path):
     assert res.returncode != 0 and "model folder '/nonexistent/model' does not exist" in res.stderr
 
 
-def test_check_config_names_line_of_a_configfile_syntax_error(tmp_path):
-    """Snakemake reads --configfile files before the Snakefile and names no line for a YAML
-    error; `fair-calib check-config FILE` (as the README says) does."""
-    bad = tmp_path / "mine.yaml"
-    bad.write_text("methods:\n  flatquant: {epochs: 2\n")
-    res = _cli("check-config", str(bad))
-    assert res.returncode != 0 and f"{bad}:" in res.stderr and "YAML syntax error" in res.stderr
-    good = tmp_path / "ok.yaml"
+def test_check_config_names_line_of_a_configfile_syntax_error(ws):
+    """Snakemake parses --configfile files before the Snakefile runs, and its message for a YAML
+    error names neither the file nor a line (so no code of ours can); `fair-calib check-config
+    FILE`, which the README's troubleshooting gives, names both, and where an unclosed bracket
+    was opened."""
+    bad = ws / "mine.yaml"
+    bad.write_text("methods:\n  flatquant: {epochs: 2\nseed: 1\n")
+    res = _plan(ws, None, "--configfile", "mine.yaml")
+    assert res.returncode != 0 and "Config file is not valid JSON or YAML" in res.out
+    assert "mine.yaml" not in res.out and "YAML syntax error" not in res.out   # never reached us
+    res = _cli("check-config", str(bad), cwd=ws)
+    assert res.returncode != 0
+    assert res.stderr.startswith(f"error: {bad}:3:5: YAML syntax error: while parsing a flow "
+                                 "mapping started at line 2, column 14, expected ',' or '}', "
+                                 "but got ':'. "), res.stderr
+    good = ws / "ok.yaml"
     good.write_text("methods:\n  flatquant: {epoch: 2}\n")
     res = _cli("check-config", str(good))
     assert res.returncode != 0 and "methods.flatquant.epoch" in res.stderr

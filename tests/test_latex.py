@@ -55,7 +55,7 @@ def _tables() -> dict[str, str]:
                           "fair": {"label": "\\textbf{FAIR-Calib}"}},
               "tasks": {"t1": {"label": "T1"}, "t2": {"label": "T2 (\\%)"}}}
     stats = pd.DataFrame({"model": ["m1", "m1"], "method": ["rtn", "fair"], "bits": ["w4a4"] * 2,
-                          "peak_mem_mb": [1000.0, 1200.0]})
+                          "peak_mem_mb": [1000.0, 1200.0], "peak_mem_kind": ["cpu_rss_added"] * 2})
     mem = pd.DataFrame({"model": ["m1"], "method": ["fair"], "bits": ["w4a4"],
                         "export_bytes": [4.9e9], "fp_bytes": [15.89e9]})
     return {

@@ -12,16 +12,20 @@ data are absent is skipped and reported, never drawn empty). Each is readable on
 title, axes labelled with their units, a legend naming every series, and a caption saying what
 is plotted, over how many sequences and what the error bars are, stored in the PDF (Subject)
 and PNG (Description) metadata and in the sidecar. Bars show mean ± standard error over
-sequences (std / sqrt(n)): the error bars are for comparing methods, not the spread.
+sequences (std / sqrt(n)): the error bars are for comparing methods, not the spread; for counts
+and rates the lower bar stops at 0. Steps, lags and positions get integer ticks; every series
+has its own colour, line style and marker (up to ten series).
 
 * ``stability_lag_ccdf_{model}``   CCDF of the stability lag per method (FP, baseline, FAIR-Calib)
-* ``mse_prob_trace_{model}``       mean mse_prob vs diffusion step, first false commit marked
+* ``mse_prob_trace_{model}``       mean mse_prob vs diffusion step, each run's first false commit
+                                   marked in its own colour and named in the legend
 * ``commit_flips_{model}``         teacher-forced commit-step flips, mean +- std
-* ``post_commit_mismatch_{model}`` never_agree_rate (left), mean_disagree_rate (right)
+* ``post_commit_mismatch_{model}`` never_agree_rate (a), mean_disagree_rate (b)
 * ``frontier_margin_{model}``      average frontier margin at commit steps, mean +- std
 * ``stability_lag_ccdf_models``    FP stability-lag CCDF of every model (Dream vs LLaDA)
 * ``prior_curve_{model}``          each probed prior w_bar of the model over the window
-* ``prior_cross_corpus``           pairs of priors, Spearman / Pearson in subplot titles
+* ``prior_cross_corpus``           pairs of priors, the model in the title, Spearman / Pearson in
+                                   subplot titles
 
 Settings (all optional): ``{"fp": "fp", "methods": [...order/selection...],
 "labels": {"models": {name: label}, "methods": {name: label}, "priors": {name: label}},
@@ -44,14 +48,25 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 LINESTYLES = ["-", "--", ":", "-.", (0, (5, 1, 1, 1, 1, 1)), (0, (1, 3))]
-MARKERS = ["o", "s", "^", "D", "v", "P"]
+MARKERS = ["o", "s", "^", "D", "v", "P", "*", "X"]
 HATCHES = ["", "//", "..", "xx", "\\\\", "--"]
-COLORS = ["#000000", "#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b"]
+COLORS = ["#000000", "#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2",
+          "#7f7f7f", "#bcbd22", "#17becf"]
 
 
 def _style(i: int) -> dict[str, Any]:
+    """The i-th series' style. The three cycles have different lengths (6, 8, 10), so no two of
+    the first 10 series share a colour and no two of the first 24 share line style and marker
+    (a figure with seven priors once drew the first and the seventh alike)."""
     return {"linestyle": LINESTYLES[i % len(LINESTYLES)], "marker": MARKERS[i % len(MARKERS)],
             "color": COLORS[i % len(COLORS)]}
+
+
+def _integer_ticks(axis) -> None:
+    """Steps, lags and positions are integers: no 2.5 ticks."""
+    from matplotlib.ticker import MaxNLocator
+
+    axis.set_major_locator(MaxNLocator(integer=True))
 
 
 def _label(settings: Mapping[str, Any], kind: str, name: str) -> str:
@@ -127,22 +142,20 @@ def _run_label(settings, method, bits, fp):
 
 # ----------------------------------------------------------------------------- plots
 def plot_ccdf(curves: Sequence[tuple[str, np.ndarray, np.ndarray]], title: str):
-    """Step-plot CCDFs P(lag > x) on a log y axis; curves: (label, xs, ccdf)."""
-    from matplotlib.ticker import MaxNLocator
-
+    """Step-plot CCDFs P(lag > x) on a log y axis; curves: (label, xs, ccdf). Each curve is one
+    line with its style and markers, so its legend entry shows both."""
     fig, ax = plt.subplots(figsize=(4.2, 3.2))
     drawn = 0
     for i, (lab, xs, ys) in enumerate(curves):
         st = _style(i)
         if not (np.asarray(ys) > 0).any():
-            # P(lag > x) is 0 everywhere: nothing to draw on a log axis; say so in the legend
-            # rather than showing an entry whose line is missing.
-            ax.plot([], [], linestyle="none", label=f"{lab}: every lag is 0")
+            # P(lag > x) is 0 everywhere: nothing to draw on a log axis; the legend says so,
+            # with the curve's own style so the entry is not a bare label.
+            ax.plot([], [], label=f"{lab}: every lag is 0", markersize=3, **st)
             continue
         y = np.where(np.asarray(ys) > 0, ys, np.nan)
-        ax.step(xs, y, where="post", label=lab, linestyle=st["linestyle"], color=st["color"])
-        ax.plot(xs, y, linestyle="none", marker=st["marker"], color=st["color"], markersize=3,
-                markevery=max(1, len(xs) // 10))
+        ax.plot(xs, y, drawstyle="steps-post", label=lab, markersize=3,
+                markevery=max(1, len(xs) // 10), **st)
         drawn += 1
     if drawn:
         ax.set_yscale("log")
@@ -152,7 +165,7 @@ def plot_ccdf(curves: Sequence[tuple[str, np.ndarray, np.ndarray]], title: str):
         ax.set_xlim(-0.5, right + 0.5)
         ax.text(0.5, 0.5, "no position changed its prediction\nafter its commit (all lags 0)",
                 ha="center", va="center", transform=ax.transAxes, fontsize=8)
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    _integer_ticks(ax.xaxis)
     ax.set_xlabel(r"stability lag $\delta_{\mathrm{lag}}$ (steps)")
     ax.set_ylabel(r"CCDF $P(\delta_{\mathrm{lag}} > x)$ (fraction of positions)")
     ax.set_title(title, fontsize=9)
@@ -162,39 +175,47 @@ def plot_ccdf(curves: Sequence[tuple[str, np.ndarray, np.ndarray]], title: str):
 
 
 def plot_mse_trace(traces: Sequence[tuple[str, np.ndarray, np.ndarray, float | None]], title: str):
-    """traces: (label, steps, mean mse_prob, mean first-false-commit step or None); the marker
-    sits on the trace at the recorded step nearest the mean first false commit."""
+    """traces: (label, steps, mean mse_prob, mean first-false-commit step or None). Each run's
+    first false commit is marked on its own trace, at the recorded step nearest the mean, by a
+    large X in the trace's colour and a vertical line in its line style, with its own legend
+    entry: two runs' markers never look alike, even where they fall on the same step."""
     fig, ax = plt.subplots(figsize=(4.2, 3.2))
-    marked = False
     for i, (lab, xs, ys, ffc) in enumerate(traces):
         st = _style(i)
         ax.plot(xs, ys, label=lab, markersize=3, markevery=max(1, len(xs) // 10), **st)
         if ffc is not None and len(xs):
             k = int(np.argmin(np.abs(np.asarray(xs) - ffc)))
-            ax.plot([xs[k]], [ys[k]], marker="X", markersize=10, color="red",
+            ax.axvline(xs[k], color=st["color"], linestyle=st["linestyle"], linewidth=0.8,
+                       alpha=0.6)
+            ax.plot([xs[k]], [ys[k]], marker="X", markersize=10, color=st["color"],
                     markeredgecolor="black", linestyle="none",
-                    label=None if marked else "first false commit (mean step)")
-            marked = True
+                    label=f"{lab}: first false commit (mean step {ffc:.1f})")
     ax.invert_xaxis()  # decoding runs from step T down to 1
+    _integer_ticks(ax.xaxis)
     ax.set_xlabel("diffusion step $t$ (T $\\rightarrow$ 1)")
     ax.set_ylabel(r"$\mathrm{mse\_prob}$ w.r.t. FP (probability$^2$)")
     ax.set_title(title, fontsize=9)
-    ax.legend(fontsize=7)
+    # below the axes: six entries inside would cover the traces
+    ax.legend(fontsize=6, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2)
     ax.grid(alpha=0.3)
     return fig
 
 
 def plot_bars(ax, labels: Sequence[str], means: Sequence[float], errs: Sequence[float],
-              ylabel: str, title: str | None = None) -> None:
-    """One bar per run with its error bar (mean ± SE), value printed on top, and a legend."""
+              ylabel: str, title: str | None = None, nonnegative: bool = False) -> None:
+    """One bar per run with its error bar (mean ± SE), value printed above the error bar, and
+    a legend. ``nonnegative`` (counts, rates): the lower error bar stops at 0, where the
+    quantity does."""
     x = np.arange(len(labels))
     for i in range(len(labels)):
-        ax.bar(x[i], means[i], yerr=errs[i], capsize=4, color=COLORS[i % len(COLORS)],
+        low = min(errs[i], max(means[i], 0.0)) if nonnegative else errs[i]
+        ax.bar(x[i], means[i], yerr=[[low], [errs[i]]], capsize=4, color=COLORS[i % len(COLORS)],
                alpha=0.45 if i else 0.25, edgecolor="black", hatch=HATCHES[i % len(HATCHES)],
                label=labels[i])
-        ax.annotate(f"{means[i]:.3g}$\\pm${errs[i]:.2g}", (x[i], means[i] + errs[i]),
+        # two short lines, above the error bar: one line ran into the neighbours' error bars
+        ax.annotate(f"{means[i]:.3g}\n$\\pm${errs[i]:.2g}", (x[i], means[i] + errs[i]),
                     ha="center", va="bottom", fontsize=6, xytext=(0, 2),
-                    textcoords="offset points")
+                    textcoords="offset points", linespacing=1.0)
     ax.set_xticks(x, labels, rotation=15, fontsize=7)
     ax.set_ylabel(ylabel)
     if title:
@@ -208,16 +229,21 @@ def plot_bars(ax, labels: Sequence[str], means: Sequence[float], errs: Sequence[
 
 
 def plot_curves(curves: Sequence[tuple[str, np.ndarray, np.ndarray]], title: str, ax=None,
-                ylabel: str = r"$\bar{w}$"):
+                ylabel: str = r"prior $\bar{w}$ (unitless)"):
+    """Prior curves over window positions, each in its own line style, marker and colour."""
     fig = None
     if ax is None:
         fig, ax = plt.subplots(figsize=(4.6, 3.0))
     for i, (lab, xs, ys) in enumerate(curves):
         ax.plot(xs, ys, label=lab, markersize=3, markevery=max(1, len(xs) // 12), **_style(i))
+    _integer_ticks(ax.xaxis)
     ax.set_xlabel("position in generation window (tokens)")
     ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=9)
-    ax.legend(fontsize=7)
+    if len(curves) > 3:     # beside the axes: inside, many entries cover the curves
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0))
+    else:
+        ax.legend(fontsize=7)
     ax.grid(alpha=0.3)
     return fig
 
@@ -292,28 +318,31 @@ def make_figures(diag: pd.DataFrame, priors: Mapping[tuple[str, str], pd.DataFra
             if bars:
                 fig, ax = plt.subplots(figsize=(3.6, 3.0))
                 plot_bars(ax, [b[0] for b in bars], [b[1][0] for b in bars],
-                          [b[1][1] for b in bars], ylabel, title)
+                          [b[1][1] for b in bars], ylabel, title,
+                          nonnegative=metric == "commit_flips")   # a margin may be negative
                 cap = (f"{mlab}: {what}. Bars: mean, error bars: standard error over "
                        f"{_n_of(d, metric)} sequences.")
                 written += save(fig, out_dir, f"{name}_{model}", cap)
             else:
                 skipped.append(f"{name}_{model}: no {metric} rows of a quantized run")
 
-        fig, axes = plt.subplots(1, 2, figsize=(7.6, 3.2), gridspec_kw={"wspace": 0.35})
+        fig, axes = plt.subplots(1, 2, figsize=(7.6, 3.2), gridspec_kw={"wspace": 0.45})
         drawn = 0
         for ax, metric, sub in zip(axes, ("never_agree_rate", "mean_disagree_rate"),
-                                   ("never agrees after commit", "disagreeing post-commit steps")):
+                                   ("(a) committed positions never re-agreeing",
+                                    "(b) post-commit steps disagreeing")):
             bars = [(_run_label(settings, m, b, fp), _scalar(sel(m, b), metric)) for m, b in runs]
             bars = [(lab, v) for lab, v in bars if v is not None]
             if bars:
                 drawn += 1
                 plot_bars(ax, [b[0] for b in bars], [b[1][0] for b in bars],
                           [b[1][1] for b in bars], "rate (fraction of committed positions)"
-                          if metric == "never_agree_rate" else "rate (fraction of steps)", sub)
+                          if metric == "never_agree_rate" else "rate (fraction of steps)", sub,
+                          nonnegative=True)
         if drawn:
             fig.suptitle(f"Post-commit mismatch: {mlab}", fontsize=9)
-            cap = (f"{mlab}, each model decoding freely: left, the share of committed positions "
-                   "whose top-1 prediction never again equals the committed token; right, the "
+            cap = (f"{mlab}, each model decoding freely: (a), the share of committed positions "
+                   "whose top-1 prediction never again equals the committed token; (b), the "
                    "mean share of post-commit steps at which it differs. Bars: mean, error "
                    f"bars: standard error over {_n_of(d, 'never_agree_rate')} sequences. "
                    "Lower is better.")
@@ -338,8 +367,8 @@ def make_figures(diag: pd.DataFrame, priors: Mapping[tuple[str, str], pd.DataFra
         skipped.append("stability_lag_ccdf_models: FP lag CCDF of fewer than two models")
 
     for model in dict.fromkeys(m for m, _ in priors):
-        curves = [(_label(settings, "priors", p), df["position"].to_numpy(), df["w_bar"].to_numpy())
-                  for (m, p), df in priors.items() if m == model]
+        curves = [(f"prior {_label(settings, 'priors', p)}", df["position"].to_numpy(),
+                   df["w_bar"].to_numpy()) for (m, p), df in priors.items() if m == model]
         written += save(plot_curves(curves, f"Position prior: {_label(settings, 'models', model)}"),
                         out_dir, f"prior_curve_{model}",
                         "Stage I position prior w_bar (unitless weight in (0, 1], maximum 1) "
@@ -352,18 +381,26 @@ def make_figures(diag: pd.DataFrame, priors: Mapping[tuple[str, str], pd.DataFra
         if p not in pairs:
             skipped.append(f"prior_cross_corpus: pair {p.get('a')} / {p.get('b')} not in inputs")
     if pairs:
-        fig, axes = plt.subplots(len(pairs), 1, figsize=(5.0, 2.6 * len(pairs)), squeeze=False)
-        for ax, p in zip(axes[:, 0], pairs):
+        fig, axes = plt.subplots(len(pairs), 1, figsize=(5.6, 2.6 * len(pairs)), squeeze=False)
+        models_of = [" vs ".join(dict.fromkeys(_label(settings, "models", _key(p[k])[0])
+                                               for k in ("a", "b"))) for p in pairs]
+        models_shown = ", ".join(dict.fromkeys(models_of))
+        for ax, p, mlab in zip(axes[:, 0], pairs, models_of):
             a, b = priors[_key(p["a"])], priors[_key(p["b"])]
             sp, pe = prior_correlation(a, b)
             la, lb = p.get("labels") or [p["a"], p["b"]]
+            # the suptitle names the model; a panel names it only where the panels differ
+            head = ", ".join(x for x in (p.get("title"), mlab if len(set(models_of)) > 1 else "")
+                             if x) or mlab
             plot_curves([(la, a["position"].to_numpy(), a["w_bar"].to_numpy()),
                          (lb, b["position"].to_numpy(), b["w_bar"].to_numpy())],
-                        f"{p.get('title', '')} Spearman={sp:.3f}, Pearson={pe:.3f}".strip(), ax=ax)
+                        f"{head}: Spearman {sp:.3f}, Pearson {pe:.3f}", ax=ax)
+        fig.suptitle(f"Position priors probed on two corpora: {models_shown}", fontsize=10)
         fig.tight_layout()
         written += save(fig, out_dir, "prior_cross_corpus",
-                        "Position priors w_bar probed on two corpora, per probing variant; "
-                        "titles give their Spearman and Pearson correlation over positions.")
+                        f"Position priors w_bar of {models_shown}, probed on two corpora, one "
+                        "panel per probing variant; panel titles give their Spearman and Pearson "
+                        "correlation over positions.")
     return written, skipped
 
 

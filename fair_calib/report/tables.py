@@ -390,15 +390,34 @@ def flat_table(eval_df: pd.DataFrame, model: str, methods: Sequence[str], tasks:
 
 
 # ----------------------------------------------------------------------------- memory
+UNRECORDED_MEASURE = ("not recorded (stats written before the measure was recorded; "
+                      "calibrate again to measure it)")
+
+
+def memory_measure_note(kinds: Sequence[str | None]) -> str:
+    """The caption's sentence on what the memory cells measure, one clause per measure used
+    (fair_calib.memory.MEASURES; None: an older stats file that did not record it)."""
+    from fair_calib.memory import MEASURES
+
+    used = sorted({k for k in kinds if k is not None} & set(MEASURES))
+    used += sorted({k for k in kinds if k is not None} - set(MEASURES))
+    clauses = [MEASURES.get(k, k) for k in used] + ([UNRECORDED_MEASURE] if None in kinds else [])
+    return "Peak memory in MB (2$^{20}$ bytes), measured as " + "; ".join(
+        latex_escape(c) for c in clauses) + "."
+
+
 def calib_memory_table(stats_df: pd.DataFrame, models: Sequence[str], baseline: str, method: str,
                        labels: Mapping[str, Any], *, bits: str | None = None,
                        caption: str | None = None, label: str | None = None,
                        env: str | None = "table") -> str:
     """Peak calibration memory (MB; max of ``peak_mem_mb`` over a run's stats rows) of the
-    baseline and FAIR-Calib per model, and Reduction = baseline / FAIR-Calib.
+    baseline and FAIR-Calib per model, and Reduction = baseline / FAIR-Calib. The caption ends
+    with what was measured (``peak_mem_kind``, :func:`memory_measure_note`); a Reduction between
+    two runs measured differently is not printed (--), as the numbers do not compare.
 
-    ``stats_df`` columns: model, method, bits, peak_mem_mb."""
+    ``stats_df`` columns: model, method, bits, peak_mem_mb, and peak_mem_kind where recorded."""
     missing: list[str] = []
+    kinds: list[str | None] = []
 
     def peak(model, m):
         sel = (stats_df["model"] == model) & (stats_df["method"] == m)
@@ -407,20 +426,27 @@ def calib_memory_table(stats_df: pd.DataFrame, models: Sequence[str], baseline: 
         v = stats_df.loc[sel, "peak_mem_mb"].dropna()
         if v.empty:
             missing.append(f"{model} / {m}" + (f" / {bits}" if bits else ""))
-            return None
-        return float(v.max())
+            return None, None
+        kind = (stats_df.loc[v.idxmax(), "peak_mem_kind"]
+                if "peak_mem_kind" in stats_df.columns else None)
+        kind = None if _is_nan(kind) else kind
+        kinds.append(kind)
+        return float(v.max()), kind
 
     lines = ["\\setlength{\\tabcolsep}{6pt}", "\\small", "\\begin{tabular}{lccc}", "\\toprule",
-             f"\\textbf{{Model}} & \\textbf{{{_label(labels, 'methods', baseline)}}} & "
-             f"\\textbf{{{_label(labels, 'methods', method)}}} & \\textbf{{Reduction}} \\\\",
+             f"\\textbf{{Model}} & \\textbf{{{_label(labels, 'methods', baseline)} (MB)}} & "
+             f"\\textbf{{{_label(labels, 'methods', method)} (MB)}} & \\textbf{{Reduction}} \\\\",
              "\\midrule"]
     for model in models:
-        b, f = peak(model, baseline), peak(model, method)
-        red = f"{b / f:.2f}$\\times$" if b is not None and f else MISSING
+        (b, bkind), (f, fkind) = peak(model, baseline), peak(model, method)
+        comparable = b is not None and f and bkind == fkind and bkind is not None
+        red = f"{b / f:.2f}$\\times$" if comparable else MISSING
         lines.append(f"{_label(labels, 'models', model)} & {_fmt(b, digits=0)} & "
                      f"{_fmt(f, digits=0)} & {red} \\\\")
     lines += ["\\bottomrule", "\\end{tabular}"]
-    return _wrap("\n".join(lines) + "\n" + _footnote(missing), caption, label, env)
+    note = memory_measure_note(kinds) if kinds else ""
+    full = f"{caption} {note}".strip() if caption else note
+    return _wrap("\n".join(lines) + "\n" + _footnote(missing), full or None, label, env)
 
 
 def deploy_memory_table(mem_df: pd.DataFrame, models: Sequence[str], method: str,
@@ -584,7 +610,7 @@ def load_inputs(paths: Sequence[str | Path]) -> dict[str, pd.DataFrame]:
         return pd.concat(flat, ignore_index=True) if flat else pd.DataFrame(columns=cols)
 
     return {"eval": cat(evals, ["model", "method", "bits", "task", "metric", "value", "chance"]),
-            "stats": cat(stats, ["model", "method", "bits", "peak_mem_mb"]),
+            "stats": cat(stats, ["model", "method", "bits", "peak_mem_mb", "peak_mem_kind"]),
             "memory": cat(mems, ["model", "method", "bits", "export_bytes", "fp_bytes"])}
 
 

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from fair_calib.calibrate import _make_optimizer, _targets_and_stats, _train_block, weighted_mse
+from fair_calib.memory import PeakMemory
 from fair_calib.methods import make_method
 from fair_calib.quant.blockio import call_block, capture_block_inputs
 from fair_calib.quant.discovery import discover_groups
@@ -285,7 +286,7 @@ def test_one_step_equals_a_hand_computed_adamw_step():
             want[n] = p.detach() * (1 - lr * 0.01) - lr * p.grad / (p.grad.abs() + 1e-8)
     assert want
     _train_block(method, block, inputs, targets, None, 0, method.training_settings(), 0,
-                 torch.device("cpu"), lambda s: None)
+                 torch.device("cpu"), PeakMemory("cpu").start(), lambda s: None)
     got = dict(block.named_parameters())
     for n, w in want.items():
         assert torch.allclose(got[n].detach(), w, atol=2e-6, rtol=1e-5), n
@@ -305,6 +306,6 @@ def test_batches_in_order():
     hook = block.register_forward_pre_hook(
         lambda m, a: seen.append(ptrs.index(a[0].data_ptr())) if torch.is_grad_enabled() else None)
     _train_block(method, block, inputs, targets, None, 0, method.training_settings(), 0,
-                 torch.device("cpu"), lambda s: None)
+                 torch.device("cpu"), PeakMemory("cpu").start(), lambda s: None)
     hook.remove()
     assert seen == [0, 1, 2, 0, 1, 2]

@@ -124,3 +124,84 @@ def test_all_zero_ccdf_is_said_not_drawn_as_empty_log_axes():
     fig = plot_ccdf([("FP", np.arange(3), np.zeros(3))], "t")
     assert fig.axes[0].get_yscale() == "linear"
     assert any("all lags 0" in t.get_text() for t in fig.axes[0].texts)
+
+
+# ----------------------------------------------------------------------------- read by eye once
+def _ticks_are_integers(axis) -> bool:
+    locs = axis.get_majorticklocs()
+    return len(locs) > 1 and np.allclose(locs, np.round(locs))
+
+
+def test_steps_lags_and_positions_get_integer_ticks():
+    xs = np.arange(16, 0, -1).astype(float)
+    fig = F.plot_mse_trace([("RTN", xs, xs / 100, 5.0)], "t")
+    assert _ticks_are_integers(fig.axes[0].xaxis)
+    fig = F.plot_curves([("p", np.arange(16), np.linspace(0, 1, 16))], "t")
+    assert _ticks_are_integers(fig.axes[0].xaxis)
+    fig = F.plot_ccdf([("FP", np.arange(4.0), np.array([0.5, 0.2, 0.1, 0.0]))], "t")
+    assert _ticks_are_integers(fig.axes[0].xaxis)
+
+
+def test_each_runs_first_false_commit_has_its_own_marker_and_legend_entry():
+    """Two runs whose first false commits fall on the same step: two distinguishable markers
+    (each in its trace's colour), each named in the legend."""
+    from matplotlib.colors import to_hex
+
+    xs = np.arange(8, 0, -1).astype(float)
+    fig = F.plot_mse_trace([("RTN", xs, xs / 100, 4.0), ("FAIR-Calib", xs, xs / 200, 4.2)], "t")
+    ax = fig.axes[0]
+    marks = [l for l in ax.get_lines() if l.get_marker() == "X"]
+    assert len(marks) == 2
+    assert len({to_hex(l.get_markerfacecolor()) for l in marks}) == 2
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert sum("RTN: first false commit" in l for l in labels) == 1
+    assert sum("FAIR-Calib: first false commit" in l for l in labels) == 1
+
+
+def test_count_and_rate_error_bars_stop_at_zero_and_labels_sit_above_them():
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots()
+    F.plot_bars(ax, ["FP", "RTN"], [0.004, 0.04], [0.0042, 0.01], "rate (fraction)", "t",
+                nonnegative=True)
+    bottoms = [min(seg[:, 1]) for c in ax.containers if hasattr(c, "lines")
+               for seg in c.lines[2][0].get_segments()]
+    assert bottoms and min(bottoms) >= 0
+    for text, top in zip(ax.texts, (0.004 + 0.0042, 0.04 + 0.01)):
+        assert text.xy[1] == top                        # anchored on the error bar's top
+    fig, ax = plt.subplots()                             # a logit margin may go below zero
+    F.plot_bars(ax, ["RTN"], [0.5], [1.0], "margin (logit)", "t")
+    assert min(ax.containers[0].lines[2][0].get_segments()[0][:, 1]) == -0.5
+
+
+def test_series_styles_are_distinct_for_many_priors():
+    styles = [tuple(map(str, F._style(i).values())) for i in range(10)]
+    assert len(set(styles)) == 10
+    assert len({F._style(i)["color"] for i in range(10)}) == 10
+
+
+def test_cross_corpus_figure_names_the_model(tmp_path, monkeypatch):
+    pos = np.arange(8)
+    priors = {("dream", "a"): pd.DataFrame({"position": pos, "w_bar": 1.0 / (1 + pos)}),
+              ("dream", "b"): pd.DataFrame({"position": pos, "w_bar": 1.0 / (2 + pos)})}
+    seen = {}
+    real_save = F.save
+
+    def spy(fig, out_dir, name, caption=""):
+        seen[name] = (fig.get_suptitle(), caption)
+        return real_save(fig, out_dir, name, caption)
+
+    monkeypatch.setattr(F, "save", spy)
+    empty = pd.DataFrame(columns=["model", "method", "bits", "metric", "x", "value", "std", "n"])
+    F.make_figures(empty, priors, tmp_path, {
+        "labels": {"models": {"dream": "Tiny-Dream"}},
+        "cross_corpus": [{"title": "fixed", "a": "dream/a", "b": "dream/b"}]})
+    title, caption = seen["prior_cross_corpus"]
+    assert "Tiny-Dream" in title and "Tiny-Dream" in caption
+
+
+def test_a_legend_entry_always_shows_its_series_style():
+    fig = F.plot_ccdf([("FP", np.arange(3), np.zeros(3)),
+                       ("RTN", np.arange(4), np.array([0.5, 0.2, 0.05, 0.0]))], "t")
+    for handle in fig.axes[0].get_legend().legend_handles:
+        assert handle.get_linestyle() not in ("None", "none", "") and handle.get_marker() not in ("None", "none", "")

@@ -147,12 +147,31 @@ def test_flat_table_w3a4():
 
 def test_memory_tables():
     stats = pd.DataFrame({"model": ["m1"] * 3, "method": ["flat", "flat", "fair"],
-                          "bits": ["w4a4"] * 3, "peak_mem_mb": [1000.0, 3000.0, 1200.0]})
+                          "bits": ["w4a4"] * 3, "peak_mem_mb": [1000.0, 3000.0, 1200.0],
+                          "peak_mem_kind": ["cpu_rss_added"] * 3})
     tex = T.calib_memory_table(stats, ["m1", "m2"], "flat", "fair",
-                               {"models": {"m1": "M-One"}}, bits="w4a4")
+                               {"models": {"m1": "M-One"}}, bits="w4a4", caption="Peak.")
     L = lines_of(tex)
+    assert "\\textbf{Model} & \\textbf{flat (MB)} & \\textbf{fair (MB)} & \\textbf{Reduction} \\\\" in L
     assert "M-One & 3000 & 1200 & 2.50$\\times$ \\\\" in L
     assert "m2 & -- & -- & -- \\\\" in L and "m2 / flat / w4a4" in tex
+    assert ("\\caption{Peak. Peak memory in MB (2$^{20}$ bytes), measured as CPU: peak resident "
+            "memory added during calibration") in tex and "process" not in tex
+
+
+def test_calib_memory_never_compares_two_different_measures():
+    """A run measured on the GPU against one measured on the CPU (or by an older version that
+    did not record its measure): the cells print, the reduction does not, and the caption
+    names every measure used."""
+    stats = pd.DataFrame({"model": ["m1", "m1", "m2", "m2"], "method": ["flat", "fair"] * 2,
+                          "bits": ["w4a4"] * 4, "peak_mem_mb": [3000.0, 1200.0, 900.0, 800.0],
+                          "peak_mem_kind": ["cuda_max_allocated", "cpu_rss_added", None,
+                                            None]})
+    tex = T.calib_memory_table(stats, ["m1", "m2"], "flat", "fair", {}, bits="w4a4")
+    L = lines_of(tex)
+    assert "m1 & 3000 & 1200 & -- \\\\" in L and "m2 & 900 & 800 & -- \\\\" in L
+    assert "torch.cuda.max\\_memory\\_allocated" in tex and "resident memory added" in tex
+    assert "not recorded" in tex
     mem = pd.DataFrame({"model": ["m1"], "method": ["fair"], "bits": ["w4a4"],
                         "export_bytes": [4.9e9], "fp_bytes": [15.89e9]})
     L = lines_of(T.deploy_memory_table(mem, ["m1"], "fair", {}, bits="w4a4"))

@@ -1,0 +1,127 @@
+"""Before any job: corrupt or truncated intermediates are moved aside, so they are redone.
+
+Outputs are written atomically (``io.atomic_path``), so a file under its final name is complete
+unless something outside the pipeline broke it: a full disk during a copy, a partial rsync, a
+file overwritten by hand. Snakemake sees only that the file exists and would keep it; the job
+that reads it then fails. :func:`move_aside_corrupt` checks the intermediates under ``results/``
+cheaply (Parquet footer, safetensors header against the file size, JSON of ``meta.json``) and
+renames each broken one to ``<name>.corrupt`` (never deleted: it may be the only copy of hours
+of work), so Snakemake finds the output missing and reruns exactly the job that writes it and
+what depends on it, where a requested output needs it (an intermediate whose dependents are
+intact and up to date is not needed, as for a deleted one). The Snakefile calls it at parse
+time, in the main process only.
+
+Calibration's per-block files (``blocks/<i>.safetensors``) are not outputs of any rule; the
+calibration job itself discards an unreadable one and recomputes from it
+(``fair_calib.calibrate``), so they are left alone here.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Iterator
+
+CHECKED_SUFFIXES = (".parquet", ".safetensors")
+CHECKED_NAMES = ("meta.json",)   # calibration's completion marker, read by evaluation
+SKIPPED_FOLDERS = ("blocks",)    # calibration resumes from these; it checks them itself
+
+
+def parquet_problem(path: Path) -> str | None:
+    """Why a Parquet file is unreadable (its footer holds the schema and row groups: a
+    truncated or overwritten file has none), else None."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        pq.read_metadata(path)
+    except (pa.ArrowException, OSError) as err:
+        return str(err).splitlines()[0] if str(err) else type(err).__name__
+    return None
+
+
+def safetensors_problem(path: Path) -> str | None:
+    """Why a safetensors file is unreadable: its 8-byte header length, JSON header and the
+    tensors' byte ranges must account for exactly the file's size (a truncated file is
+    shorter), else None. Reads the header only."""
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            return f"{size} bytes, shorter than the 8-byte header length"
+        n = int.from_bytes(head, "little")
+        if n > size - 8:
+            return f"header of {n} bytes runs past the end of the {size}-byte file"
+        try:
+            header = json.loads(f.read(n))
+            ends = [entry["data_offsets"][1] for key, entry in header.items()
+                    if key != "__metadata__"]
+        except (ValueError, TypeError, KeyError, IndexError, AttributeError):
+            return "header is not a safetensors JSON header"
+    expected = 8 + n + max(ends, default=0)
+    if expected != size:
+        return f"{size} bytes where its header accounts for {expected}"
+    return None
+
+
+def json_problem(path: Path) -> str | None:
+    try:
+        json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as err:
+        return str(err).splitlines()[0]
+    return None
+
+
+def problem_of(path: Path) -> str | None:
+    """Why an intermediate is corrupt or truncated, else None (also for a type not checked)."""
+    if path.suffix == ".parquet":
+        return parquet_problem(path)
+    if path.suffix == ".safetensors":
+        return safetensors_problem(path)
+    if path.name in CHECKED_NAMES:
+        return json_problem(path)
+    return None
+
+
+def intermediates(root: Path) -> Iterator[Path]:
+    """The files under ``root`` that stages write and read, in a stable order. Hidden names are
+    a job's temporary files being written (``io.atomic_path``) and are skipped."""
+    for folder, dirs, files in os.walk(root):
+        dirs[:] = sorted(d for d in dirs if d not in SKIPPED_FOLDERS and not d.startswith("."))
+        for name in sorted(files):
+            if not name.startswith(".") and (name.endswith(CHECKED_SUFFIXES)
+                                             or name in CHECKED_NAMES):
+                yield Path(folder) / name
+
+
+def aside_name(path: Path) -> Path:
+    """``<name>.corrupt``, or ``<name>.corrupt-2``, ... when an earlier one is kept there."""
+    target = path.with_name(path.name + ".corrupt")
+    k = 2
+    while target.exists():
+        target = path.with_name(f"{path.name}.corrupt-{k}")
+        k += 1
+    return target
+
+
+def move_aside_corrupt(root: str | os.PathLike = "results") -> list[tuple[Path, Path, str]]:
+    """Rename every corrupt intermediate under ``root`` to its :func:`aside_name`; returns
+    (file, where it went, why) for each."""
+    moved = []
+    root = Path(root)
+    if not root.is_dir():
+        return moved
+    for path in intermediates(root):
+        why = problem_of(path)
+        if why is not None:
+            target = aside_name(path)
+            os.replace(path, target)
+            moved.append((path, target, why))
+    return moved
+
+
+def report_line(path: Path, target: Path, why: str) -> str:
+    # Snakemake regenerates a missing intermediate only where a requested output needs it (as
+    # it does for temp files): a broken probe shard under an intact prior stays aside.
+    return (f"Note: {path} is corrupt or truncated ({why}); moved it aside to {target.name}. "
+            "It will be regenerated, with what depends on it, where a requested output needs it.")
