@@ -58,15 +58,15 @@ def test_calibration_seeds_plan_one_run_per_seed(ws):
     them); the seed reaches the calibration job's settings; other methods are unchanged."""
     res = _plan(ws, {"methods": {"flatquant": {"seeds": [3, 4]}}})
     assert res.returncode == 0, res.stderr
-    shown = subprocess.run(["snakemake", "results/calib/tiny-llada/flatquant@s4/w3a3/meta.json",
+    shown = subprocess.run(["snakemake", "results/calib/tiny-llada/flatquant@s4/w2a4/meta.json",
                             "-n", "-p", "--cores", "1", "--configfile", "override.yaml"],
                            cwd=ws, capture_output=True, text=True).stdout
     assert '"seed": 4' in shown
     for k in (3, 4):
-        assert f"results/calib/tiny-llada/flatquant@s{k}/w3a3/meta.json" in res.stdout
-        assert f"results/eval/tiny-dream/flatquant@s{k}/w3a3/synth_gen.parquet" in res.stdout
-    assert "results/eval/tiny-llada/flatquant/w3a3/synth_gen.parquet" not in res.stdout
-    assert "results/eval/tiny-llada/fair-calib/w3a3/synth_gen.parquet" in res.stdout
+        assert f"results/calib/tiny-llada/flatquant@s{k}/w2a4/meta.json" in res.stdout
+        assert f"results/eval/tiny-dream/flatquant@s{k}/w2a4/synth_gen.parquet" in res.stdout
+    assert "results/eval/tiny-llada/flatquant/w2a4/synth_gen.parquet" not in res.stdout
+    assert "results/eval/tiny-llada/fair-calib/w2a4/synth_gen.parquet" in res.stdout
     bad = _plan(ws, {"methods": {"flatquant": {"seeds": [1, 1]}}})
     assert bad.returncode != 0 and "seeds" in bad.stderr
     # the seeds list is not part of a run's settings: adding a seed leaves the others cached
