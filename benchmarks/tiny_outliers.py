@@ -1,4 +1,4 @@
-"""Activation outliers of the trained tiny models (docs/benchmarks.md, "Why W3A3").
+"""Activation outliers of the trained tiny models (docs/benchmarks.md, "Why W2A4").
 
 For every linear layer's input (LM head excluded): the largest channel's max|x| over the median
 channel's max|x|, on the first 32 calibration texts. Real LLMs reach 100-1000x at a few layers
