@@ -17,7 +17,8 @@ def _ll(lm, ctx, cont):
 
 def test_dream_family_appends_eos_and_uses_its_estimator():
     loaded = make_loaded("tiny-dream")
-    lm = DiffusionLM(loaded, likelihood={"mc_num": 8, "batch_size": 4}, seed=5)
+    # exact_below 0: the MC path (tiny-dream scores single-token targets exactly by default)
+    lm = DiffusionLM(loaded, likelihood={"mc_num": 8, "batch_size": 4, "exact_below": 0}, seed=5)
     assert lm.lik.estimator == "dream"
     prefix, target = lm.encode_pair("Question : what is", " red")
     scored = target + [loaded.eos_id]
