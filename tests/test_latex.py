@@ -1,10 +1,11 @@
 """The generated tables compile with the documented preamble (README, "Tables in a paper"):
 
     \\usepackage{booktabs}  \\usepackage{multirow}  \\usepackage[table]{xcolor}
+    \\usepackage{graphicx}
 
 With ``pdflatex`` installed every table is compiled in a minimal document with exactly that
 preamble; without it a strict structural check runs instead: environments nest and close,
-braces balance, and every command is LaTeX's own or one of those three packages'."""
+braces balance, and every command is LaTeX's own or one of those four packages'."""
 from __future__ import annotations
 
 import re
@@ -16,11 +17,12 @@ import pytest
 
 from fair_calib.report import tables as T
 
-PREAMBLE = "\\usepackage{booktabs}\n\\usepackage{multirow}\n\\usepackage[table]{xcolor}\n"
+PREAMBLE = ("\\usepackage{booktabs}\n\\usepackage{multirow}\n\\usepackage[table]{xcolor}\n"
+            "\\usepackage{graphicx}\n")
 
-# Commands of LaTeX itself (the article class) and of the three documented packages.
+# Commands of LaTeX itself (the article class) and of the four documented packages.
 LATEX = {"begin", "end", "centering", "caption", "label", "textbf", "textit", "emph", "small",
-         "footnotesize", "scriptsize", "tiny", "normalsize", "multicolumn", "hline", "resizebox",
+         "footnotesize", "scriptsize", "tiny", "normalsize", "multicolumn", "hline",
          "textwidth", "linewidth", "columnwidth", "times", "pm", "uparrow", "downarrow", "quad",
          "qquad", "hspace", "vspace", "noindent", "par", "ldots", "dots", "mathrm", "mathbf",
          "text", "lambda", "alpha", "rho", "le", "ge", "cdot", "textsuperscript", "dag",
@@ -34,7 +36,8 @@ LATEX = {"begin", "end", "centering", "caption", "label", "textbf", "textit", "e
 BOOKTABS = {"toprule", "midrule", "bottomrule", "cmidrule", "addlinespace", "specialrule"}
 MULTIROW = {"multirow"}
 XCOLOR = {"rowcolor", "cellcolor", "color", "textcolor", "definecolor", "colorbox"}
-ALLOWED = LATEX | BOOKTABS | MULTIROW | XCOLOR
+GRAPHICX = {"resizebox", "scalebox"}     # not LaTeX's own: pdflatex refuses it without graphicx
+ALLOWED = LATEX | BOOKTABS | MULTIROW | XCOLOR | GRAPHICX
 ENVIRONMENTS = {"table", "table*", "tabular", "tabular*", "center", "minipage", "threeparttable",
                 "tablenotes", "footnotesize", "small"}
 
