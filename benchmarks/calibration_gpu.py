@@ -97,11 +97,10 @@ def bench_calibration(shape: str, args, dev: str, peak_tflops: float | None) -> 
     rows = meta["stats"]
     ep = [r["seconds"] for r in rows if r["epoch"] >= 0]
     # the last epoch row's "seconds" is replaced by the whole block's time; the per-epoch median
-    # uses the epochs before it (of the blocks after the first). Block 0 also pays the one-time compilation (reported apart);
-    # the per-block overhead (groups, FP targets, initial loss) comes from the later blocks.
+    # uses the epochs before it, of the blocks after the first where more than one is measured
+    # (block 0's first epoch compiles the chains: that one-time cost is reported apart); the
+    # per-block overhead (groups, FP targets, initial loss) comes from the later blocks.
     per_block = [r["seconds"] for r in rows if r["epoch"] == args.epochs - 1]
-    # block 0's first epoch compiles the chains: with more than one block measured, the later
-    # blocks' epochs give the per-epoch time
     epoch_rows = [r for r in rows if 0 <= r["epoch"] < args.epochs - 1
                   and (r["block"] > 0 or layers == 1)]
     sec_epoch = statistics.median(r["seconds"] for r in epoch_rows) if epoch_rows else float("nan")

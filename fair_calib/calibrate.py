@@ -257,6 +257,8 @@ def _train_block(method: QuantMethod, block: nn.Module, inputs: BlockInputs, tar
     finally:
         _set_quant_training(block, False)
         checks.close()
+        for t in transforms:      # the last step changed the parameters (unseen by the cache)
+            t.clear_cache()
     return rows
 
 
@@ -445,10 +447,10 @@ def calibrate(loaded, method: QuantMethod, input_ids: torch.Tensor, out_dir: str
         del nxt
         if on_block_done is not None:
             on_block_done(i)
+    peak_mb = max((r["peak_mem_mb"] for r in stats_rows), default=0.0)
     if not write_outputs:
         return {"n_blocks": len(blocks), "seconds": sum(block_seconds), "stats": stats_rows,
-                "peak_mem_mb": max((r["peak_mem_mb"] for r in stats_rows), default=0.0),
-                "peak_mem_kind": mem.kind}
+                "peak_mem_mb": peak_mb, "peak_mem_kind": mem.kind}
     import pandas as pd
 
     prov = io.provenance(run_info, seed=method.seed)
@@ -461,8 +463,7 @@ def calibrate(loaded, method: QuantMethod, input_ids: torch.Tensor, out_dir: str
             "n_samples": int(input_ids.shape[0]), "seq_len": int(input_ids.shape[1]),
             "batch_size": batch_size, "n_blocks": len(blocks), "groups": all_groups,
             "position_weights": None if w is None else [float(v) for v in w],
-            "peak_mem_mb": max((r["peak_mem_mb"] for r in stats_rows), default=0.0),
-            "peak_mem_kind": mem.kind,
+            "peak_mem_mb": peak_mb, "peak_mem_kind": mem.kind,
             "seconds": sum(block_seconds),
             "provenance": prov}
     meta.update(method.export_info(loaded, out_dir) or {})
