@@ -10,6 +10,18 @@ commit decision used (after classifier-free guidance, before temperature), the p
 at the start of the step, the positions committed during it and the window after it, and
 finally ``recorder.finish(tokens)``.
 
+Early exit: given a :class:`~fair_calib.decoding.early_exit.StopRule`, a row whose output is
+final (``early_exit``: every position before its first committed stop token is committed, or a
+complete stop string is) is stopped and dropped from the batch; positions after its stop stay
+``mask_id``. The rows that go on compute exactly what they would have in the full batch: the
+window keeps its width and left padding, batch-wide random draws are still drawn for every row
+and the finished rows' draws discarded (per-row generators of finished rows are simply no
+longer drawn from), and Dream's per-step count, a mean over the batch's masked counts, still
+counts the finished rows as the full run would (their counts follow from the schedule alone).
+Token identity with the full run then needs only a forward pass whose rows do not depend on
+the batch size (true on CPU; see docs/fidelity.md). A recorder sees every step of every row,
+so recording turns early exit off.
+
 Randomness: ``generator`` is ``None`` (torch's global RNG), one ``torch.Generator`` (draws for
 the whole batch at once) or a sequence of generators, one per row; with per-row generators a
 row's random stream does not depend on the other rows in the batch.
@@ -17,10 +29,12 @@ row's random stream does not depend on the other rows in the batch.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 import torch
 
+from fair_calib.decoding.early_exit import ExitTracker, StopRule
 from fair_calib.decoding.policies import (BLOCK_POLICIES, RANDOM_COMMIT_POLICIES, DecodePolicy,
                                         block_commit_counts)
 
@@ -122,10 +136,9 @@ def _topk_over_rows(conf: torch.Tensor, allowed: torch.Tensor, counts: Sequence[
     return chosen[:, offset:offset + width] & allowed
 
 
-def _gumbel_argmax(logits: torch.Tensor, temperature: float, generator: Generators) -> torch.Tensor:
+def _gumbel_argmax(logits: torch.Tensor, temperature: float, batch: "_ActiveRows") -> torch.Tensor:
     """Gumbel-max in float64: argmax of ``exp(l) / (-log U)^temperature`` (log form)."""
-    b = logits.shape[0]
-    u = uniform(b, tuple(logits.shape[1:]), generator, logits.device)
+    u = batch.uniform(tuple(logits.shape[1:]))
     noisy = logits.double() - temperature * torch.log(-torch.log(u))
     return noisy.argmax(-1)
 
@@ -156,7 +169,7 @@ def _never_the_mask(x0: torch.Tensor, scores: torch.Tensor, mask_id: int) -> tor
     return torch.where(x0 == mask_id, best_other, x0)
 
 
-def _schedule_tokens(logits: torch.Tensor, policy: DecodePolicy, generator: Generators,
+def _schedule_tokens(logits: torch.Tensor, policy: DecodePolicy, batch: "_ActiveRows",
                      mask_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Tokens and confidences for the schedule policies (Dream's token step)."""
     # The model's dtype throughout, as Dream's ``sample_tokens`` computes (bfloat16 in its
@@ -169,7 +182,7 @@ def _schedule_tokens(logits: torch.Tensor, policy: DecodePolicy, generator: Gene
     if policy.temperature > 0:
         noisy = torch.log(probs.double())
         noisy[..., mask_id] = float("-inf")       # never sample the mask token itself
-        x0 = _gumbel_argmax(noisy, 1.0, generator)
+        x0 = _gumbel_argmax(noisy, 1.0, batch)
         conf = probs.gather(-1, x0[..., None]).squeeze(-1)
     else:
         conf, x0 = probs.max(-1)
@@ -188,12 +201,31 @@ def _schedule_tokens(logits: torch.Tensor, policy: DecodePolicy, generator: Gene
 
 @torch.no_grad()
 def generate(model: Any, prompts: Sequence[Sequence[int]], policy: DecodePolicy,
-             generator: Generators = None, recorder: Any = None) -> torch.LongTensor:
+             generator: Generators = None, recorder: Any = None,
+             stop: StopRule | None = None) -> torch.LongTensor:
     """Decode ``policy.gen_length`` tokens after each prompt; returns ``LongTensor[B, K]``.
 
     ``model`` is a :class:`~fair_calib.models.adapters.LoadedModel` (``.logits``, ``.mask_id``,
-    ``.pad_id``). Prompts are token-id lists of any lengths (left-padded inside).
+    ``.pad_id``). Prompts are token-id lists of any lengths (left-padded inside). ``stop``:
+    stop each row once its output is final (module docstring); :func:`decode` also says how
+    many steps each row ran.
     """
+    return decode(model, prompts, policy, generator, recorder, stop).tokens
+
+
+@dataclass
+class Decoded:
+    """``tokens`` ``[B, K]`` (a row stopped early keeps ``mask_id`` after its stop) and
+    ``steps``: the forward passes each row took part in (``policy.steps`` without early exit)."""
+    tokens: torch.LongTensor
+    steps: list[int]
+
+
+@torch.no_grad()
+def decode(model: Any, prompts: Sequence[Sequence[int]], policy: DecodePolicy,
+           generator: Generators = None, recorder: Any = None,
+           stop: StopRule | None = None) -> Decoded:
+    """:func:`generate`, returning the steps each row ran as well."""
     if not isinstance(policy, DecodePolicy):
         raise TypeError(f"policy must be a DecodePolicy, got {type(policy).__name__}")
     policy.validate()
@@ -211,28 +243,114 @@ def generate(model: Any, prompts: Sequence[Sequence[int]], policy: DecodePolicy,
     b, k, T = len(prompts), policy.gen_length, policy.steps
     if recorder is not None:
         recorder.start(b, k, T)
+    # A recorder needs every step of every row (diagnostics, probing): no early exit then.
+    tracker = ExitTracker(stop, mask_id, device) if stop is not None and recorder is None else None
+    batch = _ActiveRows(ids, attn, lp, generator, tracker)
 
     if policy.name in BLOCK_POLICIES or policy.name in RANDOM_COMMIT_POLICIES:
-        _decode_blocks(model, ids, attn, lp, policy, generator, recorder)
+        _decode_blocks(model, batch, policy, recorder)
     else:
-        _decode_schedule(model, ids, attn, lp, policy, generator, recorder)
+        _decode_schedule(model, batch, policy, recorder)
+    batch.write_back()
 
     out = ids[:, lp:].clone()
-    if bool((out == mask_id).any()):
+    if tracker is None and bool((out == mask_id).any()):
         raise RuntimeError("decoding left masked positions in the window")  # a bug, not input
     if recorder is not None:
         recorder.finish(out)
-    return out
+    return Decoded(out, batch.steps)
 
 
-def _block_tokens(span: torch.Tensor, policy: DecodePolicy, generator: Generators, mask_id: int,
+class _ActiveRows:
+    """The rows of a batch still decoding: their ids (the full batch's tensor until a row is
+    dropped, then a copy), attention mask, original indices and random draws.
+
+    Random draws keep each row's stream as in the full batch: one generator (or torch's global
+    RNG) draws for every row of the full batch, and the finished rows' draws are discarded;
+    per-row generators draw for the active rows only."""
+
+    def __init__(self, ids: torch.Tensor, attn: torch.Tensor | None, lp: int,
+                 generator: Generators, tracker: ExitTracker | None) -> None:
+        self.full, self.ids, self.attn, self.lp = ids, ids, attn, lp
+        self.n_total = ids.shape[0]
+        self.rows = list(range(self.n_total))
+        self.generator = generator
+        self.tracker = tracker
+        self.steps = [0] * self.n_total
+        self._index: torch.Tensor | None = None      # rows on the device, once any row is dropped
+
+    @property
+    def win(self) -> torch.Tensor:
+        return self.ids[:, self.lp:]                   # view: commits write into self.ids
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def uniform(self, shape: tuple[int, ...]) -> torch.Tensor:
+        """float64 uniforms ``[active rows, *shape]``, each row's from its stream in the full batch."""
+        device = self.ids.device
+        if self.generator is None or isinstance(self.generator, torch.Generator):
+            u = uniform(self.n_total, shape, self.generator, device)
+            return u if self._index is None else u[self._index]
+        gens = list(self.generator)
+        if len(gens) != self.n_total:
+            raise ValueError(f"got {len(gens)} generators for a batch of {self.n_total} rows")
+        return uniform(len(self.rows), shape, [gens[r] for r in self.rows], device)
+
+    def forward(self, model: Any, cfg_scale: float) -> torch.Tensor | None:
+        """One step's window logits for the active rows, dropping the rows found final; None
+        once every row is final."""
+        lagged = self.tracker is not None and self.tracker.lagged
+        if self.tracker is not None and not lagged:
+            self._drop(self.tracker.finished())
+        if not self.rows:
+            return None
+        logits = window_logits(model, self.ids, self.attn, self.lp, cfg_scale)
+        for r in self.rows:
+            self.steps[r] += 1
+        if lagged:
+            # The check reads the previous step's window, copied while this forward was queued.
+            keep = self._drop(self.tracker.finished())
+            if keep is not None:
+                logits = logits[keep]
+        return logits if self.rows else None
+
+    def committed(self) -> None:
+        """After a step's commits: let the tracker see the window."""
+        if self.tracker is not None and self.rows:
+            self.tracker.observe(self.win, self.rows)
+
+    def _drop(self, done: list[int]) -> torch.Tensor | None:
+        """Write the final rows back into the full batch and drop them; returns the kept local
+        indices (None when nothing is dropped)."""
+        if not done:
+            return None
+        done_set = set(done)
+        local_done = [i for i, r in enumerate(self.rows) if r in done_set]
+        local_keep = [i for i, r in enumerate(self.rows) if r not in done_set]
+        device = self.ids.device
+        self.full[torch.tensor([self.rows[i] for i in local_done], device=device)] = \
+            self.ids[torch.tensor(local_done, device=device)]
+        keep = torch.tensor(local_keep, dtype=torch.long, device=device)
+        self.ids = self.ids[keep]
+        self.attn = None if self.attn is None else self.attn[keep]
+        self.rows = [self.rows[i] for i in local_keep]
+        self._index = torch.tensor(self.rows, dtype=torch.long, device=device)
+        return keep
+
+    def write_back(self) -> None:
+        if self.ids is not self.full and self.rows:
+            self.full[self._index] = self.ids
+
+
+def _block_tokens(span: torch.Tensor, policy: DecodePolicy, batch: "_ActiveRows", mask_id: int,
                   uniform_conf: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
     """LLaDA's token step: Gumbel-max (float64) or argmax, and the untempered softmax
     probability of the chosen token in the logits' dtype (``generate.py``)."""
     if policy.temperature > 0:
         noisy_logits = span.double()
         noisy_logits[..., mask_id] = float("-inf")   # never sample the mask token itself
-        x0 = _gumbel_argmax(noisy_logits, policy.temperature, generator)
+        x0 = _gumbel_argmax(noisy_logits, policy.temperature, batch)
     else:
         x0 = span.argmax(-1)
     if uniform_conf:
@@ -246,91 +364,95 @@ def _block_tokens(span: torch.Tensor, policy: DecodePolicy, generator: Generator
     return x0, conf
 
 
-def _decode_blocks(model, ids, attn, lp, policy: DecodePolicy, generator, recorder) -> None:
+def _decode_blocks(model, batch: _ActiveRows, policy: DecodePolicy, recorder) -> None:
     """LLaDA-style semi-autoregressive blocks; ``random_commit`` is one block with uniform
     confidences (positions uniformly at random among masked)."""
     mask_id = int(model.mask_id)
-    b, k, T = ids.shape[0], policy.gen_length, policy.steps
+    b, k, T = len(batch), policy.gen_length, policy.steps
     bl = policy.block_len if policy.name in BLOCK_POLICIES else k
     n_blocks = k // bl
     spb = T // n_blocks
     uniform_conf = policy.name in ("random", "random_commit")
-    win = ids[:, lp:]                                   # view: commits write into ids
     step_index = 0
     for blk in range(n_blocks):
         lo, hi = blk * bl, (blk + 1) * bl
         # Every block starts fully masked (earlier blocks are finished, prompts hold no mask),
-        # so the counts need no device->host copy.
-        n_masked = [hi - lo] * b
-        per_row = [block_commit_counts(n, spb) for n in n_masked]
-        host_counts = [[row[s] for row in per_row] for s in range(spb)]   # [spb][B]
-        counts = torch.tensor(per_row, dtype=torch.long, device=ids.device)   # [B, spb]
+        # so the counts need no device->host copy, and every row has the same counts.
+        per_step = block_commit_counts(hi - lo, spb)
+        counts = torch.tensor([per_step] * b, dtype=torch.long, device=batch.ids.device)  # [B, spb]
         if uniform_conf:
             # All of the block's draws at once: one host->device copy per block rather than a
             # synchronising copy per step (per-row generators live on the host).
-            block_u = uniform(b, (spb, hi - lo), generator, ids.device)
+            block_u, block_rows = batch.uniform((spb, hi - lo)), list(batch.rows)
         for s in range(spb):
             t = T - step_index
             step_index += 1
-            logits = window_logits(model, ids, attn, lp, policy.cfg_scale)   # [B, K, V]
+            logits = batch.forward(model, policy.cfg_scale)                 # [B, K, V]
+            if logits is None:
+                return
+            win, n = batch.win, len(batch)
             masked_before = win == mask_id
-            x0, conf = _block_tokens(logits[:, lo:hi], policy, generator, mask_id, uniform_conf)
+            x0, conf = _block_tokens(logits[:, lo:hi], policy, batch, mask_id, uniform_conf)
             if uniform_conf:
-                chosen = _select_top(block_u[:, s], counts[:, s], masked_before[:, lo:hi])
+                u = block_u if block_rows == batch.rows else block_u[
+                    torch.tensor([block_rows.index(r) for r in batch.rows], device=block_u.device)]
+                chosen = _select_top(u[:, s], counts[:n, s], masked_before[:, lo:hi])
             else:
-                chosen = _topk_over_rows(conf, masked_before[:, lo:hi], host_counts[s],
-                                         lp + lo, ids.shape[1], per_row=True)
+                chosen = _topk_over_rows(conf, masked_before[:, lo:hi], [per_step[s]] * n,
+                                         batch.lp + lo, batch.ids.shape[1], per_row=True)
             # torch.where, not boolean indexing: no host sync, so the next forward's kernels
             # are queued while this step's run.
             win[:, lo:hi] = torch.where(chosen, x0, win[:, lo:hi])
+            batch.committed()
             if recorder is not None:
                 committed = torch.zeros_like(masked_before)
                 committed[:, lo:hi] = chosen
                 recorder.step(t, logits, masked_before, committed, win.clone())
 
 
-def _decode_schedule(model, ids, attn, lp, policy: DecodePolicy, generator, recorder) -> None:
+def _decode_schedule(model, batch: _ActiveRows, policy: DecodePolicy, recorder) -> None:
     """Dream-style decoding over the timestep schedule ``linspace(1, eps, steps + 1)``."""
     mask_id = int(model.mask_id)
-    b, k, T = ids.shape[0], policy.gen_length, policy.steps
+    b, k, T = len(batch), policy.gen_length, policy.steps
     timesteps = torch.linspace(1, policy.eps, T + 1)
-    win = ids[:, lp:]
-    # Masked counts per row, tracked on the host: top-k commits exactly min(n, masked) per row,
-    # so no step needs a device->host copy (origin's random commits excepted).
+    # Masked counts of every row of the full batch, tracked on the host: top-k commits exactly
+    # min(n, masked) per row, so no step needs a device->host copy, and a row dropped as final
+    # still counts in the batch mean as it would have in the full run (origin never reads it).
     n_masked = [k] * b
     for i in range(T):
         t_step = T - i
         last = i == T - 1
         t, s = timesteps[i], timesteps[i + 1]
-        logits = window_logits(model, ids, attn, lp, 0.0)
+        logits = batch.forward(model, 0.0)
+        if logits is None:
+            return
+        win, n_rows = batch.win, len(batch)
         masked = win == mask_id
-        x0, conf = _schedule_tokens(logits, policy, generator, mask_id)
+        x0, conf = _schedule_tokens(logits, policy, batch, mask_id)
+        n = 0
         if last:
             chosen = masked.clone()
         elif policy.name == "origin":
             p_transfer = float(1 - s / t)
-            u = uniform(b, (k,), generator, ids.device)
+            u = batch.uniform((k,))
             chosen = masked & (u < p_transfer)
         else:
             mean_masked = torch.tensor(float(sum(n_masked)), dtype=torch.float32) / b
             n = int(mean_masked * (1 - s / t))
-            counts = torch.full((b,), n, dtype=torch.long, device=ids.device)
+            counts = torch.full((n_rows,), n, dtype=torch.long, device=win.device)
             if n <= 0:
                 chosen = torch.zeros_like(masked)
             elif policy.alg_temp > 0:
                 scores = torch.log_softmax(
                     conf.double().masked_fill(~masked, float("-inf")) / policy.alg_temp, dim=-1)
-                u = uniform(b, (k,), generator, ids.device)
+                u = batch.uniform((k,))
                 scores = scores - torch.log(-torch.log(u))   # Gumbel-top-k = sampling w/o replacement
                 chosen = _select_top(scores, counts, masked)
             else:
-                chosen = _topk_over_rows(conf, masked, [n] * b, lp, ids.shape[1], per_row=False)
+                chosen = _topk_over_rows(conf, masked, [n] * n_rows, batch.lp, batch.ids.shape[1],
+                                         per_row=False)
         win.copy_(torch.where(chosen, x0, win))
-        if last:
-            n_masked = [0] * b
-        elif policy.name == "origin":
-            n_masked = (win == mask_id).sum(-1).tolist()
-        else:
-            n_masked = [m - min(max(n, 0), m) for m in n_masked]
+        batch.committed()
+        n_masked = [0] * b if last else [m - min(max(n, 0), m) for m in n_masked]
         if recorder is not None:
             recorder.step(t_step, logits, masked, chosen, win.clone())

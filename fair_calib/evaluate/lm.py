@@ -43,6 +43,9 @@ default policy (adapter ``decoding``) merged with per-task overrides (``gen_leng
 ``block_length``, ...). A diffusion LM decodes a fixed window, so the window length is the
 policy's ``gen_length``, not lm-eval's ``max_gen_toks``. Output is cut at the first EOS/pad token
 and then at the earliest ``until`` string. Instruct models get the tokenizer's chat template.
+``early_exit`` (default on) stops a row once that cut output is final
+(``fair_calib.decoding.early_exit``; the outputs are those of the full run); ``decode_steps``
+holds, per ``(task, doc_id)``, the decoding steps run and those a full run takes.
 """
 from __future__ import annotations
 
@@ -135,7 +138,7 @@ class DiffusionLM(LM):
                  gen_batch_size: int | None = None, max_length: int | None = None,
                  compute_greedy: bool = True, add_bos_token: bool = False,
                  batch_size: int | str | None = None, max_batch_size: int | None = None,
-                 loader: str | None = None, **flat: Any) -> None:
+                 loader: str | None = None, early_exit: bool | str = True, **flat: Any) -> None:
         super().__init__()
         likelihood, decoding = self._split_flat(flat, likelihood, decoding, batch_size)
         if loaded is None:
@@ -156,6 +159,9 @@ class DiffusionLM(LM):
         self.max_length = int(max_length or _model_max_length(loaded))
         # is_greedy costs one extra forward per request; multiple-choice tasks never read it.
         self.compute_greedy = _bool(compute_greedy)
+        self.early_exit = _bool(early_exit)
+        # (task, doc_id) -> [steps run, steps of a full run], summed over the doc's requests
+        self.decode_steps: dict[tuple[str | None, int | None], list[int]] = {}
         self.stop_ids = {i for i in (loaded.eos_id, getattr(self.tokenizer, "eos_token_id", None))
                          if i is not None}
         if loaded.pad_id is not None and loaded.pad_id != loaded.mask_id:
@@ -300,8 +306,15 @@ class DiffusionLM(LM):
                     cut = min(cut, j)
         return text[:cut]
 
+    def stop_rule(self, untils: Sequence[Sequence[str]]):
+        """What ends each row's output: the stop tokens and strings :meth:`postprocess` cuts at."""
+        from fair_calib.decoding import StopRule
+
+        return StopRule(frozenset(self.stop_ids), [list(u) for u in untils],
+                        lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True))
+
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
-        from fair_calib.decoding import generate
+        from fair_calib.decoding import decode
 
         policy = self.policy()
         prompts, untils = [], []
@@ -326,7 +339,12 @@ class DiffusionLM(LM):
             if self.loaded.device.type != "cpu":   # generate() draws on the model's device
                 gens = [torch.Generator(device=self.loaded.device).manual_seed(g.initial_seed())
                         for g in gens]
-            out = generate(self.loaded, [prompts[i] for i in idx], policy, gens)
+            stop = self.stop_rule([untils[i] for i in idx]) if self.early_exit else None
+            out = decode(self.loaded, [prompts[i] for i in idx], policy, gens, stop=stop)
             for row, i in enumerate(idx):
-                results[i] = self.postprocess(out[row].tolist(), untils[i])
+                results[i] = self.postprocess(out.tokens[row].tolist(), untils[i])
+                req = requests[i]
+                steps = self.decode_steps.setdefault((req.task_name, req.doc_id), [0, 0])
+                steps[0] += out.steps[row]
+                steps[1] += policy.steps
         return results

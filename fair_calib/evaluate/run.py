@@ -18,7 +18,7 @@ Settings (JSON): ``{"seed", "device", "dtype", "data_dir", "synthetic_dir", "mod
 "task": {"name", "kind": "synthetic_mc"|"synthetic_gen"|"lm_eval", "lm_eval_task",
 "num_fewshot", "limit", "gen_length", "steps", "block_length", "mc_num", "batch_size",
 "cfg_scale", "eps", "exact_below", "add_bos_token", "decoding": {...}, "offline": bool,
-"allow_code_execution": bool}}``: one task's settings already resolved for the model
+"allow_code_execution": bool, "early_exit": bool}}``: one task's settings already resolved for the model
 (``fair_calib.evaluate.task_settings``: entry < ``by_family`` < ``by_model``).
 ``offline`` defaults to ``data_source == "local"`` (the config default); ``data_source: hub``
 uses lm-eval's own task definitions and datasets.
@@ -44,6 +44,9 @@ EVAL_SCHEMA = pa.schema([
     ("model", pa.string()), ("method", pa.string()), ("bits", pa.string()), ("task", pa.string()),
     ("metric", pa.string()), ("value", pa.float64()), ("stderr", pa.float64()), ("n", pa.int64()),
     ("chance", pa.float64()), ("settings", pa.string()),
+    # Diffusion decoding steps over the task's documents: run (early exit stops a row once its
+    # output is final) and what the full schedule takes; 0 where the task decodes nothing.
+    ("decode_steps", pa.int64()), ("decode_steps_full", pa.int64()),
 ])
 
 SYNTHETIC_KINDS = {"synthetic_mc": "synth_mc", "synthetic_gen": "synth_gen"}
@@ -171,10 +174,30 @@ def per_doc_values(results: Mapping[str, Any], tasks: Mapping[str, Any]) -> dict
     return {"metrics": metrics, "chance": chance}
 
 
+def decode_step_totals(per_doc: Mapping[str, Any]) -> dict[str, int]:
+    """Decoding steps summed over every document: ``decode_steps`` (run) and
+    ``decode_steps_full`` (the full schedule), from ``per_doc["steps"]`` (``{task: {doc_id:
+    [run, full]}}``)."""
+    pairs = [v for docs in (per_doc.get("steps") or {}).values() for v in docs.values()]
+    return {"decode_steps": sum(int(r) for r, _ in pairs),
+            "decode_steps_full": sum(int(f) for _, f in pairs)}
+
+
+def decode_steps_per_doc(lm: Any) -> dict[str, dict[str, list[int]]]:
+    """``{task: {doc_id: [steps run, steps of the full schedule]}}`` from the model's record."""
+    out: dict[str, dict[str, list[int]]] = {}
+    for (task_name, doc_id), steps in sorted(getattr(lm, "decode_steps", {}).items(),
+                                             key=lambda kv: (str(kv[0][0]), kv[0][1] or 0)):
+        out.setdefault(str(task_name), {})[str(int(doc_id))] = [int(steps[0]), int(steps[1])]
+    return out
+
+
 def summarize(per_doc: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """One row per metric key: mean, stderr (ddof=1), n, mean chance over the same documents."""
+    """One row per metric key: mean, stderr (ddof=1), n, mean chance over the same documents,
+    and the decoding steps of the whole run."""
     rows = []
     chance = per_doc["chance"]
+    steps = decode_step_totals(per_doc)
     for key in sorted(per_doc["metrics"]):
         vals, ch = [], []
         for task_name in sorted(per_doc["metrics"][key]):
@@ -185,7 +208,7 @@ def summarize(per_doc: Mapping[str, Any]) -> list[dict[str, Any]]:
         n = len(arr)
         rows.append({"metric": key, "value": float(arr.mean()) if n else float("nan"),
                      "stderr": float(arr.std(ddof=1) / math.sqrt(n)) if n > 1 else float("nan"),
-                     "n": n, "chance": float(np.mean(ch)) if n else float("nan")})
+                     "n": n, "chance": float(np.mean(ch)) if n else float("nan"), **steps})
     return rows
 
 
@@ -225,7 +248,8 @@ def make_lm(settings: Mapping[str, Any], model_dir: str | os.PathLike,
                        instruct=bool(model.get("instruct", False)), seed=int(settings.get("seed", 0)),
                        likelihood=likelihood, decoding=decoding,
                        add_bos_token=bool(task.get("add_bos_token", False)),
-                       gen_batch_size=task.get("batch_size"), compute_greedy=compute_greedy)
+                       gen_batch_size=task.get("batch_size"), compute_greedy=compute_greedy,
+                       early_exit=bool(task.get("early_exit", True)))
 
 
 def evaluate(settings: Mapping[str, Any], model_dir: str | os.PathLike | None,
@@ -278,6 +302,7 @@ def evaluate(settings: Mapping[str, Any], model_dir: str | os.PathLike | None,
                     numpy_random_seed=seed, torch_random_seed=seed, fewshot_random_seed=seed,
                     confirm_run_unsafe_code=bool(allow_code and unsafe))
             per_doc = per_doc_values(res, leaf_tasks)
+            per_doc["steps"] = decode_steps_per_doc(lm)
             raw = _json_safe({k: v for k, v in res.items() if k != "samples"})
     if task.get("kind") == "synthetic_gen":
         per_doc = _majority_chance(per_doc, settings)
@@ -317,6 +342,8 @@ def gather(shard_paths: Iterable[str | os.PathLike], out_path: str | os.PathLike
                 dst.update(docs)
         for t, docs in rec["per_doc"]["chance"].items():
             merged["chance"].setdefault(t, {}).update(docs)
+        for t, docs in (rec["per_doc"].get("steps") or {}).items():
+            merged.setdefault("steps", {}).setdefault(t, {}).update(docs)
     df = _rows_frame(settings, summarize(merged))
     prov = io.provenance(settings, seed=settings.get("seed"),
                          gathered_from=[str(p) for p in shard_paths])
