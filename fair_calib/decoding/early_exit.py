@@ -72,13 +72,15 @@ class ExitTracker:
     def __init__(self, rule: StopRule, mask_id: int, device: torch.device | str) -> None:
         self.rule = rule
         self.mask_id = int(mask_id)
+        # Read one step late where the copy is asynchronous (the decoder asks after queuing
+        # the next forward rather than before it).
         self.lagged = torch.device(device).type == "cuda"
         self._seen: tuple[torch.Tensor, list[int], torch.cuda.Event | None] | None = None
         self._checked_prefix: dict[int, int] = {}     # row -> prefix length already found open
 
     def observe(self, window: torch.Tensor, rows: Sequence[int]) -> None:
         """The window ``[len(rows), K]`` after a step's commits (rows: original indices)."""
-        if self.lagged:
+        if window.is_cuda:
             host = torch.empty(window.shape, dtype=window.dtype, pin_memory=True)
             host.copy_(window, non_blocking=True)
             event = torch.cuda.Event()

@@ -146,3 +146,64 @@ def test_offline_mode_follows_task_then_data_source():
         run.lm_eval_task_name({"name": "x", "kind": "bogus"})
     assert run.shard_indices(10, 7, 1, 3) == [1, 4]
     assert run.shard_indices(10, None, 0, 4) == [0, 4, 8]
+
+
+@pytest.mark.parametrize("family,seed,until", [("tiny-llada", 1, ["Answer"]),
+                                               ("tiny-dream", 1, ["the 15", "is"])])
+def test_generate_until_early_exit_gives_the_full_runs_strings(family, seed, until):
+    """Stop strings end rows early (the random models repeat words); the strings are those of
+    the full run, and the steps saved are recorded per document."""
+    from fair_calib.evaluate.lm import DiffusionLM
+    from lm_eval.api.instance import Instance
+
+    model = make_loaded(family, seed=seed)
+    prompts = ["Question: what is 1 + 2 ?\nAnswer:", "what", "a b c", "which animal is a dog ?",
+               "Question : what is the colour of the sky ?\nAnswer:"]
+    outs = {}
+    for early in (False, True):
+        lm = DiffusionLM(model, decoding={"gen_length": 16, "steps": 16, "block_length": 8},
+                         early_exit=early, gen_batch_size=4)
+        reqs = [Instance("generate_until", {}, (p, {"until": until}), i, metadata=("t", i, 1))
+                for i, p in enumerate(prompts)]
+        outs[early] = (lm.generate_until(reqs), lm.decode_steps)
+    assert outs[True][0] == outs[False][0]
+    assert outs[False][1] == {("t", i): [16, 16] for i in range(len(prompts))}
+    run_steps = [outs[True][1][("t", i)] for i in range(len(prompts))]
+    assert all(full == 16 and 1 <= ran <= 16 for ran, full in run_steps)
+    assert sum(ran for ran, _ in run_steps) < 16 * len(prompts)
+
+
+def test_eval_outputs_record_decoding_steps(tmp_path, synthetic_dir, tiny_llada):
+    task = {"name": "synth_gen", "kind": "synthetic_gen", "gen_length": 8, "steps": 8,
+            "block_length": 8, "batch_size": 2, "limit": None}
+    frames = {}
+    for early in (True, False):
+        settings = base_settings({**task, "early_exit": early}, synthetic_dir)
+        out = tmp_path / f"gen-{early}.parquet"
+        frames[early] = run.evaluate(settings, None, None, out, loaded=tiny_llada)
+        raw = io.read_json(run.raw_json_path(out))
+        steps = raw["per_doc"]["steps"]["synth_gen"]
+        assert sorted(steps, key=int) == ["0", "1", "2"] and all(f == 8 for _, f in steps.values())
+        back, _ = io.read_parquet(out)
+        assert int(back["decode_steps_full"].iloc[0]) == 3 * 8
+        assert int(back["decode_steps"].iloc[0]) == sum(r for r, _ in steps.values())
+    for col in ("value", "stderr", "n"):
+        assert frames[True][col].tolist() == frames[False][col].tolist()
+    assert (frames[False]["decode_steps"] == 24).all()
+    # a task that decodes nothing records no steps
+    mc = run.evaluate(base_settings(MC_TASK, synthetic_dir), None, None, tmp_path / "mc.parquet",
+                      loaded=tiny_llada)
+    assert (mc["decode_steps"] == 0).all() and (mc["decode_steps_full"] == 0).all()
+
+
+def test_gathered_shards_sum_the_decoding_steps(tmp_path, synthetic_dir, tiny_llada):
+    task = {"name": "synth_gen", "kind": "synthetic_gen", "gen_length": 8, "steps": 8,
+            "block_length": 8, "batch_size": 2, "limit": None}
+    settings = base_settings(task, synthetic_dir)
+    one = run.evaluate(settings, None, None, tmp_path / "one.parquet", loaded=tiny_llada)
+    shards = [tmp_path / f"shard-{k}.parquet" for k in range(2)]
+    for k, p in enumerate(shards):
+        run.evaluate(settings, None, None, p, shard=k, num_shards=2, loaded=tiny_llada)
+    gathered = run.gather(shards, tmp_path / "all.parquet")
+    pd.testing.assert_frame_equal(one, gathered)
+    assert int(gathered["decode_steps_full"].iloc[0]) == 3 * 8
