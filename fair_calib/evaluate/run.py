@@ -183,12 +183,15 @@ def decode_step_totals(per_doc: Mapping[str, Any]) -> dict[str, int]:
             "decode_steps_full": sum(int(f) for _, f in pairs)}
 
 
-def decode_steps_per_doc(lm: Any) -> dict[str, dict[str, list[int]]]:
-    """``{task: {doc_id: [steps run, steps of the full schedule]}}`` from the model's record."""
+def decode_steps_per_doc(lm: Any, samples: Mapping[str, list[int]]) -> dict[str, dict[str, list[int]]]:
+    """``{task: {doc_id: [steps run, steps of the full schedule]}}`` from the model's record.
+    A request's ``doc_id`` counts the selected documents (``samples``, ascending); the logged
+    samples, and so the metrics, use the document's index in the task, as here."""
     out: dict[str, dict[str, list[int]]] = {}
     for (task_name, doc_id), steps in sorted(getattr(lm, "decode_steps", {}).items(),
                                              key=lambda kv: (str(kv[0][0]), kv[0][1] or 0)):
-        out.setdefault(str(task_name), {})[str(int(doc_id))] = [int(steps[0]), int(steps[1])]
+        true_id = samples[task_name][doc_id] if task_name in samples else doc_id
+        out.setdefault(str(task_name), {})[str(int(true_id))] = [int(steps[0]), int(steps[1])]
     return out
 
 
@@ -302,7 +305,7 @@ def evaluate(settings: Mapping[str, Any], model_dir: str | os.PathLike | None,
                     numpy_random_seed=seed, torch_random_seed=seed, fewshot_random_seed=seed,
                     confirm_run_unsafe_code=bool(allow_code and unsafe))
             per_doc = per_doc_values(res, leaf_tasks)
-            per_doc["steps"] = decode_steps_per_doc(lm)
+            per_doc["steps"] = decode_steps_per_doc(lm, samples)
             raw = _json_safe({k: v for k, v in res.items() if k != "samples"})
     if task.get("kind") == "synthetic_gen":
         per_doc = _majority_chance(per_doc, settings)
