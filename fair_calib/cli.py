@@ -69,6 +69,26 @@ def _checked_settings(stage: str, argv: list[str]) -> list[str]:
     return argv[:idx] + ["--settings", json.dumps(settings)] + argv[idx + span:]
 
 
+def _settings_device(argv: list[str]) -> str | None:
+    """The ``device`` of the checked ``--settings`` JSON in ``argv`` (None without one)."""
+    if "--settings" not in argv[:-1]:
+        return None
+    try:
+        settings = json.loads(argv[argv.index("--settings") + 1])
+    except json.JSONDecodeError:
+        return None     # "@file" settings: the stage reads them itself
+    return settings.get("device") if isinstance(settings, dict) else None
+
+
+def _take_gpu_slot(argv: list[str]) -> None:
+    """A job on ``cuda`` gets a card of its own before torch initialises CUDA
+    (fair_calib/gpu_slots.py); the card is written to the job's log (stderr)."""
+    if _settings_device(argv) == "cuda":
+        from . import gpu_slots
+
+        gpu_slots.assign_card()
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in SUBCOMMANDS:
@@ -80,6 +100,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     stage = argv[0]
     rest = _checked_settings(stage, argv[1:])
+    _take_gpu_slot(rest)
     module = importlib.import_module(SUBCOMMANDS[stage])
     module.run_cli([stage] + rest if stage in WHOLE_ARGV else rest)
 
