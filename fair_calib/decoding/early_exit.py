@@ -97,20 +97,23 @@ class ExitTracker:
         self._seen = None
         if event is not None:
             event.synchronize()
-        return [r for r, tokens in zip(rows, host.tolist()) if self._row_final(r, tokens)]
-
-    def _row_final(self, row: int, tokens: list[int]) -> bool:
-        stop_ids = self.rule.stop_ids
-        for i, tok in enumerate(tokens):
-            if tok == self.mask_id:
-                return self._stops_before(row, tokens[:i])
-            if tok in stop_ids:
-                return True
-        return True    # nothing masked: the row is complete
+        # First position per row that is masked or a stop token (vectorised: the window is
+        # B x K tokens, checked at every step).
+        is_stop = torch.isin(host, torch.tensor(sorted(self.rule.stop_ids), dtype=host.dtype))
+        is_open = is_stop | (host == self.mask_id)
+        first = is_open.to(torch.uint8).argmax(dim=1).tolist()
+        done = []
+        for j, (row, has_open) in enumerate(zip(rows, is_open.any(dim=1).tolist())):
+            # nothing masked and no stop: complete; a stop before any mask: final
+            if not has_open or bool(is_stop[j, first[j]]) or \
+                    self._stops_before(row, host[j, :first[j]].tolist()):
+                done.append(row)
+        return done
 
     def _stops_before(self, row: int, prefix: list[int]) -> bool:
+        """A settled stop string in the committed ``prefix`` (no stop token in it)."""
         rule = self.rule
-        if rule.decode is None or rule.until is None or not prefix:
+        if rule.decode is None or rule.until is None or not prefix or not rule.until[row]:
             return False
         if self._checked_prefix.get(row) == len(prefix):
             return False       # same committed prefix as last time: nothing new to decode
