@@ -126,7 +126,8 @@ class DiffusionLM(LM):
     (``native`` by default, ``remote``: the authors' modeling files), ``calib_dir``, and
     flat likelihood (``mc_num``, ``cfg``, ``exact_below``, ...) and decoding (``steps``,
     ``gen_length``, ...) settings. ``batch_size`` is the likelihood estimator's rows per
-    forward, as in the authors' harnesses.
+    forward, as in the authors' harnesses. ``early_exit=false`` decodes every row for every
+    step (the outputs are the same; for checking).
     """
 
     def __init__(self, loaded: LoadedModel | None = None, *, model_dir: str | None = None,
