@@ -16,10 +16,12 @@ complete stop string is) is stopped and dropped from the batch; positions after 
 ``mask_id``. The rows that go on compute exactly what they would have in the full batch: the
 window keeps its width and left padding, batch-wide random draws are still drawn for every row
 and the finished rows' draws discarded (per-row generators of finished rows are simply no
-longer drawn from), and Dream's per-step count, a mean over the batch's masked counts, still
-counts the finished rows as the full run would (their counts follow from the schedule alone).
-Token identity with the full run then needs only a forward pass whose rows do not depend on
-the batch size (true on CPU; see docs/fidelity.md). A recorder sees every step of every row,
+longer drawn from), Dream's per-step count, a mean over the batch's masked counts, still
+counts the finished rows as the full run would (their counts follow from the schedule alone),
+and Dream's batch-wide ``torch.topk`` still runs on the full batch's shape (its choice among
+tied confidences can depend on the shape on CUDA). Token identity with the full run then needs
+only a forward pass whose rows do not depend on the batch size (true on CPU; see
+docs/fidelity.md). A recorder sees every step of every row,
 so recording turns early exit off.
 
 Randomness: ``generator`` is ``None`` (torch's global RNG), one ``torch.Generator`` (draws for
@@ -116,13 +118,18 @@ def _select_top(conf: torch.Tensor, counts: torch.Tensor, allowed: torch.Tensor)
 
 
 def _topk_over_rows(conf: torch.Tensor, allowed: torch.Tensor, counts: Sequence[int],
-                    offset: int, length: int, per_row: bool) -> torch.Tensor:
+                    offset: int, length: int, per_row: bool,
+                    rows_of: tuple[int, torch.Tensor] | None = None) -> torch.Tensor:
     """The authors' commit choice: ``torch.topk`` over the whole sequence row (prompt and
     non-candidates at ``-inf``), in the confidences' own dtype. Ties (frequent in bfloat16, and
     exact zeros of entropy after top-p) are then broken the way their code breaks them.
     ``conf``/``allowed`` cover positions ``offset..offset+W`` of rows of ``length``; LLaDA's
     ``generate`` calls topk per row (``per_row``), Dream's ``_sample`` once for the batch (one
-    count). Returns the chosen positions ``[B, W]``."""
+    count). ``rows_of = (n_total, index)``: the rows are rows ``index`` of a batch of
+    ``n_total`` (early exit dropped the others); the batch-wide topk then runs on the full
+    batch's shape, the dropped rows at ``-inf``, because which of several tied positions CUDA's
+    topk returns can depend on the number of rows (its algorithm is chosen by shape; each row's
+    result depends only on that row's values). Returns the chosen positions ``[B, W]``."""
     b, width = conf.shape
     full = conf.new_full((b, length), float("-inf"))
     full[:, offset:offset + width] = conf.masked_fill(~allowed, float("-inf"))
@@ -132,7 +139,14 @@ def _topk_over_rows(conf: torch.Tensor, allowed: torch.Tensor, counts: Sequence[
             if n > 0:
                 chosen[j, torch.topk(full[j], int(n)).indices] = True
     elif counts[0] > 0:
-        chosen.scatter_(1, torch.topk(full, int(counts[0]), dim=-1).indices, True)
+        if rows_of is not None and rows_of[0] != b:
+            n_total, index = rows_of
+            whole = full.new_full((n_total, length), float("-inf"))
+            whole[index] = full
+            top = torch.topk(whole, int(counts[0]), dim=-1).indices[index]
+        else:
+            top = torch.topk(full, int(counts[0]), dim=-1).indices
+        chosen.scatter_(1, top, True)
     return chosen[:, offset:offset + width] & allowed
 
 
@@ -285,6 +299,10 @@ class _ActiveRows:
 
     def __len__(self) -> int:
         return len(self.rows)
+
+    def rows_of(self) -> tuple[int, torch.Tensor] | None:
+        """(full batch size, the active rows' indices on the device) once a row is dropped."""
+        return None if self._index is None else (self.n_total, self._index)
 
     def uniform(self, shape: tuple[int, ...]) -> torch.Tensor:
         """float64 uniforms ``[active rows, *shape]``, each row's from its stream in the full batch."""
@@ -450,7 +468,7 @@ def _decode_schedule(model, batch: _ActiveRows, policy: DecodePolicy, recorder) 
                 chosen = _select_top(scores, counts, masked)
             else:
                 chosen = _topk_over_rows(conf, masked, [n] * n_rows, batch.lp, batch.ids.shape[1],
-                                         per_row=False)
+                                         per_row=False, rows_of=batch.rows_of())
         win.copy_(torch.where(chosen, x0, win))
         batch.committed()
         n_masked = [0] * b if last else [m - min(max(n, 0), m) for m in n_masked]

@@ -237,3 +237,19 @@ def test_tracker_stops_on_a_settled_stop_string():
                            [0, 9, MASK_ID, 1, 1, 1]])    # stop token after a committed prefix
     tracker.observe(window, [0, 1, 2])
     assert tracker.finished() == [0, 2]
+
+
+def test_batch_topk_of_the_remaining_rows_runs_on_the_full_batchs_shape():
+    """Dream's one topk for the batch: with rows dropped, each remaining row chooses what it
+    chose in the full batch (ties included: bfloat16 confidences on a coarse grid)."""
+    import importlib
+
+    gen_module = importlib.import_module("fair_calib.decoding.generate")
+    g = torch.Generator().manual_seed(0)
+    conf = (torch.randint(0, 4, (5, 12), generator=g).float() / 4).to(torch.bfloat16)
+    allowed = torch.rand(5, 12, generator=g) < 0.8
+    whole = gen_module._topk_over_rows(conf, allowed, [3] * 5, 4, 16, per_row=False)
+    index = torch.tensor([1, 3, 4])
+    part = gen_module._topk_over_rows(conf[index], allowed[index], [3] * 3, 4, 16, per_row=False,
+                                      rows_of=(5, index))
+    assert torch.equal(part, whole[index])
