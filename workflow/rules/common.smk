@@ -64,7 +64,7 @@ def check_config(cfg):
         for key, section in (("model", "models"), ("baseline", "methods"), ("method", "methods")):
             if key in t and t[key] not in cfg[section]:
                 _fail(f"tables.{tname}.{key}", t[key], cfg[section])
-        for method, _ in t.get("rows", []):
+        for method, *_ in t.get("rows", []):
             if method not in cfg["methods"]:
                 _fail(f"tables.{tname}.rows", method, cfg["methods"])
         if t["bits"] not in cfg["bits"]:
@@ -145,7 +145,7 @@ def bits_for(method, bits):
 
 
 def table_methods(t):
-    extra = [t[k] for k in ("baseline", "method") if k in t] + [m for m, _ in t.get("rows", [])]
+    extra = [t[k] for k in ("baseline", "method") if k in t] + [m for m, *_ in t.get("rows", [])]
     return list(dict.fromkeys(t["methods"] + extra))
 
 
