@@ -6,7 +6,7 @@ only. No heavy imports: the Snakefile reads these while planning.
 """
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 SECTIONS = ("models", "methods", "tasks")
 
@@ -34,3 +34,14 @@ def plain_labels(config: Mapping[str, Any]) -> dict[str, dict[str, str]]:
     """name -> plain-text label per section (figures, console)."""
     return {k: {name: str((entry or {}).get("label", name))
                 for name, entry in (config.get(k) or {}).items()} for k in SECTIONS}
+
+
+def prior_labels(config: Mapping[str, Any], methods: Sequence[str]) -> dict[str, str]:
+    """Plain-text legend names of the priors ``methods`` calibrate with: "prior of FAIR-Calib"
+    (priors have no label of their own; their config keys are not for readers)."""
+    users: dict[str, list[str]] = {}
+    for m in methods:
+        entry = (config.get("methods") or {}).get(m) or {}
+        if entry.get("prior"):
+            users.setdefault(str(entry["prior"]), []).append(str(entry.get("label", m)))
+    return {p: "prior of " + " / ".join(dict.fromkeys(labs)) for p, labs in users.items()}
