@@ -299,20 +299,16 @@ def plot_bars(ax, labels: Sequence[str], means: Sequence[float], errs: Sequence[
 
 
 def plot_curves(curves: Sequence[tuple], title: str, ax=None,
-                ylabel: str = r"prior $\bar{w}$ (unitless)", legend: bool = True,
-                emphasise: Sequence[str] = ()):
+                ylabel: str = r"prior $\bar{w}$ (unitless)", legend: bool = True):
     """Prior curves over window positions: (label, xs, ys[, style[, band]]), each in its own
-    line style, marker and colour; ``band`` (an array) is drawn as a shaded ys ± band. Curves
-    named in ``emphasise`` are drawn thicker and on top, so overlapping ones never hide them."""
+    line style, marker and colour; ``band`` (an array) is drawn as a shaded ys ± band."""
     fig = None
     if ax is None:
         fig, ax = plt.subplots(figsize=(4.6, 3.0))
     for i, curve in enumerate(curves):
         lab, xs, ys = curve[:3]
         st = _line(_curve_style(curve, i))
-        strong = lab in emphasise
-        ax.plot(xs, ys, label=lab, markersize=3, markevery=max(1, len(xs) // 12),
-                linewidth=2.2 if strong else 1.2, zorder=3 if strong else 2, **st)
+        ax.plot(xs, ys, label=lab, markersize=3, markevery=max(1, len(xs) // 12), zorder=2, **st)
         band = curve[4] if len(curve) > 4 else None
         if band is not None:
             ax.fill_between(xs, np.asarray(ys) - band, np.asarray(ys) + band, color=st["color"],
@@ -473,7 +469,8 @@ def _models_lag_figure(r: _Run, diag: pd.DataFrame, models: Sequence[str]) -> No
 
 def _prior_figures(r: _Run, priors: Mapping[tuple[str, str], pd.DataFrame]) -> None:
     """prior_curve_{model}: the priors the calibration methods use (settings ``priors``; all
-    of the model's priors when not given), those thick and on top."""
+    of the model's priors when not given). The cross-corpus priors have their own figure:
+    drawn here too, seven overlapping curves hid the methods' one."""
     used = list(r.settings.get("priors") or [])
     for model in dict.fromkeys(m for m, _ in priors):
         names = [p for (m, p) in priors if m == model and (not used or p in used)]
@@ -482,8 +479,7 @@ def _prior_figures(r: _Run, priors: Mapping[tuple[str, str], pd.DataFrame]) -> N
         labels = {p: r.label("priors", p) for p in names}
         curves = [(labels[p], priors[(model, p)]["position"].to_numpy(),
                    priors[(model, p)]["w_bar"].to_numpy(), _style(i)) for i, p in enumerate(names)]
-        fig = plot_curves(curves, f"Position prior: {r.label('models', model)}",
-                          emphasise=[labels[p] for p in names if p in used])
+        fig = plot_curves(curves, f"Position prior: {r.label('models', model)}")
         r.save(fig, f"prior_curve_{model}",
                "Stage I position prior w_bar (unitless weight in (0, 1], maximum 1) of each "
                "prior a calibration method of the diagnostics uses, by position in the "
