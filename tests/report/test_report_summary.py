@@ -85,3 +85,27 @@ def test_snakefile_prints_the_summary_on_success():
 
     text = (Path(__file__).parents[2] / "Snakefile").read_text()
     assert "onsuccess:" in text and "print_summary(config)" in text
+
+
+def test_readme_warns_about_the_cuda_wheel_before_the_command_and_documents_figures():
+    """Issue 23: the multi-GB CUDA-wheel warning came after the command that downloads it;
+    no figures-only command was documented."""
+    from pathlib import Path
+
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    first_install = readme.index("pip install torch==2.13.0 && pip install -e")
+    assert readme.index("several GB") < first_install
+    assert readme.index("download.pytorch.org/whl/cpu") < first_install
+    assert "snakemake --cores 2 figures" in readme
+
+
+def test_the_figures_rule_is_a_target(tmp_path):
+    """`snakemake figures` (the README's figures-only command) plans the figures."""
+    from pathlib import Path
+
+    repo = Path(__file__).parents[2]
+    snakemake = str(Path(sys.executable).with_name("snakemake"))
+    out = subprocess.run([snakemake, "-n", "--cores", "2", "figures"], cwd=repo,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, (out.stdout + out.stderr)[-2000:]
+    assert "rule figures:" in out.stdout + out.stderr

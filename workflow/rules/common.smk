@@ -321,25 +321,17 @@ def calibration_entry(method, model=None):
 
 # ---------------------------------------------------------------- resources from config
 def _res(rule, key, default=None):
-    table = config.get("resources", {})
-    return table.get(rule, {}).get(key, table.get("default", {}).get(key, default))
+    from fair_calib.job_resources import setting
+
+    return setting(config.get("resources", {}), rule, key, default)
 
 
 def resources_for(rule):
-    """Resource table of a rule; memory grows with `attempt` on retry."""
-    base = _res(rule, "mem_mb", 2000)
-    step = _res(rule, "mem_mb_per_attempt", 0)
-    res = {
-        "mem_mb": lambda wc, attempt: base + step * (attempt - 1),
-        "runtime": _res(rule, "runtime", 30),
-    }
-    # passed through as the SLURM executor plugin's resource names
-    for key in ("gpu", "gpu_model", "gres", "cpus_per_gpu", "constraint", "qos",
-                "slurm_partition", "slurm_account", "slurm_extra"):
-        val = _res(rule, key)
-        if val is not None:
-            res[key] = val
-    return res
+    """Resource table of a rule (fair_calib/job_resources.py): memory grows with `attempt` on
+    retry, and a list value (gpu_model, gres, constraint, ...) names one value per attempt."""
+    from fair_calib.job_resources import rule_resources
+
+    return rule_resources(config.get("resources", {}), rule)
 
 
 def threads_for(rule):
