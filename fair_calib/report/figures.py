@@ -379,13 +379,18 @@ def _mse_trace_figure(r: _Run, model: str, d: pd.DataFrame, runs, mlab: str) -> 
     if not traces:
         r.skipped.append(f"mse_prob_trace_{model}: no mse_prob rows of a quantized run")
         return
+    marked = sum(t[3] is not None for t in traces)
+    marks = ("Each run's first false commit (its first commit that differs from FP's final "
+             "token) is marked by an X in the run's colour, on its trace at the mean step over "
+             "the sequences (the step its legend entry gives), and a vertical line in the run's "
+             "line style" + ("; a run without an X made no false commit. " if marked < len(traces)
+                             else ". ")) if marked else (
+        "No run committed a token that differs from FP's final token: no first false commit "
+        "to mark. ")
     cap = (f"{mlab}: mean squared difference between the quantized and the FP model's "
            "probability of the FP model's final token, over the window positions, at each "
            "diffusion step of each model's own decoding (step T first); mean over "
-           f"{_n_of(d, 'mse_prob')} sequences. Each run's first false commit (its first commit "
-           "that differs from FP's final token) is marked by an X in the run's colour, on its "
-           "trace at the mean step over the sequences (the step its legend entry gives), and a "
-           "vertical line in the run's line style. Lower is closer to FP.")
+           f"{_n_of(d, 'mse_prob')} sequences. {marks}Lower is closer to FP.")
     r.save(plot_mse_trace(traces, f"Decode divergence w.r.t. FP: {mlab}"),
            f"mse_prob_trace_{model}", cap)
 

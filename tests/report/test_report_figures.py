@@ -301,6 +301,9 @@ def test_first_false_commit_marker_sits_at_the_mean_step_the_legend_gives(tmp_pa
         assert mark.get_ydata()[0] == pytest.approx(np.interp(4.37, xs[o], ys[o]))
         assert mark.get_markerfacecolor() == trace.get_color()
     assert "the red X" not in caption and "X in the run's colour" in caption
+    diag.loc[diag.metric == "first_false_commit_step", "value"] = np.nan   # none happened
+    caption = _spy_figures(monkeypatch, diag, {}, SETTINGS, tmp_path)["mse_prob_trace_llada"][1]
+    assert "X in the run's colour" not in caption and "no first false commit" in caption
 
 
 def test_bar_value_labels_share_one_precision():
