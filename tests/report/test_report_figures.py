@@ -377,3 +377,13 @@ def test_figure_settings_name_priors_by_the_methods_that_use_them():
                        "q": {"type": "qdrop", "label": "QDrop", "prior": "default"}}}
     assert prior_labels(cfg, ["fc", "q"]) == {"default": "prior of FAIR-Calib / QDrop"}
     assert plain_labels(cfg)["methods"]["fc"] == "FAIR-Calib"
+
+
+@pytest.mark.parametrize("name", ["config.yaml", "paper.yaml", "smoke.yaml"])
+def test_shipped_cross_corpus_pairs_name_their_corpora(name):
+    """Without `labels`, the legend would show config keys (`dream-7b-base/cc-fixed-gsm8k`)."""
+    import yaml
+
+    cfg = yaml.safe_load((Path(__file__).parents[2] / "config" / name).read_text())
+    for pair in (cfg.get("diagnostics") or {}).get("cross_corpus") or []:
+        assert len(pair.get("labels") or []) == 2, pair
