@@ -45,9 +45,9 @@ def check_config(cfg):
             _fail(f"methods.{name}.type", m["type"], registry.METHOD_TYPES)
         if "prior" in m and m["prior"] not in cfg["priors"]:
             _fail(f"methods.{name}.prior", m["prior"], cfg["priors"])
-        if m["type"] == "fair_calib" and "prior" not in m:
-            raise ValueError(f"config: methods.{name} (type fair_calib) needs a `prior` key; "
-                             f"choose one of {sorted(cfg['priors'])}")
+        if m["type"] == "fair_calib" and "prior" not in m and m.get("weighting") != "uniform":
+            raise ValueError(f"config: methods.{name} (type fair_calib) needs a `prior` key "
+                             f"(or weighting: uniform); choose one of {sorted(cfg['priors'])}")
     for name, p in cfg["priors"].items():
         if p["probe"] not in cfg["probes"]:
             _fail(f"priors.{name}.probe", p["probe"], cfg["probes"])
