@@ -219,3 +219,16 @@ def test_components_baseline_is_fair_calib_with_uniform_weights(ws):
     assert resolved[0].training_settings() == resolved[1].training_settings()   # teacher, 1024 ...
     assert resolved[0].training_settings()["propagate"] == "teacher"
     assert base["calibration"]["seq_len"] == fc["calibration"]["seq_len"] == 1024
+
+
+def test_offline_setting_a_task_cannot_honour_fails_the_plan(ws):
+    """WinoGrande 5-shot with offline data (no `train` split): refused while planning, before
+    the data files are even looked at, not in the job after the model is loaded."""
+    res = subprocess.run(["snakemake", "-n", "--cores", "1", "--configfile", "config/paper.yaml",
+                          "--config", "data_source=local", "data_dir=/nonexistent/data"],
+                         cwd=ws, capture_output=True, text=True)
+    out = res.stdout + res.stderr
+    assert res.returncode != 0
+    line = next(l for l in out.splitlines() if l.startswith("Error: config:"))
+    assert "tasks.winogrande.num_fewshot = 5" in line and "`train` split" in line
+    assert "rule " not in out
