@@ -232,3 +232,25 @@ def test_offline_setting_a_task_cannot_honour_fails_the_plan(ws):
     line = next(l for l in out.splitlines() if l.startswith("Error: config:"))
     assert "tasks.winogrande.num_fewshot = 5" in line and "`train` split" in line
     assert "rule " not in out
+
+
+def test_dream_humaneval_jobs_run_the_authors_stop_handling_and_postprocess(ws):
+    """[DG] eval_dream_gen.sh: escape_until=true and postprocess_code.py for Dream-Base; the
+    instruct model's harness (eval_instruct) applies the stop strings and no post-processing."""
+    import json
+    import re
+    import shlex
+
+    def job_task(model):
+        target = f"results/eval/{model}/fp/fp/humaneval/shard-0.parquet"
+        res = subprocess.run(["snakemake", target, "-n", "-p", "--cores", "1", "--configfile",
+                              "config/paper.yaml"], cwd=ws, capture_output=True, text=True)
+        assert res.returncode == 0, (res.stdout + res.stderr)[-3000:]
+        line = next(l for l in res.stdout.splitlines() if "evaluate --settings" in l)
+        return json.loads(shlex.split(re.search(r"--settings (.*?) --model-dir", line).group(1))[0])["task"]
+
+    base = job_task("dream-7b-base")
+    assert (base["escape_until"], base["code_postprocess"]) == (True, "dream")
+    inst = job_task("dream-7b-instruct")
+    assert (inst["escape_until"], inst["code_postprocess"]) == (False, "none")
+    assert "code_postprocess" not in job_task("llada-8b-base")
