@@ -17,9 +17,9 @@ QuaRot also ships orders 52, 156 and 172 (Williamson-type, not constructed here)
 QuaRot would rotate with one of them is refused by :func:`hadamard_split`, never rotated by a
 different matrix. Extensions beyond QuaRot (it asserts on these widths): order 148 = Paley II
 with q = 73 (Dream-7B's MLP width 18944 = 148 x 128, so its down_proj rotation is still a true
-Hadamard), other Paley orders (e.g. 44), and, for widths with no Hadamard factor at all (an odd
-part other than 1 times a power of two below 4, e.g. 26), a seeded Haar-random orthogonal
-m x m factor.
+Hadamard), and for any other width that is no power of two times one of these orders (e.g. 26
+or 176 = 11 x 16) a seeded Haar-random orthogonal factor for the odd part. (:func:`hadamard`
+builds further Paley orders, e.g. 44, which rotations do not use.)
 """
 from __future__ import annotations
 
@@ -116,10 +116,6 @@ def hadamard_split(n: int) -> tuple[int, int, bool]:
             if k in QUAROT_ONLY_ORDERS:
                 raise ValueError(f"width {n} = {k} x {n // k}: QuaRot rotates it with its "
                                  f"order-{k} table, which is not reproduced here")
-            try:
-                hadamard(k)
-            except ValueError:
-                continue
             return k, n // k, True
     p = n & -n
     return n // p, p, False
