@@ -45,9 +45,9 @@ def check_config(cfg):
             _fail(f"methods.{name}.type", m["type"], registry.METHOD_TYPES)
         if "prior" in m and m["prior"] not in cfg["priors"]:
             _fail(f"methods.{name}.prior", m["prior"], cfg["priors"])
-        if m["type"] == "fair_calib" and "prior" not in m:
-            raise ValueError(f"config: methods.{name} (type fair_calib) needs a `prior` key; "
-                             f"choose one of {sorted(cfg['priors'])}")
+        if m["type"] == "fair_calib" and "prior" not in m and m.get("weighting") != "uniform":
+            raise ValueError(f"config: methods.{name} (type fair_calib) needs a `prior` key "
+                             f"(or weighting: uniform); choose one of {sorted(cfg['priors'])}")
     for name, p in cfg["priors"].items():
         if p["probe"] not in cfg["probes"]:
             _fail(f"priors.{name}.probe", p["probe"], cfg["probes"])
@@ -219,16 +219,23 @@ def uses_synthetic_data():
             or any(config["tasks"][t]["kind"].startswith("synthetic") for t in tasks))
 
 
+def evaluated_pairs():
+    """(model, task) of every evaluation some table asks for."""
+    return [(m, t) for tab in config["tables"].values() for t in tab.get("tasks", [])
+            for m in tab.get("models", []) + ([tab["model"]] if tab.get("model") else [])]
+
+
 def check_used_data():
     """The offline files (data_dir) of every probe, calibration set and task the run uses
     exist: a missing folder fails here, before any job, not after minutes of training."""
-    from fair_calib.config import ConfigError, check_data
+    from fair_calib.config import ConfigError, check_data, check_offline_tasks
 
     tasks, methods, probes = used_names()
     calib = {calibration_entry(m)["dataset"] for m in methods if not is_fp(m)}
     calib |= {e.get("dataset") for m in methods if not is_fp(m)
               for e in config["methods"][m].get("calibration_by_family", {}).values()} - {None}
     try:
+        check_offline_tasks(config, evaluated_pairs())
         check_data(config, [p for p in probes if p in config["probes"]], tasks, calib)
     except ConfigError as err:
         sys.exit(f"Error: {err}")
