@@ -210,7 +210,7 @@ def test_components_baseline_is_fair_calib_with_uniform_weights(ws):
     baseline = next(m for m, label in table["rows"] if label == "baseline")
     (base, base_prior), (fc, fc_prior) = jobs[baseline], jobs["fair-calib"]
     assert base["method"]["weighting"] == "uniform" and not base_prior and fc_prior
-    per_method = ("name", "label", "prior", "weighting")
+    per_method = ("name", "label", "latex_label", "prior", "weighting")   # display, prior
     strip = lambda m: {k: v for k, v in m.items() if k not in per_method}  # noqa: E731
     assert strip(base["method"]) == strip(fc["method"])
     assert {k: v for k, v in base.items() if k != "method"} == {k: v for k, v in fc.items() if k != "method"}
