@@ -34,6 +34,11 @@ class HubConfigError(ValueError):
     """A hub config.json the native mapping cannot reproduce exactly (names the field)."""
 
 
+def rotary_in_model_dtype(cfg: dict) -> bool:
+    """A layout whose authors rotate q and k in the model dtype, as transformers does."""
+    return False
+
+
 @dataclass(frozen=True)
 class HubLayout:
     name: str
@@ -48,7 +53,7 @@ class HubLayout:
     # hub config.json -> whether the authors' forward rotates q and k in float32 whatever the
     # model dtype (LLaDA's ``rope_full_precision``); False: rotary in the model dtype, as
     # transformers' native classes do.
-    rotary_float32: Callable[[dict], bool] = lambda cfg: False  # noqa: E731
+    rotary_float32: Callable[[dict], bool] = rotary_in_model_dtype
 
     # ------------------------------------------------------------------ key names
     @functools.cached_property
