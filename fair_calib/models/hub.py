@@ -12,7 +12,9 @@ one onto the other, in both directions:
 * the hub state-dict key names -> the native key names (prefix templates, ``{i}`` = block).
 
 Loading runs no remote code, gives SDPA attention with a real padding mask and position ids,
-and loads the safetensors shards in the target dtype without a float32 copy. The inverse
+and loads the safetensors shards in the target dtype without a float32 copy. LLaDA's
+``rope_full_precision`` is honoured: q and k rotate in float32 as in the authors' forward. Only
+the transformers versions of :data:`SUPPORTED_TRANSFORMERS` are accepted. The inverse
 direction (:func:`save_hub_layout`) writes a native model in the hub's file layout, config field
 names and key names: the toy real-layout checkpoints of the tests and of ``config/hub_layout.yaml``,
 and the 8B-shaped checkpoint of ``benchmarks/hub_load_gpu.py``.
