@@ -56,6 +56,10 @@ class HubLayout:
     # model dtype (LLaDA's ``rope_full_precision``); False: rotary in the model dtype, as
     # transformers' native classes do.
     rotary_float32: Callable[[dict], bool] = rotary_in_model_dtype
+    # True: the authors compute the rotary frequencies on the GPU the model runs on (LLaDA's
+    # cache is built on ``cuda`` whenever one exists); transformers computes ``inv_freq`` once on
+    # the CPU, and CPU and CUDA ``pow`` differ in the last bit for a few frequencies.
+    rotary_on_device: bool = False
 
     # ------------------------------------------------------------------ key names
     @functools.cached_property
@@ -223,6 +227,7 @@ LLADA_LAYOUT = HubLayout(
         ("model.transformer.blocks.{i}.ff_out.", "model.layers.{i}.mlp.down_proj."),
     ),
     to_native=llada_to_native, to_hub=llada_to_hub, rotary_float32=llada_rotary_float32,
+    rotary_on_device=True,
 )
 
 
@@ -380,19 +385,24 @@ def load_native_model(layout: HubLayout, source: str, dtype: torch.dtype,
         source, config=cfg, dtype=dtype, key_mapping=layout.key_mapping(),
         output_loading_info=True, attn_implementation=attention)
     _check_loading_info(info, source, layout, cfg)
-    if float32_rotary:
-        rotate_in_float32(model)
+    if float32_rotary or layout.rotary_on_device:
+        use_authors_rotary(model, float32_rotary, layout.rotary_on_device)
     return model
 
 
-# ---------------------------------------------------------------------------------- float32 rotary
-# LLaDA's ``rope_full_precision``: the authors compute ``(q * cos) + (rotate_half(q) * sin)`` on
-# ``q.float()`` with float32 sin/cos and cast the result back (``.type_as(q)``). Transformers'
-# rotary module returns sin/cos in the model dtype and rotates in it. Two hooks reproduce the
-# authors' arithmetic exactly, with no copy of transformers' attention code: the rotary module
-# returns float32 sin/cos (so ``q * cos`` promotes the bf16 q to float32, as ``q.float()`` does,
-# and the whole rotation runs in float32), and the attention function casts the rotated q and k
-# back to the value dtype before SDPA. In float32 models both are no-ops.
+# ---------------------------------------------------------------------------------- the authors' rotary
+# LLaDA's ``RotaryEmbedding``. (1) ``rope_full_precision``: the authors compute
+# ``(q * cos) + (rotate_half(q) * sin)`` on ``q.float()`` with float32 sin/cos and cast the
+# result back (``.type_as(q)``); transformers' rotary module returns sin/cos in the model dtype
+# and rotates in it. Two hooks reproduce the authors' arithmetic exactly, with no copy of
+# transformers' attention code: the rotary module returns float32 sin/cos (so ``q * cos``
+# promotes the bf16 q to float32, as ``q.float()`` does, and the whole rotation runs in float32),
+# and the attention function casts the rotated q and k back to the value dtype before SDPA.
+# (2) The authors build their sin/cos cache on the GPU when there is one
+# (``_non_meta_init_device``): ``inv_freq = 1 / theta ** (arange(0, hd, 2) / hd)`` computed on
+# CUDA differs from the CPU value in the last bit for a few frequencies (2-4 of 64 on an H100),
+# so ``inv_freq`` is recomputed with their formula on the device the model runs on. In float32
+# models on the CPU both are no-ops.
 FLOAT32_ROTARY_ATTENTION = "sdpa_float32_rotary"
 
 
@@ -412,29 +422,44 @@ def register_float32_rotary_attention() -> str:
     return FLOAT32_ROTARY_ATTENTION
 
 
+def authors_inv_freq(theta: float, head_dim: int, device) -> torch.Tensor:
+    """``RotaryEmbedding.get_rotary_embedding``'s frequencies, on ``device``, autocast off."""
+    with torch.autocast(torch.device(device).type, enabled=False):
+        return 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float)
+                                / head_dim))
+
+
 @functools.cache
-def _float32_rotary_class(base: type) -> type:
-    class Float32Rotary(base):
-        """``base``'s sin/cos, returned in float32 whatever the hidden states' dtype (they are
-        computed in float32 already; only the final cast to the model dtype is skipped)."""
+def _authors_rotary_class(base: type, float32: bool, on_device: bool) -> type:
+    class AuthorsRotary(base):
+        """``base``'s sin/cos with the authors' frequencies computed on the model's device
+        (``on_device``) and returned in float32 whatever the hidden states' dtype (``float32``:
+        they are computed in float32 already; only the final cast is skipped)."""
+        authors_rotary = True
 
         def forward(self, x, position_ids, *args, **kwargs):
-            like = x.new_empty(0, dtype=torch.float32)        # device and dtype only
+            if on_device and getattr(self, "_inv_freq_device", None) != self.inv_freq.device:
+                theta = self.config.rope_parameters["rope_theta"]
+                # In place: the buffer keeps its address (CUDA graphs replay from it).
+                self.inv_freq.copy_(authors_inv_freq(theta, 2 * self.inv_freq.numel(),
+                                                     self.inv_freq.device))
+                self._inv_freq_device = self.inv_freq.device
+            like = x.new_empty(0, dtype=torch.float32) if float32 else x  # device, dtype only
             return super().forward(like, position_ids, *args, **kwargs)
 
-    Float32Rotary.__name__ = Float32Rotary.__qualname__ = f"Float32{base.__name__}"
-    return Float32Rotary
+    AuthorsRotary.__name__ = AuthorsRotary.__qualname__ = f"Authors{base.__name__}"
+    return AuthorsRotary
 
 
-def rotate_in_float32(model: nn.Module) -> None:
-    """Make a native model rotate q and k in float32 (see the section comment)."""
-    if model.config._attn_implementation != FLOAT32_ROTARY_ATTENTION:
+def use_authors_rotary(model: nn.Module, float32: bool, on_device: bool) -> None:
+    """Make a native model compute its rotary as the authors' (see the section comment)."""
+    if float32 and model.config._attn_implementation != FLOAT32_ROTARY_ATTENTION:
         raise ValueError(f"float32 rotary needs attn_implementation="
                          f"{FLOAT32_ROTARY_ATTENTION!r}, the model has "
                          f"{model.config._attn_implementation!r}")
     rotary = model.model.rotary_emb
-    if not type(rotary).__name__.startswith("Float32"):
-        rotary.__class__ = _float32_rotary_class(type(rotary))
+    if not getattr(type(rotary), "authors_rotary", False):
+        rotary.__class__ = _authors_rotary_class(type(rotary), float32, on_device)
 
 
 def _check_loading_info(info: dict, source: str, layout: HubLayout, cfg) -> None:

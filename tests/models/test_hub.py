@@ -254,3 +254,23 @@ def test_unsupported_transformers_versions_are_refused_by_name(version, family, 
     _pretend_transformers(monkeypatch, version)
     with pytest.raises(UnsupportedTransformersError, match=rf"{version}.*>=5\.5,<6"):
         load_model(tmp_path / family, family)
+
+
+def test_llada_rotary_frequencies_follow_the_model_to_its_device(tmp_path):
+    """The authors build LLaDA's sin/cos on the GPU when there is one; CUDA's ``pow`` differs
+    from the CPU's in the last bit for a few frequencies, so the frequencies are recomputed
+    with their formula on whatever device the buffer moved to (here: a move is simulated by
+    forgetting where they were computed, after spoiling them)."""
+    from fair_calib.models.hub import authors_inv_freq
+    cfg, _ = llada_checkpoint(tmp_path / "m")
+    lm = load_model(tmp_path / "m", "llada")
+    rotary = lm.model.model.rotary_emb
+    want = authors_inv_freq(cfg["rope_theta"], cfg["d_model"] // cfg["n_heads"], "cpu")
+    ids = _ids()
+    with torch.no_grad():
+        before = lm.logits(ids)
+        assert torch.equal(rotary.inv_freq, want)
+        rotary.inv_freq.mul_(1.5)
+        rotary._inv_freq_device = torch.device("meta")    # "computed elsewhere"
+        assert torch.equal(lm.logits(ids), before)
+    assert torch.equal(rotary.inv_freq, want)
