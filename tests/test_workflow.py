@@ -186,6 +186,7 @@ def test_task_settings_resolve_per_family_into_the_jobs(ws):
     dream = job_task("dream-7b-base", "winogrande")           # eval_dream_mc.sh
     assert (dream["batch_size"], dream["num_fewshot"], dream["add_bos_token"]) == (32, 5, True)
     assert "by_family" not in dream and "cfg_scale" not in dream
+    assert dream["exact_below"] == 2                 # one-token choices: the exact expectation
 
 
 def test_components_baseline_is_fair_calib_with_uniform_weights(ws):

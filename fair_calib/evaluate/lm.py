@@ -141,8 +141,12 @@ class DiffusionLM(LM):
         super().__init__()
         likelihood, decoding = self._split_flat(flat, likelihood, decoding, batch_size)
         if loaded is None:
-            loaded = self._load(model_dir or pretrained, family, dtype, _device(device), calib_dir,
-                                loader)
+            source = model_dir or pretrained
+            if source is not None:      # bad likelihood settings fail before the model loads
+                from fair_calib.models.adapters import get_adapter
+                family = family or infer_family(str(source), calib_dir)
+                likelihood_settings(get_adapter(family).likelihood, likelihood)
+            loaded = self._load(source, family, dtype, _device(device), calib_dir, loader)
         elif calib_dir is not None:
             from fair_calib.methods import load_quantized  # lazy: only for quantized runs
 

@@ -113,6 +113,14 @@ def build_task_manager(settings: Mapping[str, Any], include_dir: str | os.PathLi
     return TaskManager()
 
 
+# lm-eval's default few-shot sampling seed (``simple_evaluate(fewshot_random_seed=1234)``, the
+# CLI's ``--seed`` default), which the authors' evaluation scripts run with: the same k-shot
+# examples as theirs, whatever the config's ``seed`` (that one seeds the MC estimates). lm-eval
+# draws them in document order from one generator per process; a run in N shards draws what an
+# N-process (accelerate) run of lm-eval draws, whose ranks take documents i % N as shards do.
+FEWSHOT_SEED = 1234
+
+
 def shard_indices(n_docs: int, limit: int | float | None, shard: int, num_shards: int) -> list[int]:
     """Document indices of shard ``shard`` of ``num_shards`` after lm-eval-style ``limit``."""
     if not 0 <= shard < num_shards:
@@ -298,7 +306,8 @@ def evaluate(settings: Mapping[str, Any], model_dir: str | os.PathLike | None,
                     model=lm, tasks=[leaf_tasks[t] for t in sorted(samples)],
                     num_fewshot=task.get("num_fewshot"), samples=samples, log_samples=True,
                     bootstrap_iters=0, task_manager=tm, random_seed=seed,
-                    numpy_random_seed=seed, torch_random_seed=seed, fewshot_random_seed=seed,
+                    numpy_random_seed=seed, torch_random_seed=seed,
+                    fewshot_random_seed=FEWSHOT_SEED,
                     confirm_run_unsafe_code=bool(allow_code and unsafe))
             per_doc = per_doc_values(res, leaf_tasks)
             raw = _json_safe({k: v for k, v in res.items() if k != "samples"})
