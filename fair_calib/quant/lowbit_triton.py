@@ -1,0 +1,174 @@
+"""CUDA kernels of the low-bit backend (:mod:`lowbit`); imported only on CUDA, needs Triton.
+
+- :func:`quantize_input`: one fused Triton kernel per input group and call: each program
+  reads one token's row [n1, n2], applies d (bf16 product, as the fake quant), P1 X P2^T on
+  the tensor cores (bf16 operands, float32 accumulation, each product rounded to the model
+  dtype as ``kron_last`` rounds it), takes the token's max/min once and writes, for every
+  reader, the codes (FP8 e4m3 or int8) and the float32 scale. Divisions are IEEE
+  (``div_rn``) and rounding is half-to-even (``rint``), as torch's, so the codes are those of
+  :meth:`LowBitInput.scales_and_codes` on the same transformed values. Factors larger than the
+  kernel's tile (QuaRot's 1024-wide Hadamard on LLaDA's down_proj input, Dream's 148 x 148)
+  are applied by cuBLAS first (``kron_last``, exactly the fake quant's operations) and the
+  kernel quantizes.
+- :func:`gemm`: FP8 codes x FP8 codes on the tensor cores (``torch._scaled_mm``, float32
+  accumulation, per-token x per-channel scales and the bias in the epilogue, bf16 out), or
+  int8 x int8 (``torch._int_mm``, int32 accumulation, scales applied after). 4-bit packed
+  weights are unpacked to FP8 by :func:`unpack_int4_fp8` before the product.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from triton.language.extra import libdevice
+
+from .transforms import kron_last
+
+MAX_TILE = 128 * 128       # elements of one token's tile when the kernel applies the factors
+MAX_FACTOR = 128
+
+
+def _pow2(n: int) -> int:
+    return max(16, triton.next_power_of_2(n))
+
+
+@triton.jit
+def _act_quant_kernel(x_ptr, d_ptr, p1_ptr, p2t_ptr, rmax_ptr, rmin_ptr, floor_ptr, static_ptr,
+                      codes_ptr, scales_ptr, T,
+                      N1: tl.constexpr, N2: tl.constexpr, B1: tl.constexpr, B2: tl.constexpr,
+                      HAS_D: tl.constexpr, HAS_P1: tl.constexpr, HAS_P2: tl.constexpr,
+                      K: tl.constexpr, QMAX: tl.constexpr, STATIC: tl.constexpr,
+                      FP32: tl.constexpr):
+    t = tl.program_id(0).to(tl.int64)
+    i = tl.arange(0, B1)[:, None]
+    j = tl.arange(0, B2)[None, :]
+    mask = (i < N1) & (j < N2)
+    off = i * N2 + j
+    x = tl.load(x_ptr + t * (N1 * N2) + off, mask=mask, other=0.0)
+    dt = x.dtype
+    if HAS_D:
+        d = tl.load(d_ptr + off, mask=mask, other=0.0)
+        x = (x.to(tl.float32) * d.to(tl.float32)).to(dt)
+    if HAS_P1:
+        a = tl.arange(0, B1)
+        p1 = tl.load(p1_ptr + a[:, None] * N1 + a[None, :],
+                     mask=(a[:, None] < N1) & (a[None, :] < N1), other=0.0)
+        if FP32:
+            x = tl.dot(p1, x, input_precision="ieee").to(dt)
+        else:
+            x = tl.dot(p1, x).to(dt)
+        if HAS_P2:
+            b = tl.arange(0, B2)
+            p2 = tl.load(p2t_ptr + b[:, None] * N2 + b[None, :],
+                         mask=(b[:, None] < N2) & (b[None, :] < N2), other=0.0)
+            if FP32:
+                x = tl.dot(x, p2, input_precision="ieee").to(dt)
+            else:
+                x = tl.dot(x, p2).to(dt)
+    xf = x.to(tl.float32)
+    hi = tl.maximum(tl.max(tl.max(xf, axis=1), axis=0), 0.0)
+    lo = -tl.minimum(tl.min(tl.min(xf, axis=1), axis=0), 0.0)
+    for k in tl.static_range(K):
+        if STATIC:
+            s = tl.load(static_ptr + k)
+        else:
+            m = tl.maximum(lo * tl.load(rmin_ptr + k), hi * tl.load(rmax_ptr + k))
+            s = tl.maximum(libdevice.div_rn(m, QMAX * 1.0), tl.load(floor_ptr + k))
+            s = tl.where(m == 0.0, 1.0, s)
+        q = libdevice.rint(libdevice.div_rn(xf, s))
+        q = tl.minimum(tl.maximum(q, -QMAX - 1.0), QMAX * 1.0)
+        row = k * T + t
+        tl.store(codes_ptr + row * (N1 * N2) + off, q.to(codes_ptr.dtype.element_ty), mask=mask)
+        tl.store(scales_ptr + row, s)
+
+
+def quantize_input(inp, x2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(codes [K, T, dim], scales [K, T]) of a :class:`lowbit.LowBitInput` for x2 [T, dim]."""
+    from .lowbit import tile_shape
+    x2 = x2.contiguous()
+    T, dim = x2.shape
+    d, p1, p2t = inp.d, inp.p1, inp.p2t
+    n1, n2 = inp.n1, inp.n2
+    if p1 is not None and (_pow2(n1) > MAX_FACTOR or (p2t is not None and _pow2(n2) > MAX_FACTOR)
+                           or _pow2(n1) * _pow2(n2) > MAX_TILE):
+        x2 = (x2 * d.to(x2.dtype)) if d is not None else x2     # factors beyond one tile: cuBLAS
+        x2 = kron_last(x2, p1.to(x2.dtype), None if p2t is None else p2t.to(x2.dtype), n1, n2)
+        d = p1 = p2t = None
+    if p1 is None:
+        n1, n2 = tile_shape(dim)
+    K = inp.n_readers
+    code_dtype = torch.float8_e4m3fn if inp.kind == "fp8" else torch.int8
+    codes = torch.empty(K, T, dim, device=x2.device, dtype=code_dtype)
+    scales = torch.empty(K, T, device=x2.device, dtype=torch.float32)
+    if T == 0:
+        return codes, scales
+    dummy = scales
+    B1 = triton.next_power_of_2(n1) if p1 is None else _pow2(n1)
+    B2 = triton.next_power_of_2(n2) if p1 is None else _pow2(n2)
+    warps = 4 if B1 * B2 <= 4096 else 8
+    _act_quant_kernel[(T,)](
+        x2, d.to(x2.dtype) if d is not None else dummy,
+        p1.to(x2.dtype) if p1 is not None else dummy,
+        p2t.to(x2.dtype) if p2t is not None else dummy,
+        inp.r_max if not inp.static else dummy, inp.r_min if not inp.static else dummy,
+        inp.floor if not inp.static else dummy, inp.static_scale if inp.static else dummy,
+        codes, scales, T,
+        N1=n1, N2=n2, B1=B1, B2=B2, HAS_D=d is not None, HAS_P1=p1 is not None,
+        HAS_P2=p2t is not None, K=K, QMAX=2 ** (inp.bits - 1) - 1, STATIC=inp.static,
+        FP32=x2.dtype == torch.float32, num_warps=warps)
+    return codes, scales
+
+
+@triton.jit
+def _unpack_int4_kernel(p_ptr, out_ptr, n_bytes, BLOCK: tl.constexpr):
+    pid = tl.program_id(0).to(tl.int64)
+    offs = pid * BLOCK + tl.arange(0, BLOCK)
+    b = tl.load(p_ptr + offs, mask=offs < n_bytes, other=0).to(tl.int32)
+    lo = b & 0xF
+    hi = (b >> 4) & 0xF
+    lo = tl.where(lo >= 8, lo - 16, lo).to(tl.float32)
+    hi = tl.where(hi >= 8, hi - 16, hi).to(tl.float32)
+    v = tl.reshape(tl.join(lo, hi), [2 * BLOCK])          # low nibble first
+    o = pid * (2 * BLOCK) + tl.arange(0, 2 * BLOCK)
+    tl.store(out_ptr + o, v.to(out_ptr.dtype.element_ty), mask=o < 2 * n_bytes)
+
+
+def unpack_int4(packed: torch.Tensor, n: int, dtype: torch.dtype) -> torch.Tensor:
+    """uint8 [out, n / 2] (two codes a byte, low nibble first) -> codes [out, n] in ``dtype``."""
+    out = torch.empty(packed.shape[0], n, device=packed.device, dtype=dtype)
+    nb = packed.numel()
+    BLOCK = 2048
+    _unpack_int4_kernel[(triton.cdiv(nb, BLOCK),)](packed, out, nb, BLOCK=BLOCK, num_warps=4)
+    return out
+
+
+def weight_codes(lin) -> torch.Tensor:
+    """The linear's weight codes [out, in] in the GEMM's operand dtype."""
+    want = torch.float8_e4m3fn if lin.kind == "fp8" else torch.int8
+    if lin.packed:
+        return unpack_int4(lin.qweight, lin.in_features, want)
+    return lin.qweight if lin.qweight.dtype == want else lin.qweight.to(want)
+
+
+def gemm(lin, xc: torch.Tensor, xs: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+    """y [T, out] = xs * ws * (xc @ codes^T) + bias, in ``out_dtype``."""
+    w = weight_codes(lin)
+    if lin.kind == "fp8":
+        bias = None if lin.bias is None else lin.bias.to(torch.bfloat16)
+        y = torch._scaled_mm(xc, w.t(), scale_a=xs.reshape(-1, 1), scale_b=lin.w_scale.reshape(1, -1),
+                             bias=bias, out_dtype=torch.bfloat16, use_fast_accum=False)
+        return y if out_dtype == torch.bfloat16 else y.to(out_dtype)
+    acc = _int_mm_padded(xc, w.t())
+    y = acc.float() * xs.reshape(-1, 1) * lin.w_scale.reshape(1, -1)
+    if lin.bias is not None:
+        y = y + lin.bias.float()
+    return y.to(out_dtype)
+
+
+def _int_mm_padded(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``torch._int_mm`` needs more than 16 rows: pad small batches with zero rows."""
+    m = a.shape[0]
+    if m > 16:
+        return torch._int_mm(a, b)
+    pad = torch.zeros(17 - m, a.shape[1], dtype=a.dtype, device=a.device)
+    return torch._int_mm(torch.cat([a, pad]), b)[:m]

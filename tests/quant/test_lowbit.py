@@ -1,0 +1,141 @@
+"""The low-bit backend's arithmetic (integer codes, exact integer dot product, per-token x
+per-channel scales) against fake quantization, on CPU through its plain-torch emulation."""
+import pytest
+import torch
+
+from fair_calib.calibrate import calibrate
+from fair_calib.methods import load_quantized, make_method
+from fair_calib.quant import lowbit
+from fair_calib.quant.qlinear import QuantLinear
+from fair_calib.quant.quantizers import qmax
+from fair_calib.quant.toy import tiny_random_loaded
+
+torch.set_num_threads(1)
+IDS = torch.randint(0, 60, (4, 16), generator=torch.Generator().manual_seed(0))
+QUIET = dict(log=lambda s: None)
+METHODS = {"rtn": {"type": "rtn"}, "quarot": {"type": "quarot"},
+           "flatquant": {"type": "flatquant", "epochs": 1},
+           "fair_calib": {"type": "fair_calib", "epochs": 1},
+           "qdrop": {"type": "qdrop", "epochs": 1}}
+
+
+def make():
+    return tiny_random_loaded("qwen2", layers=2, kv_heads=2)   # biases, GQA, head transform
+
+
+@pytest.fixture(scope="module")
+def calibrated(tmp_path_factory):
+    """One calibration per (method, bits), shared by the tests below."""
+    cache = {}
+
+    def get(name, w_bits, a_bits):
+        key = (name, w_bits, a_bits)
+        if key not in cache:
+            d = tmp_path_factory.mktemp(f"{name}{w_bits}{a_bits}")
+            calibrate(make(), make_method(METHODS[name], w_bits, a_bits), IDS, d, batch_size=4,
+                      **QUIET)
+            cache[key] = d
+        return cache[key]
+    return get
+
+
+def layer_io(loaded, ids):
+    """Every QuantLinear's (input, output) on one forward."""
+    rec = {}
+    hooks = [m.register_forward_hook(lambda m, a, y, n=n: rec.__setitem__(n, (a[0], y)))
+             for n, m in loaded.model.named_modules() if isinstance(m, QuantLinear)]
+    with torch.no_grad():
+        logits = loaded.logits(ids)
+    for h in hooks:
+        h.remove()
+    return rec, logits
+
+
+@pytest.mark.parametrize("bits", [(4, 4), (3, 4), (8, 8)])
+@pytest.mark.parametrize("name", list(METHODS))
+def test_emulated_layers_equal_fake_quant(calibrated, name, bits):
+    d = calibrated(name, *bits)
+    fake = load_quantized(make(), d, lowbit="fake")
+    emu = load_quantized(make(), d, lowbit="emulate")
+    kind = lowbit.gemm_kind(*bits)
+    names = [n for n, m in emu.model.named_modules() if isinstance(m, QuantLinear)]
+    assert all(emu.model.get_submodule(n).backend.kind == kind for n in names)
+    rec, logits_fake = layer_io(fake, IDS)
+    for n in names:
+        x, y = rec[n]
+        with torch.no_grad():
+            y_emu = emu.model.get_submodule(n)(x)
+        err = float((y_emu - y).abs().max() / y.abs().max())
+        assert err < 2e-5, (n, err)
+    with torch.no_grad():
+        logits_emu = emu.logits(IDS)
+    assert torch.allclose(logits_emu, logits_fake, rtol=1e-4, atol=1e-4)
+
+
+def test_codes_and_storage(calibrated):
+    """4-bit weights are stored packed (half a byte each), their codes times the row scales are
+    the folded fake-quant weight, and the FP weights are freed."""
+    d = calibrated("flatquant", 4, 4)
+    fake = load_quantized(make(), d, lowbit="fake")
+    emu = load_quantized(make(), d, lowbit="emulate")
+    ql_f = fake.blocks[0].self_attn.v_proj
+    ql_e = emu.blocks[0].self_attn.v_proj
+    be = ql_e.backend
+    assert be.packed and be.qweight.dtype == torch.uint8
+    assert be.qweight.shape == (ql_f.out_features, ql_f.in_features // 2)
+    codes = be.weight_int()
+    assert codes.abs().max() <= qmax(4) + 1
+    assert torch.allclose(codes.float() * be.w_scale.unsqueeze(1), ql_f.w_folded, rtol=1e-6, atol=1e-7)
+    assert ql_e.w_folded is None and ql_e.weight.untyped_storage().nbytes() <= 4
+    assert ql_e.weight.shape == ql_f.weight.shape and ql_e.weight.dtype == ql_f.weight.dtype
+
+
+def test_emulated_activation_codes_are_the_fake_quant_grid(calibrated):
+    """codes * scale of every reader is the fake-quant activation, for a transform group with
+    three readers (q, k, v: FlatQuant's per-linear clip pairs)."""
+    d = calibrated("fair_calib", 4, 4)
+    fake = load_quantized(make(), d, lowbit="fake")
+    emu = load_quantized(make(), d, lowbit="emulate")
+    rec, _ = layer_io(fake, IDS)
+    x = rec["model.layers.1.self_attn.q_proj"][0]
+    inq = fake.blocks[1].self_attn.q_proj.inq
+    inp = emu.blocks[1].self_attn.q_proj.backend.inp
+    assert inp.n_readers == 3
+    codes, s = inp.quantize(x.reshape(-1, x.shape[-1]))
+    with torch.no_grad():
+        for k in range(3):
+            ref = inq(x, k).reshape(-1, x.shape[-1])
+            assert torch.allclose(codes[k].float() * s[k].unsqueeze(1), ref, rtol=1e-6, atol=1e-7)
+
+
+def test_emulated_model_decodes_and_scores_like_fake_quant(calibrated):
+    """A calibrated tiny model gives the same greedy diffusion decode and the same choices of
+    a likelihood comparison through the emulation as through fake quantization."""
+    from fair_calib.decoding.generate import generate
+    from fair_calib.decoding.policies import DecodePolicy
+
+    d = calibrated("fair_calib", 4, 4)
+    fake = load_quantized(make(), d, lowbit="fake")
+    emu = load_quantized(make(), d, lowbit="emulate")
+    prompts = IDS[:2, :6].tolist()
+    pol = DecodePolicy(name="low_confidence", steps=8, gen_length=8, block_length=4)
+    outs = [generate(lm, prompts, pol) for lm in (fake, emu)]
+    assert torch.equal(outs[0], outs[1])
+    ids = torch.randint(0, 60, (16, 12), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        lp = [torch.log_softmax(lm.logits(ids).float(), -1) for lm in (fake, emu)]
+    picks = [p.gather(-1, ids.unsqueeze(-1)).squeeze(-1).sum(-1).reshape(8, 2).argmax(-1) for p in lp]
+    assert torch.equal(picks[0], picks[1])
+
+
+def test_setting_and_refusal(monkeypatch):
+    monkeypatch.setenv(lowbit.SETTING, "bogus")
+    with pytest.raises(ValueError, match="FAIR_CALIB_LOWBIT"):
+        lowbit.setting()
+    monkeypatch.setenv(lowbit.SETTING, "real")
+    with pytest.raises(RuntimeError, match="FAIR_CALIB_LOWBIT=real: device cpu is not CUDA"):
+        lowbit.resolve_mode(torch.device("cpu"))
+    monkeypatch.setenv(lowbit.SETTING, "auto")
+    assert lowbit.resolve_mode(torch.device("cpu")) == "fake"
+    assert lowbit.gemm_kind(4, 4) == "fp8" and lowbit.gemm_kind(3, 4) == "fp8"
+    assert lowbit.gemm_kind(8, 8) == "int8" and lowbit.gemm_kind(4, 16) is None
