@@ -257,7 +257,7 @@ class LowBitLinear(nn.Module):
         codes, scale = weight_codes(ql)
         self.packed = storage == "packed" and self.w_bits <= 4 and self.in_features % 2 == 0
         if self.packed:
-            w = pack_int4(codes.cpu()).to(codes.device)
+            w = pack_int4(codes)
         elif mode == "real" and kind == "fp8":
             w = codes.to(torch.float8_e4m3fn)
         else:
@@ -273,7 +273,7 @@ class LowBitLinear(nn.Module):
     def weight_int(self) -> torch.Tensor:
         """int8 codes [out, in] (emulation)."""
         if self.packed:
-            return unpack_int4(self.qweight.cpu(), self.in_features).to(self.qweight.device)
+            return unpack_int4(self.qweight, self.in_features)
         return self.qweight.to(torch.int8) if self.qweight.dtype == torch.int8 else self.qweight.float().to(torch.int8)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

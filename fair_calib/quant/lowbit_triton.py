@@ -34,7 +34,7 @@ def _pow2(n: int) -> int:
 
 @triton.jit
 def _act_quant_kernel(x_ptr, d_ptr, p1_ptr, p2t_ptr, rmax_ptr, rmin_ptr, floor_ptr, static_ptr,
-                      codes_ptr, scales_ptr, T,
+                      codes_ptr, scales_ptr, T, qmax_f,
                       N1: tl.constexpr, N2: tl.constexpr, B1: tl.constexpr, B2: tl.constexpr,
                       HAS_D: tl.constexpr, HAS_P1: tl.constexpr, HAS_P2: tl.constexpr,
                       K: tl.constexpr, QMAX: tl.constexpr, STATIC: tl.constexpr,
@@ -73,7 +73,7 @@ def _act_quant_kernel(x_ptr, d_ptr, p1_ptr, p2t_ptr, rmax_ptr, rmin_ptr, floor_p
             s = tl.load(static_ptr + k)
         else:
             m = tl.maximum(lo * tl.load(rmin_ptr + k), hi * tl.load(rmax_ptr + k))
-            s = tl.maximum(libdevice.div_rn(m, QMAX * 1.0), tl.load(floor_ptr + k))
+            s = tl.maximum(libdevice.div_rn(m, qmax_f), tl.load(floor_ptr + k))
             s = tl.where(m == 0.0, 1.0, s)
         q = libdevice.rint(libdevice.div_rn(xf, s))
         q = tl.minimum(tl.maximum(q, -QMAX - 1.0), QMAX * 1.0)
@@ -112,7 +112,7 @@ def quantize_input(inp, x2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         p2t.to(x2.dtype) if p2t is not None else dummy,
         inp.r_max if not inp.static else dummy, inp.r_min if not inp.static else dummy,
         inp.floor if not inp.static else dummy, inp.static_scale if inp.static else dummy,
-        codes, scales, T,
+        codes, scales, T, float(2 ** (inp.bits - 1) - 1),
         N1=n1, N2=n2, B1=B1, B2=B2, HAS_D=d is not None, HAS_P1=p1 is not None,
         HAS_P2=p2t is not None, K=K, QMAX=2 ** (inp.bits - 1) - 1, STATIC=inp.static,
         FP32=x2.dtype == torch.float32, num_warps=warps)
@@ -154,15 +154,33 @@ def gemm(lin, xc: torch.Tensor, xs: torch.Tensor, out_dtype: torch.dtype) -> tor
     """y [T, out] = xs * ws * (xc @ codes^T) + bias, in ``out_dtype``."""
     w = weight_codes(lin)
     if lin.kind == "fp8":
+        global BIAS_IN_EPILOGUE
         bias = None if lin.bias is None else lin.bias.to(torch.bfloat16)
-        y = torch._scaled_mm(xc, w.t(), scale_a=xs.reshape(-1, 1), scale_b=lin.w_scale.reshape(1, -1),
-                             bias=bias, out_dtype=torch.bfloat16, use_fast_accum=False)
+        if bias is not None and BIAS_IN_EPILOGUE:
+            try:
+                y = _scaled_mm(xc, w, xs, lin.w_scale, bias)
+            except RuntimeError:          # a torch whose row-wise FP8 GEMM takes no bias
+                BIAS_IN_EPILOGUE = False
+        if bias is None or not BIAS_IN_EPILOGUE:
+            y = _scaled_mm(xc, w, xs, lin.w_scale, None)
+            if bias is not None:
+                y = y + bias
         return y if out_dtype == torch.bfloat16 else y.to(out_dtype)
     acc = _int_mm_padded(xc, w.t())
     y = acc.float() * xs.reshape(-1, 1) * lin.w_scale.reshape(1, -1)
     if lin.bias is not None:
         y = y + lin.bias.float()
     return y.to(out_dtype)
+
+
+BIAS_IN_EPILOGUE = True
+
+
+def _scaled_mm(xc, w, xs, ws, bias):
+    """FP8 x FP8 -> bf16 with float32 accumulation (no fast accumulation: the integer sums
+    stay exact) and row-wise scales: per token (xs) and per output channel (ws)."""
+    return torch._scaled_mm(xc, w.t(), scale_a=xs.reshape(-1, 1), scale_b=ws.reshape(1, -1),
+                            bias=bias, out_dtype=torch.bfloat16, use_fast_accum=False)
 
 
 def _int_mm_padded(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
