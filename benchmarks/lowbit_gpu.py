@@ -62,10 +62,10 @@ def block_groups(lm, dev):
         return discover_groups(lm.blocks[0], lambda: call_block(lm.blocks[0], probe, 0))
 
 
-def quantize_fair_calib(lm, groups, mode="real"):
+def quantize_fair_calib(lm, groups, mode="real", bits=4):
     """FAIR-Calib/FlatQuant structure at its initialisation (random orthogonal Kronecker
     factors, clip logits 4, o_proj's head_dim factor folded into v_proj), integer backend."""
-    method = make_method({"type": "fair_calib"}, 4, 4, seed=0)
+    method = make_method({"type": "fair_calib"}, bits, bits, seed=0)
     method.prepare_model(lm)
     for i, block in enumerate(lm.blocks):
         method.quantize_block(block, groups, None, i)
@@ -198,6 +198,12 @@ def bench_forward(shape, token_shapes, dev, profile):
         res[f"{b}x{s}"]["w4a4_quarot_packed"] = time_forward(lm.model, ids_for(shape, b, s, dev))
     del lm
     torch.cuda.empty_cache()
+    lm = shapes.build(shape, device=dev)
+    quantize_fair_calib(lm, groups, bits=8)          # INT8 tensor cores
+    for b, s in token_shapes:
+        res[f"{b}x{s}"]["w8a8_fair_calib_int8"] = time_forward(lm.model, ids_for(shape, b, s, dev))
+    del lm
+    torch.cuda.empty_cache()
     for key, r in res.items():
         fp_t, fp_m = r["bf16"]
         emit({"kind": "forward", "shape": shape, "tokens": key, "device": torch.cuda.get_device_name(),
@@ -217,6 +223,47 @@ def profile_forward(model, ids, shape):
     for e in sorted(prof.key_averages(), key=lambda e: -e.device_time_total)[:14]:
         rows.append({"name": e.key[:90], "ms": round(e.device_time_total / 1e3, 3), "calls": e.count})
     emit({"kind": "profile", "shape": shape, "tokens": list(ids.shape), "top": rows})
+
+
+@torch.no_grad()
+def time_groups(shape, tokens, dev):
+    """The activation kernel per input group (one block, ``tokens`` tokens): median time, the
+    bytes it must move (input read once, every reader's codes and scales written once) over
+    that time, for a few warp counts; the cuBLAS transform + torch quantizer (the emulation's
+    operations) for comparison."""
+    import triton.testing
+
+    from fair_calib.quant import lowbit_triton
+    hd = shapes.SHAPES[shape]["hidden_size"] // shapes.SHAPES[shape]["num_attention_heads"]
+    for variant in ("fair_calib", "quarot"):
+        lm = shapes.build(shape, layers=1, device=dev)
+        groups = block_groups(lm, dev)
+        if variant == "fair_calib":
+            quantize_fair_calib(lm, groups)
+        else:
+            quantize_quarot(lm, groups, hd)
+        for g in groups:
+            be = lm.blocks[0].get_submodule(g.names[0]).backend
+            x2 = torch.randn(tokens, g.in_features, device=dev, dtype=torch.bfloat16)
+            x2[:, :8] *= 20
+            nbytes = x2.numel() * 2 + be.inp.n_readers * (x2.numel() + tokens * 4)
+            rec = {"kind": "act_kernel", "shape": shape, "variant": variant, "group": g.names[0],
+                   "tokens": tokens, "dim": g.in_features, "readers": be.inp.n_readers,
+                   "tile": [be.inp.n1, be.inp.n2], "ideal_us_at_3TBs": nbytes / 3e12 * 1e6}
+            for w in (4, 8, 16):
+                lowbit_triton.NUM_WARPS = w
+                try:
+                    t = triton.testing.do_bench(lambda: be.inp.quantize(x2), return_mode="median")
+                    rec[f"us_warps{w}"] = t * 1e3
+                except Exception as err:  # noqa: BLE001 - e.g. out of resources at this size
+                    rec[f"us_warps{w}"] = repr(err)[:120]
+            lowbit_triton.NUM_WARPS = None
+            t = triton.testing.do_bench(lambda: be.inp.scales_and_codes(be.inp.transform(x2)),
+                                        return_mode="median")
+            rec["torch_ops_us"] = t * 1e3
+            emit(rec)
+        del lm
+        torch.cuda.empty_cache()
 
 
 # ------------------------------------------------------------------------ decode batching
@@ -260,7 +307,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", nargs="+", default=["llada-8b", "dream-7b"])
     ap.add_argument("--tokens", nargs="+", default=["8x512", "32x104"])
-    ap.add_argument("--skip", default="", help="comma list of: layers,forward,decode")
+    ap.add_argument("--skip", default="", help="comma list of: layers,kernels,forward,decode")
     ap.add_argument("--decode-layers", type=int, default=8)
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
@@ -273,8 +320,9 @@ def main(argv=None):
     token_shapes = [tuple(int(v) for v in t.split("x")) for t in args.tokens]
     for shape in args.shapes:
         for stage, fn in (("layers", lambda: check_layers(shape, 2048, dev)),
+                          ("kernels", lambda: time_groups(shape, 4096, dev)),
                           ("forward", lambda: bench_forward(shape, token_shapes, dev,
-                                                            shape == args.shapes[0])),
+                                                            True)),
                           ("decode", lambda: decode_batch(shape, args.decode_layers, dev))):
             if stage in skip:
                 continue

@@ -26,6 +26,7 @@ from .transforms import kron_last
 
 MAX_TILE = 128 * 128       # elements of one token's tile when the kernel applies the factors
 MAX_FACTOR = 128
+NUM_WARPS: int | None = None   # override of the activation kernel's warps (benchmark sweeps)
 
 
 def _pow2(n: int) -> int:
@@ -105,7 +106,7 @@ def quantize_input(inp, x2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     dummy = scales
     B1 = triton.next_power_of_2(n1) if p1 is None else _pow2(n1)
     B2 = triton.next_power_of_2(n2) if p1 is None else _pow2(n2)
-    warps = 4 if B1 * B2 <= 4096 else 8
+    warps = NUM_WARPS or (4 if B1 * B2 <= 4096 else 8)
     _act_quant_kernel[(T,)](
         x2, d.to(x2.dtype) if d is not None else dummy,
         p1.to(x2.dtype) if p1 is not None else dummy,
