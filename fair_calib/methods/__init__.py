@@ -79,7 +79,8 @@ def load_quantized(loaded, calib_dir: str | Path, fold: bool = True, keep_fp: bo
         method.quantize_block(block, groups, None, i)
         method.load_block_state(block, groups, state)
         if fold and mode != "fake":
-            lowbit_mod.attach_block(block, mode)    # integer codes; fold_block skips these
+            # integer codes; fold_block skips these
+            lowbit_mod.attach_block(block, mode, kinds=lowbit_mod.kinds_for(lowbit))
         if fold:
             fold_block(block, drop_fp=not keep_fp)
     loaded.model.eval()

@@ -89,6 +89,14 @@ def resolve_mode(device: torch.device, mode: str | None = None) -> str:
     return "fake"
 
 
+def kinds_for(mode: str | None = None) -> tuple[str, ...]:
+    """The integer GEMMs a setting runs: ``auto`` only FP8 (the INT8 path, W8A8, measured
+    1.6-1.8x slower than the bf16 forward on an H100, slower than fake quant:
+    ``docs/benchmarks.md``), ``real`` and ``emulate`` both."""
+    mode = setting() if mode is None else mode
+    return ("fp8",) if mode == "auto" else ("fp8", "int8")
+
+
 def gemm_kind(w_bits: int, a_bits: int) -> str | None:
     """"fp8", "int8", or None (no integer GEMM for these widths)."""
     if not (0 < w_bits < 16 and 0 < a_bits < 16):
@@ -307,17 +315,19 @@ def _dropped_weight(like: torch.Tensor) -> nn.Parameter:
 
 
 @torch.no_grad()
-def attach_block(block: nn.Module, mode: str, storage: str = PACKED_STORAGE) -> int:
+def attach_block(block: nn.Module, mode: str, storage: str = PACKED_STORAGE,
+                 kinds: tuple[str, ...] = ("fp8", "int8")) -> int:
     """Give every folded :class:`QuantLinear` of ``block`` whose bit widths an integer GEMM
     covers a :class:`LowBitLinear` backend (``mode``: ``real`` or ``emulate``), then free its
-    FP and folded weights. Returns how many linears were attached; the others keep fake quant."""
+    FP and folded weights; ``kinds``: the GEMMs to use ("fp8", "int8"). Returns how many
+    linears were attached; the others keep fake quant."""
     if mode not in ("real", "emulate"):
         raise ValueError(f"attach_block: mode {mode!r} is not real or emulate")
     inputs: dict[int, LowBitInput] = {}
     n = 0
     for ql in [m for m in block.modules() if isinstance(m, QuantLinear)]:
         kind = gemm_kind(ql.wq.bits, ql.inq.act.bits if ql.inq is not None else 16)
-        if kind is None or ql.inq is None or not all(a.enabled for a in ql.inq.acts):
+        if kind not in kinds or ql.inq is None or not all(a.enabled for a in ql.inq.acts):
             continue
         if ql.fp_weight_dropped and getattr(ql, "_gptq", None) is None:
             raise RuntimeError("low-bit backend: attach before drop_fp_weight()")

@@ -139,3 +139,4 @@ def test_setting_and_refusal(monkeypatch):
     assert lowbit.resolve_mode(torch.device("cpu")) == "fake"
     assert lowbit.gemm_kind(4, 4) == "fp8" and lowbit.gemm_kind(3, 4) == "fp8"
     assert lowbit.gemm_kind(8, 8) == "int8" and lowbit.gemm_kind(4, 16) is None
+    assert lowbit.kinds_for("auto") == ("fp8",) and lowbit.kinds_for("real") == ("fp8", "int8")
