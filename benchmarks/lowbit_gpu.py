@@ -234,6 +234,7 @@ def time_groups(shape, tokens, dev):
     import triton.testing
 
     from fair_calib.quant import lowbit_triton
+    defaults = (lowbit_triton.PROGRAMS_PER_SM, lowbit_triton.MAX_FACTOR, lowbit_triton.MAX_TILE)
     hd = shapes.SHAPES[shape]["hidden_size"] // shapes.SHAPES[shape]["num_attention_heads"]
     for variant in ("fair_calib", "quarot"):
         lm = shapes.build(shape, layers=1, device=dev)
@@ -250,14 +251,29 @@ def time_groups(shape, tokens, dev):
             rec = {"kind": "act_kernel", "shape": shape, "variant": variant, "group": g.names[0],
                    "tokens": tokens, "dim": g.in_features, "readers": be.inp.n_readers,
                    "tile": [be.inp.n1, be.inp.n2], "ideal_us_at_3TBs": nbytes / 3e12 * 1e6}
-            for w in (4, 8, 16):
-                lowbit_triton.NUM_WARPS = w
-                try:
-                    t = triton.testing.do_bench(lambda: be.inp.quantize(x2), return_mode="median")
-                    rec[f"us_warps{w}"] = t * 1e3
-                except Exception as err:  # noqa: BLE001 - e.g. out of resources at this size
-                    rec[f"us_warps{w}"] = repr(err)[:120]
+            ref_c, _ = be.inp.scales_and_codes(be.inp.transform(x2))
+            wide = be.inp.p1 is not None and max(be.inp.n1, be.inp.n2) > 128
+            for max_factor in ((128, 256) if wide else (128,)):
+                for per_sm in (None, 1, 2, 4, 8):
+                    for w in (4, 8, 16):
+                        lowbit_triton.NUM_WARPS = w
+                        lowbit_triton.PROGRAMS_PER_SM = per_sm
+                        lowbit_triton.MAX_FACTOR = max_factor
+                        lowbit_triton.MAX_TILE = 128 * max_factor
+                        key = f"f{max_factor}_p{per_sm}_w{w}"
+                        try:
+                            c, _ = be.inp.quantize(x2)
+                            bad = (c.float() != ref_c).float().mean().item()
+                            t = triton.testing.do_bench(lambda: be.inp.quantize(x2),
+                                                        return_mode="median")
+                            rec[key] = [round(t * 1e3, 1), bad]
+                        except Exception as err:  # noqa: BLE001 - e.g. out of resources
+                            rec[key] = repr(err)[:80]
             lowbit_triton.NUM_WARPS = None
+            lowbit_triton.PROGRAMS_PER_SM = defaults[0]
+            lowbit_triton.MAX_FACTOR, lowbit_triton.MAX_TILE = defaults[1:]
+            ok = {k: v[0] for k, v in rec.items() if isinstance(v, list) and v[1] < 2e-3}
+            rec["best"] = min(ok, key=ok.get) if ok else None
             t = triton.testing.do_bench(lambda: be.inp.scales_and_codes(be.inp.transform(x2)),
                                         return_mode="median")
             rec["torch_ops_us"] = t * 1e3

@@ -127,7 +127,9 @@ class LowBitInput(nn.Module):
         n1, n2 = 1, self.dim
         if inq.rotation is not None:
             r = inq.rotation
-            d, p1 = r.s, r.mfac.T
+            # QuaRot's online rotations carry no signs: x * 1 is x, skip the pass
+            d = None if bool((r.s == 1).all()) else r.s
+            p1 = r.mfac.T
             p2t = r.hfac
             n1, n2 = r.m, r.p
         elif inq.transform is not None:

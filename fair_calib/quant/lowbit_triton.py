@@ -27,6 +27,19 @@ from .transforms import kron_last
 MAX_TILE = 128 * 128       # elements of one token's tile when the kernel applies the factors
 MAX_FACTOR = 128
 NUM_WARPS: int | None = None   # override of the activation kernel's warps (benchmark sweeps)
+# programs per multiprocessor of the activation kernel (each loops over tokens); None: one
+# program per token
+PROGRAMS_PER_SM: int | None = 4
+_SMS: dict[int, int] = {}
+
+
+def _grid(T: int, device: torch.device) -> int:
+    if PROGRAMS_PER_SM is None:
+        return T
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _SMS:
+        _SMS[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
+    return max(1, min(T, _SMS[idx] * PROGRAMS_PER_SM))
 
 
 def _pow2(n: int) -> int:
@@ -40,47 +53,53 @@ def _act_quant_kernel(x_ptr, d_ptr, p1_ptr, p2t_ptr, rmax_ptr, rmin_ptr, floor_p
                       HAS_D: tl.constexpr, HAS_P1: tl.constexpr, HAS_P2: tl.constexpr,
                       K: tl.constexpr, QMAX: tl.constexpr, STATIC: tl.constexpr,
                       FP32: tl.constexpr):
-    t = tl.program_id(0).to(tl.int64)
+    # programs loop over tokens (pid, pid + grid, ...): the factors are read once per program
     i = tl.arange(0, B1)[:, None]
     j = tl.arange(0, B2)[None, :]
     mask = (i < N1) & (j < N2)
     off = i * N2 + j
-    x = tl.load(x_ptr + t * (N1 * N2) + off, mask=mask, other=0.0)
-    dt = x.dtype
     if HAS_D:
-        d = tl.load(d_ptr + off, mask=mask, other=0.0)
-        x = (x.to(tl.float32) * d.to(tl.float32)).to(dt)
+        d = tl.load(d_ptr + off, mask=mask, other=0.0).to(tl.float32)
     if HAS_P1:
         a = tl.arange(0, B1)
         p1 = tl.load(p1_ptr + a[:, None] * N1 + a[None, :],
                      mask=(a[:, None] < N1) & (a[None, :] < N1), other=0.0)
-        if FP32:
-            x = tl.dot(p1, x, input_precision="ieee").to(dt)
-        else:
-            x = tl.dot(p1, x).to(dt)
-        if HAS_P2:
-            b = tl.arange(0, B2)
-            p2 = tl.load(p2t_ptr + b[:, None] * N2 + b[None, :],
-                         mask=(b[:, None] < N2) & (b[None, :] < N2), other=0.0)
+    if HAS_P2:
+        b = tl.arange(0, B2)
+        p2 = tl.load(p2t_ptr + b[:, None] * N2 + b[None, :],
+                     mask=(b[:, None] < N2) & (b[None, :] < N2), other=0.0)
+    for tt in range(tl.program_id(0), T, tl.num_programs(0)):
+        t = tt.to(tl.int64)
+        x = tl.load(x_ptr + t * (N1 * N2) + off, mask=mask, other=0.0)
+        dt = x.dtype
+        if HAS_D:
+            x = (x.to(tl.float32) * d).to(dt)
+        if HAS_P1:
             if FP32:
-                x = tl.dot(x, p2, input_precision="ieee").to(dt)
+                x = tl.dot(p1, x, input_precision="ieee").to(dt)
             else:
-                x = tl.dot(x, p2).to(dt)
-    xf = x.to(tl.float32)
-    hi = tl.maximum(tl.max(tl.max(xf, axis=1), axis=0), 0.0)
-    lo = -tl.minimum(tl.min(tl.min(xf, axis=1), axis=0), 0.0)
-    for k in tl.static_range(K):
-        if STATIC:
-            s = tl.load(static_ptr + k)
-        else:
-            m = tl.maximum(lo * tl.load(rmin_ptr + k), hi * tl.load(rmax_ptr + k))
-            s = tl.maximum(libdevice.div_rn(m, qmax_f), tl.load(floor_ptr + k))
-            s = tl.where(m == 0.0, 1.0, s)
-        q = libdevice.rint(libdevice.div_rn(xf, s))
-        q = tl.minimum(tl.maximum(q, -QMAX - 1.0), QMAX * 1.0)
-        row = k * T + t
-        tl.store(codes_ptr + row * (N1 * N2) + off, q.to(codes_ptr.dtype.element_ty), mask=mask)
-        tl.store(scales_ptr + row, s)
+                x = tl.dot(p1, x).to(dt)
+            if HAS_P2:
+                if FP32:
+                    x = tl.dot(x, p2, input_precision="ieee").to(dt)
+                else:
+                    x = tl.dot(x, p2).to(dt)
+        xf = x.to(tl.float32)
+        hi = tl.maximum(tl.max(tl.max(xf, axis=1), axis=0), 0.0)
+        lo = -tl.minimum(tl.min(tl.min(xf, axis=1), axis=0), 0.0)
+        for k in tl.static_range(K):
+            if STATIC:
+                s = tl.load(static_ptr + k)
+            else:
+                m = tl.maximum(lo * tl.load(rmin_ptr + k), hi * tl.load(rmax_ptr + k))
+                s = tl.maximum(libdevice.div_rn(m, qmax_f), tl.load(floor_ptr + k))
+                s = tl.where(m == 0.0, 1.0, s)
+            q = libdevice.rint(libdevice.div_rn(xf, s))
+            q = tl.minimum(tl.maximum(q, -QMAX - 1.0), QMAX * 1.0)
+            row = k * T + t
+            tl.store(codes_ptr + row * (N1 * N2) + off, q.to(codes_ptr.dtype.element_ty),
+                     mask=mask)
+            tl.store(scales_ptr + row, s)
 
 
 def quantize_input(inp, x2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -107,7 +126,7 @@ def quantize_input(inp, x2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     B1 = triton.next_power_of_2(n1) if p1 is None else _pow2(n1)
     B2 = triton.next_power_of_2(n2) if p1 is None else _pow2(n2)
     warps = NUM_WARPS or (4 if B1 * B2 <= 4096 else 8)
-    _act_quant_kernel[(T,)](
+    _act_quant_kernel[(_grid(T, x2.device),)](
         x2, d.to(x2.dtype) if d is not None else dummy,
         p1.to(x2.dtype) if p1 is not None else dummy,
         p2t.to(x2.dtype) if p2t is not None else dummy,
