@@ -225,6 +225,22 @@ def profile_forward(model, ids, shape):
     emit({"kind": "profile", "shape": shape, "tokens": list(ids.shape), "top": rows})
 
 
+def sweep_configs(inp):
+    """(name, module settings) of the activation kernel variants timed per group."""
+    out = [("default", {})]
+    for w in (4, 8):
+        out.append((f"tok_w{w}", {"NUM_WARPS": w, "PROGRAMS_PER_SM": None}))
+        out.append((f"loop8_w{w}", {"NUM_WARPS": w, "PROGRAMS_PER_SM": 8}))
+    if inp.p1 is not None and max(inp.n1, inp.n2) > 64:
+        out.append(("cublas_first", {"WIDE": False, "MAX_FACTOR": 32, "MAX_TILE": 32 * 32}))
+        for br, bc in ((64, 64), (32, 64), (64, 32), (32, 128), (128, 32)):
+            for w in (4, 8):
+                out.append((f"wide_r{br}_c{bc}_w{w}", {"WIDE": True, "MAX_FACTOR": 64,
+                                                       "MAX_TILE": 64 * 64, "WIDE_BR": br,
+                                                       "WIDE_BC": bc, "NUM_WARPS": w}))
+    return out
+
+
 @torch.no_grad()
 def time_groups(shape, tokens, dev):
     """The activation kernel per input group (one block, ``tokens`` tokens): median time, the
@@ -234,7 +250,9 @@ def time_groups(shape, tokens, dev):
     import triton.testing
 
     from fair_calib.quant import lowbit_triton
-    defaults = (lowbit_triton.PROGRAMS_PER_SM, lowbit_triton.MAX_FACTOR, lowbit_triton.MAX_TILE)
+    defaults = {a: getattr(lowbit_triton, a) for a in
+                ("NUM_WARPS", "PROGRAMS_PER_SM", "MAX_FACTOR", "MAX_TILE", "WIDE", "WIDE_BR",
+                 "WIDE_BC")}
     hd = shapes.SHAPES[shape]["hidden_size"] // shapes.SHAPES[shape]["num_attention_heads"]
     for variant in ("fair_calib", "quarot"):
         lm = shapes.build(shape, layers=1, device=dev)
@@ -252,26 +270,18 @@ def time_groups(shape, tokens, dev):
                    "tokens": tokens, "dim": g.in_features, "readers": be.inp.n_readers,
                    "tile": [be.inp.n1, be.inp.n2], "ideal_us_at_3TBs": nbytes / 3e12 * 1e6}
             ref_c, _ = be.inp.scales_and_codes(be.inp.transform(x2))
-            wide = be.inp.p1 is not None and max(be.inp.n1, be.inp.n2) > 128
-            for max_factor in ((128, 256) if wide else (128,)):
-                for per_sm in (None, 1, 2, 4, 8):
-                    for w in (4, 8, 16):
-                        lowbit_triton.NUM_WARPS = w
-                        lowbit_triton.PROGRAMS_PER_SM = per_sm
-                        lowbit_triton.MAX_FACTOR = max_factor
-                        lowbit_triton.MAX_TILE = 128 * max_factor
-                        key = f"f{max_factor}_p{per_sm}_w{w}"
-                        try:
-                            c, _ = be.inp.quantize(x2)
-                            bad = (c.float() != ref_c).float().mean().item()
-                            t = triton.testing.do_bench(lambda: be.inp.quantize(x2),
-                                                        return_mode="median")
-                            rec[key] = [round(t * 1e3, 1), bad]
-                        except Exception as err:  # noqa: BLE001 - e.g. out of resources
-                            rec[key] = repr(err)[:80]
-            lowbit_triton.NUM_WARPS = None
-            lowbit_triton.PROGRAMS_PER_SM = defaults[0]
-            lowbit_triton.MAX_FACTOR, lowbit_triton.MAX_TILE = defaults[1:]
+            for key, cfg in sweep_configs(be.inp):
+                for attr, val in cfg.items():
+                    setattr(lowbit_triton, attr, val)
+                try:
+                    c, _ = be.inp.quantize(x2)
+                    bad = (c.float() != ref_c).float().mean().item()
+                    t = triton.testing.do_bench(lambda: be.inp.quantize(x2), return_mode="median")
+                    rec[key] = [round(t * 1e3, 1), bad]
+                except Exception as err:  # noqa: BLE001 - e.g. out of resources
+                    rec[key] = repr(err)[:80]
+                for attr, val in defaults.items():
+                    setattr(lowbit_triton, attr, val)
             ok = {k: v[0] for k, v in rec.items() if isinstance(v, list) and v[1] < 2e-3}
             rec["best"] = min(ok, key=ok.get) if ok else None
             t = triton.testing.do_bench(lambda: be.inp.scales_and_codes(be.inp.transform(x2)),

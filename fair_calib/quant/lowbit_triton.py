@@ -29,7 +29,13 @@ MAX_FACTOR = 128
 NUM_WARPS: int | None = None   # override of the activation kernel's warps (benchmark sweeps)
 # programs per multiprocessor of the activation kernel (each loops over tokens); None: one
 # program per token
-PROGRAMS_PER_SM: int | None = 4
+PROGRAMS_PER_SM: int | None = None
+# factors wider than one tile (up to WIDE_MAX): the chunked kernel (rows BR x columns BC of
+# the product at a time) instead of cuBLAS products before the quantizing kernel
+WIDE = True
+WIDE_MAX = 256
+WIDE_BR = 64
+WIDE_BC = 64
 _SMS: dict[int, int] = {}
 
 
@@ -102,6 +108,72 @@ def _act_quant_kernel(x_ptr, d_ptr, p1_ptr, p2t_ptr, rmax_ptr, rmin_ptr, floor_p
             tl.store(scales_ptr + row, s)
 
 
+@triton.jit
+def _act_quant_wide_kernel(x_ptr, d_ptr, p1_ptr, p2t_ptr, rmax_ptr, rmin_ptr, floor_ptr,
+                           static_ptr, z_ptr, codes_ptr, scales_ptr, T, qmax_f,
+                           N1: tl.constexpr, N2: tl.constexpr, B1: tl.constexpr,
+                           B2: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr,
+                           HAS_D: tl.constexpr, HAS_P2: tl.constexpr, K: tl.constexpr,
+                           QMAX: tl.constexpr, STATIC: tl.constexpr, CH: tl.constexpr,
+                           NCH: tl.constexpr):
+    """Factors wider than one tile: Z = P1 X P2^T in chunks of BR rows x BC columns (each
+    chunk's products rounded to the model dtype as the whole products are), written to a
+    scratch row ``z`` while the token's max/min accumulate, then quantized from it."""
+    t = tl.program_id(0).to(tl.int64)
+    i = tl.arange(0, B1)[:, None]
+    j = tl.arange(0, B2)[None, :]
+    mask = (i < N1) & (j < N2)
+    x = tl.load(x_ptr + t * (N1 * N2) + i * N2 + j, mask=mask, other=0.0)
+    dt = x.dtype
+    if HAS_D:
+        d = tl.load(d_ptr + i * N2 + j, mask=mask, other=0.0)
+        x = (x.to(tl.float32) * d.to(tl.float32)).to(dt)
+    hi = tl.zeros([], dtype=tl.float32)
+    lo = tl.zeros([], dtype=tl.float32)
+    kk = tl.arange(0, B1)
+    bb = tl.arange(0, B2)
+    zrow = z_ptr + t * (N1 * N2)
+    for r in tl.static_range(B1 // BR):
+        rr = r * BR + tl.arange(0, BR)
+        p1 = tl.load(p1_ptr + rr[:, None] * N1 + kk[None, :],
+                     mask=(rr[:, None] < N1) & (kk[None, :] < N1), other=0.0)
+        y = tl.dot(p1, x).to(dt)                                   # [BR, B2]
+        if HAS_P2:
+            for c in tl.static_range(B2 // BC):
+                cc = c * BC + tl.arange(0, BC)
+                p2 = tl.load(p2t_ptr + bb[:, None] * N2 + cc[None, :],
+                             mask=(bb[:, None] < N2) & (cc[None, :] < N2), other=0.0)
+                z = tl.dot(y, p2).to(dt)                           # [BR, BC]
+                tl.store(zrow + rr[:, None] * N2 + cc[None, :], z,
+                         mask=(rr[:, None] < N1) & (cc[None, :] < N2))
+                zf = z.to(tl.float32)
+                hi = tl.maximum(hi, tl.max(tl.max(zf, axis=1), axis=0))
+                lo = tl.minimum(lo, tl.min(tl.min(zf, axis=1), axis=0))
+        else:
+            tl.store(zrow + rr[:, None] * N2 + bb[None, :], y,
+                     mask=(rr[:, None] < N1) & (bb[None, :] < N2))
+            yf = y.to(tl.float32)
+            hi = tl.maximum(hi, tl.max(tl.max(yf, axis=1), axis=0))
+            lo = tl.minimum(lo, tl.min(tl.min(yf, axis=1), axis=0))
+    tl.debug_barrier()                 # the scratch row is read back by other threads
+    lo = -lo
+    for k in tl.static_range(K):
+        if STATIC:
+            s = tl.load(static_ptr + k)
+        else:
+            m = tl.maximum(lo * tl.load(rmin_ptr + k), hi * tl.load(rmax_ptr + k))
+            s = tl.maximum(libdevice.div_rn(m, qmax_f), tl.load(floor_ptr + k))
+            s = tl.where(m == 0.0, 1.0, s)
+        tl.store(scales_ptr + k * T + t, s)
+        for ch in tl.static_range(NCH):
+            o = ch * CH + tl.arange(0, CH)
+            zf = tl.load(zrow + o, mask=o < N1 * N2, other=0.0).to(tl.float32)
+            q = libdevice.rint(libdevice.div_rn(zf, s))
+            q = tl.minimum(tl.maximum(q, -QMAX - 1.0), QMAX * 1.0)
+            tl.store(codes_ptr + (k * T + t) * (N1 * N2) + o, q.to(codes_ptr.dtype.element_ty),
+                     mask=o < N1 * N2)
+
+
 def quantize_input(inp, x2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(codes [K, T, dim], scales [K, T]) of a :class:`lowbit.LowBitInput` for x2 [T, dim]."""
     from .lowbit import tile_shape
@@ -109,8 +181,12 @@ def quantize_input(inp, x2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     T, dim = x2.shape
     d, p1, p2t = inp.d, inp.p1, inp.p2t
     n1, n2 = inp.n1, inp.n2
-    if p1 is not None and (_pow2(n1) > MAX_FACTOR or (p2t is not None and _pow2(n2) > MAX_FACTOR)
-                           or _pow2(n1) * _pow2(n2) > MAX_TILE):
+    big = p1 is not None and (_pow2(n1) > MAX_FACTOR or (p2t is not None and _pow2(n2) > MAX_FACTOR)
+                              or _pow2(n1) * _pow2(n2) > MAX_TILE)
+    if big and WIDE and _pow2(n1) <= WIDE_MAX and (p2t is None or _pow2(n2) <= WIDE_MAX) \
+            and x2.dtype != torch.float32:
+        return _quantize_wide(inp, x2, d, p1, p2t, n1, n2)
+    if big:
         x2 = (x2 * d.to(x2.dtype)) if d is not None else x2     # factors beyond one tile: cuBLAS
         x2 = kron_last(x2, p1.to(x2.dtype), None if p2t is None else p2t.to(x2.dtype), n1, n2)
         d = p1 = p2t = None
@@ -136,6 +212,30 @@ def quantize_input(inp, x2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         N1=n1, N2=n2, B1=B1, B2=B2, HAS_D=d is not None, HAS_P1=p1 is not None,
         HAS_P2=p2t is not None, K=K, QMAX=2 ** (inp.bits - 1) - 1, STATIC=inp.static,
         FP32=x2.dtype == torch.float32, num_warps=warps)
+    return codes, scales
+
+
+def _quantize_wide(inp, x2, d, p1, p2t, n1, n2):
+    T, dim = x2.shape
+    K = inp.n_readers
+    code_dtype = torch.float8_e4m3fn if inp.kind == "fp8" else torch.int8
+    codes = torch.empty(K, T, dim, device=x2.device, dtype=code_dtype)
+    scales = torch.empty(K, T, device=x2.device, dtype=torch.float32)
+    if T == 0:
+        return codes, scales
+    z = torch.empty_like(x2)
+    B1, B2 = _pow2(n1), _pow2(n2)
+    CH = 2048
+    dummy = scales
+    _act_quant_wide_kernel[(T,)](
+        x2, d.to(x2.dtype) if d is not None else dummy, p1.to(x2.dtype),
+        p2t.to(x2.dtype) if p2t is not None else dummy,
+        inp.r_max if not inp.static else dummy, inp.r_min if not inp.static else dummy,
+        inp.floor if not inp.static else dummy, inp.static_scale if inp.static else dummy,
+        z, codes, scales, T, float(2 ** (inp.bits - 1) - 1),
+        N1=n1, N2=n2, B1=B1, B2=B2, BR=min(B1, WIDE_BR), BC=min(B2, WIDE_BC),
+        HAS_D=d is not None, HAS_P2=p2t is not None, K=K, QMAX=2 ** (inp.bits - 1) - 1,
+        STATIC=inp.static, CH=CH, NCH=triton.cdiv(dim, CH), num_warps=NUM_WARPS or 8)
     return codes, scales
 
 
