@@ -233,7 +233,7 @@ def sweep_configs(inp):
         out.append((f"loop8_w{w}", {"NUM_WARPS": w, "PROGRAMS_PER_SM": 8}))
     if inp.p1 is not None and max(inp.n1, inp.n2) > 64:
         out.append(("cublas_first", {"WIDE": False, "MAX_FACTOR": 32, "MAX_TILE": 32 * 32}))
-        for br, bc in ((64, 64), (32, 64), (64, 32), (32, 128), (128, 32)):
+        for br, bc in ((64, 64), (32, 64), (32, 128), (128, 64)):
             for w in (4, 8):
                 out.append((f"wide_r{br}_c{bc}_w{w}", {"WIDE": True, "MAX_FACTOR": 64,
                                                        "MAX_TILE": 64 * 64, "WIDE_BR": br,

@@ -225,6 +225,10 @@ def _quantize_wide(inp, x2, d, p1, p2t, n1, n2):
         return codes, scales
     z = torch.empty_like(x2)
     B1, B2 = _pow2(n1), _pow2(n2)
+    if min(B2, WIDE_BC) < 64 and p2t is not None:
+        # seen on an H100 (Triton 3.6): column chunks of 32 gave wrong products and, at 4096
+        # tokens, an illegal memory access
+        raise ValueError(f"lowbit_triton.WIDE_BC={WIDE_BC}: column chunks below 64 are refused")
     CH = 2048
     dummy = scales
     _act_quant_wide_kernel[(T,)](
