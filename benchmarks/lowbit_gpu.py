@@ -337,6 +337,7 @@ def main(argv=None):
     ap.add_argument("--tokens", nargs="+", default=["8x512", "32x104"])
     ap.add_argument("--skip", default="", help="comma list of: layers,kernels,forward,decode")
     ap.add_argument("--decode-layers", type=int, default=8)
+    ap.add_argument("--repeat", type=int, default=1, help="run the forward stage this often")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     OUT = args.out
@@ -349,8 +350,8 @@ def main(argv=None):
     for shape in args.shapes:
         for stage, fn in (("layers", lambda: check_layers(shape, 2048, dev)),
                           ("kernels", lambda: time_groups(shape, 4096, dev)),
-                          ("forward", lambda: bench_forward(shape, token_shapes, dev,
-                                                            True)),
+                          ("forward", lambda: [bench_forward(shape, token_shapes, dev, r == 0)
+                                               for r in range(args.repeat)]),
                           ("decode", lambda: decode_batch(shape, args.decode_layers, dev))):
             if stage in skip:
                 continue
