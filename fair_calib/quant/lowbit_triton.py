@@ -1,19 +1,21 @@
 """CUDA kernels of the low-bit backend (:mod:`lowbit`); imported only on CUDA, needs Triton.
 
-- :func:`quantize_input`: one fused Triton kernel per input group and call: each program
-  reads one token's row [n1, n2], applies d (bf16 product, as the fake quant), P1 X P2^T on
-  the tensor cores (bf16 operands, float32 accumulation, each product rounded to the model
-  dtype as ``kron_last`` rounds it), takes the token's max/min once and writes, for every
-  reader, the codes (FP8 e4m3 or int8) and the float32 scale. Divisions are IEEE
-  (``div_rn``) and rounding is half-to-even (``rint``), as torch's, so the codes are those of
-  :meth:`LowBitInput.scales_and_codes` on the same transformed values. Factors larger than the
-  kernel's tile (QuaRot's 1024-wide Hadamard on LLaDA's down_proj input, Dream's 148 x 148)
-  are applied by cuBLAS first (``kron_last``, exactly the fake quant's operations) and the
-  kernel quantizes.
+- :func:`quantize_input`: one fused Triton kernel per input group and call. Each program takes
+  one token's row viewed as [n1, n2]: d (bf16 product, as the fake quant), P1 X P2^T on the
+  tensor cores (bf16 operands, float32 accumulation, each product rounded to the model dtype
+  as ``kron_last`` rounds it), the token's max/min once, then for every reader the codes (FP8
+  e4m3 or int8) and the float32 scale. Divisions are IEEE (``div_rn``) and rounding is
+  half-to-even (``rint``), as torch's, so the codes are those of
+  :meth:`LowBitInput.scales_and_codes` on the same transformed values. Two factors of which
+  one is wider than 64 (LLaDA's 96 x 128, Dream's 128 x 148 and 148 x 128) take
+  :func:`_act_quant_wide_kernel`, which forms the product in 64 x 64 chunks through a scratch
+  row; a factor wider than 256 (QuaRot's 1024-wide Hadamard on LLaDA's down_proj input) is
+  applied by cuBLAS first (``kron_last``, the fake quant's own operations) and the kernel
+  quantizes. Timings of each choice: ``docs/benchmarks.md``.
 - :func:`gemm`: FP8 codes x FP8 codes on the tensor cores (``torch._scaled_mm``, float32
   accumulation, per-token x per-channel scales and the bias in the epilogue, bf16 out), or
   int8 x int8 (``torch._int_mm``, int32 accumulation, scales applied after). 4-bit packed
-  weights are unpacked to FP8 by :func:`unpack_int4_fp8` before the product.
+  weights are unpacked to FP8 by :func:`unpack_int4` before the product.
 """
 from __future__ import annotations
 
