@@ -158,7 +158,8 @@ class LowBitInput(nn.Module):
             raise ValueError("low-bit input group mixes static and dynamic activation scales")
         self.static = all(static)
         if self.static:
-            s = torch.stack([a.scale.detach().abs().float().clamp(min=1e-8).reshape(()) for a in acts])
+            s = torch.stack([a.scale.detach().abs().float().clamp(min=1e-8).reshape(())
+                             for a in acts])
             self.register_buffer("static_scale", s.to(dev))
             self.register_buffer("r_max", None)
             self.register_buffer("r_min", None)
@@ -237,7 +238,8 @@ def weight_codes(ql: QuantLinear) -> tuple[torch.Tensor, torch.Tensor]:
     gptq = getattr(ql, "_gptq", None)
     if ql.w_quant is not None and gptq is not None:
         codes, scale = gptq
-        return codes.to(torch.int8).to(ql.w_quant.device), scale.float().reshape(-1).to(ql.w_quant.device)
+        dev = ql.w_quant.device
+        return codes.to(torch.int8).to(dev), scale.float().reshape(-1).to(dev)
     ql._require_fp_weight("low-bit weight codes")
     w = ql.linear.weight.double()
     if ql.inq is not None:
@@ -285,7 +287,7 @@ class LowBitLinear(nn.Module):
         """int8 codes [out, in] (emulation)."""
         if self.packed:
             return unpack_int4(self.qweight, self.in_features)
-        return self.qweight.to(torch.int8) if self.qweight.dtype == torch.int8 else self.qweight.float().to(torch.int8)
+        return self.qweight.float().to(torch.int8)      # int8 or FP8 storage: exact codes
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         xc, xs = self.inp(x, self.user)
