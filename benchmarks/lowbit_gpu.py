@@ -43,6 +43,7 @@ from fair_calib.quant.qlinear import InputQuant, QuantLinear  # noqa: E402
 from fair_calib.quant.quantizers import ActQuantizer, WeightQuantizer  # noqa: E402
 
 OUT = None
+EXTRA = False      # --extra: also FP8-stored weights and W8A8 on INT8 in the forward stage
 
 
 def emit(rec: dict) -> None:
@@ -70,7 +71,14 @@ def quantize_fair_calib(lm, groups, mode="real", bits=4):
     for i, block in enumerate(lm.blocks):
         method.quantize_block(block, groups, None, i)
         lowbit.attach_block(block, mode)
+    fuse(lm)
     lm.model.eval()
+
+
+def fuse(lm):
+    """Each norm read only by one low-bit group into that group's kernel (as load_quantized)."""
+    n = lowbit.fuse_input_norms(lm)
+    emit({"kind": "norms_fused", "n": n, "blocks": len(lm.blocks)})
 
 
 def quantize_quarot(lm, groups, hd, mode="real"):
@@ -94,6 +102,7 @@ def quantize_quarot(lm, groups, hd, mode="real"):
                 parent, _, leaf = n.rpartition(".")
                 setattr(block.get_submodule(parent), leaf, ql)
         lowbit.attach_block(block, mode)
+    fuse(lm)
     lm.model.eval()
 
 
@@ -150,6 +159,7 @@ def check_layers(shape, tokens, dev):
                 diff = (xc.float() != ref_c).float().mean().item()
                 emit({"kind": "codes", "shape": shape, "variant": variant, "group": n,
                       "tokens": x2.shape[0], "dim": x2.shape[1], "readers": be.inp.n_readers,
+                      "norm_fused": be.inp.norm is not None,
                       "code_mismatch_frac": diff,
                       "scale_max_rel_diff": ((xs - ref_s).abs() / ref_s).max().item()})
             k = min(be.user, be.inp.n_readers - 1)
@@ -189,9 +199,15 @@ def bench_forward(shape, token_shapes, dev, profile):
         res[f"{b}x{s}"]["w4a4_fair_calib_packed"] = time_forward(lm.model, ids_for(shape, b, s, dev))
     if profile:
         profile_forward(lm.model, ids_for(shape, *token_shapes[0], dev), shape)
-    to_fp8_storage(lm)
+    lowbit.set_norm_fusion(lm.model, False)
     for b, s in token_shapes:
-        res[f"{b}x{s}"]["w4a4_fair_calib_fp8w"] = time_forward(lm.model, ids_for(shape, b, s, dev))
+        res[f"{b}x{s}"]["w4a4_fair_calib_packed_unfused"] = time_forward(
+            lm.model, ids_for(shape, b, s, dev))
+    lowbit.set_norm_fusion(lm.model, True)
+    if EXTRA:
+        to_fp8_storage(lm)
+        for b, s in token_shapes:
+            res[f"{b}x{s}"]["w4a4_fair_calib_fp8w"] = time_forward(lm.model, ids_for(shape, b, s, dev))
     del lm
     torch.cuda.empty_cache()
     lm = shapes.build(shape, device=dev)
@@ -200,12 +216,13 @@ def bench_forward(shape, token_shapes, dev, profile):
         res[f"{b}x{s}"]["w4a4_quarot_packed"] = time_forward(lm.model, ids_for(shape, b, s, dev))
     del lm
     torch.cuda.empty_cache()
-    lm = shapes.build(shape, device=dev)
-    quantize_fair_calib(lm, groups, bits=8)          # INT8 tensor cores
-    for b, s in token_shapes:
-        res[f"{b}x{s}"]["w8a8_fair_calib_int8"] = time_forward(lm.model, ids_for(shape, b, s, dev))
-    del lm
-    torch.cuda.empty_cache()
+    if EXTRA:
+        lm = shapes.build(shape, device=dev)
+        quantize_fair_calib(lm, groups, bits=8)          # INT8 tensor cores
+        for b, s in token_shapes:
+            res[f"{b}x{s}"]["w8a8_fair_calib_int8"] = time_forward(lm.model, ids_for(shape, b, s, dev))
+        del lm
+        torch.cuda.empty_cache()
     for key, r in res.items():
         fp_t, fp_m = r["bf16"]
         emit({"kind": "forward", "shape": shape, "tokens": key, "device": torch.cuda.get_device_name(),
@@ -331,7 +348,7 @@ def decode_batch(shape, layers, dev, n_prompts=16, gen=64):
 
 
 def main(argv=None):
-    global OUT
+    global OUT, EXTRA
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", nargs="+", default=["llada-8b", "dream-7b"])
     ap.add_argument("--tokens", nargs="+", default=["8x512", "32x104"])
@@ -339,8 +356,10 @@ def main(argv=None):
     ap.add_argument("--decode-layers", type=int, default=8)
     ap.add_argument("--repeat", type=int, default=1, help="run the forward stage this often")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--extra", action="store_true",
+                    help="forward stage: also FP8-stored weights and W8A8 (INT8)")
     args = ap.parse_args(argv)
-    OUT = args.out
+    OUT, EXTRA = args.out, args.extra
     dev = "cuda"
     skip = set(filter(None, args.skip.split(",")))
     emit({"kind": "env", "device": torch.cuda.get_device_name(), "torch": torch.__version__,

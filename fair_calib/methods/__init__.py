@@ -83,5 +83,8 @@ def load_quantized(loaded, calib_dir: str | Path, fold: bool = True, keep_fp: bo
             lowbit_mod.attach_block(block, mode, kinds=lowbit_mod.kinds_for(lowbit))
         if fold:
             fold_block(block, drop_fp=not keep_fp)
+    if fold and mode != "fake":
+        # each RMSNorm read only by one low-bit group runs inside that group's kernel
+        lowbit_mod.fuse_input_norms(loaded)
     loaded.model.eval()
     return loaded

@@ -174,13 +174,22 @@ class LowBitInput(nn.Module):
             floor = 0.0 if (inq.rotation is None and all(a.scale is None for a in acts)) else 1e-8
             self.register_buffer("floor", torch.full((len(acts),), floor, device=dev))
         self._cache: tuple | None = None
+        # (weight, eps) of the RMSNorm whose output this group reads, when that norm is fused
+        # into this group (:func:`fuse_block_norms`): the input is then the norm's input
+        self.norm: tuple[torch.Tensor, float] | None = None
 
     @property
     def n_readers(self) -> int:
         return int(self.static_scale.numel() if self.static else self.r_max.numel())
 
+    def apply_norm(self, x: torch.Tensor) -> torch.Tensor:
+        """The fused RMSNorm (:func:`rms_norm`), or x where none is fused."""
+        return x if self.norm is None else rms_norm(x, *self.norm)
+
     def transform(self, x: torch.Tensor) -> torch.Tensor:
-        """T x in x's dtype, with the fake quant's operations (d, then P1 X P2^T)."""
+        """T x in x's dtype, with the fake quant's operations (the fused norm if any, d, then
+        P1 X P2^T)."""
+        x = self.apply_norm(x)
         if self.d is not None:
             x = x * self.d.to(x.dtype)
         if self.p1 is not None:
@@ -360,3 +369,169 @@ def tile_shape(n: int) -> tuple[int, int]:
     while n % (n2 * 2) == 0 and n2 * 2 <= 1024:
         n2 *= 2
     return (n // n2, n2) if n2 > 1 else closest_factor_pair(n)
+
+
+# ------------------------------------------------------------------------------ norm fusion
+# A group fed by an RMSNorm whose output nothing else reads (q/k/v after the attention norm,
+# gate/up after the MLP norm) takes the norm into its quantizing kernel: the norm's module
+# passes its input through under inference and the kernel normalizes the token it already
+# holds, so no normalized copy (and none of the norm's float32 passes) goes through memory.
+# Which norm feeds which group, and that its arithmetic is :func:`rms_norm`, is found by
+# running the block, never from family names; a block whose output moves is left unfused.
+FUSE_TOLERANCE = 0.05     # block-update change allowed by fusion (code flips: ~1e-3)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """The RMSNorm arithmetic the fusion reproduces (Llama's and Qwen2's, checked per module
+    by :func:`norm_eps`): float32 mean of squares, rsqrt, the product rounded to x's dtype,
+    times the weight."""
+    dt = x.dtype
+    h = x.to(torch.float32)
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(dt)
+
+
+@torch.no_grad()
+def norm_eps(mod: nn.Module, dim: int) -> float | None:
+    """eps where ``mod`` computes :func:`rms_norm` over ``dim`` features (bitwise, on a probe
+    with outlier channels), else None."""
+    eps = next((getattr(mod, a) for a in ("variance_epsilon", "eps")
+                if isinstance(getattr(mod, a, None), float)), None)
+    w = getattr(mod, "weight", None)
+    if (eps is None or isinstance(mod, nn.Linear) or not isinstance(w, torch.Tensor)
+            or w.dim() != 1 or w.shape[0] != dim or getattr(mod, "bias", None) is not None):
+        return None
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(4, dim, generator=g) * torch.linspace(0.1, 30.0, dim)
+    x = x.to(w.device, w.dtype)
+    y = mod(x)
+    return eps if isinstance(y, torch.Tensor) and torch.equal(y, rms_norm(x, w, eps)) else None
+
+
+class DeferredNorm(nn.Module):
+    """Stands in for an RMSNorm fused into the low-bit input groups that read its output:
+    under inference it returns its input (the groups normalize it); with gradients on (where a
+    :class:`QuantLinear` ignores its backend) it is the norm. Keeps the norm's ``weight``
+    (same parameter, same state-dict name)."""
+
+    def __init__(self, norm: nn.Module, eps: float, inputs: list[LowBitInput]):
+        super().__init__()
+        self.weight = norm.weight
+        self.eps = eps
+        self._norm = [norm]            # a list: not a submodule (its weight is ours)
+        self._inputs = inputs
+        self.active = True
+
+    def set_active(self, on: bool) -> None:
+        self.active = on
+        for inp in self._inputs:
+            inp.norm = (self.weight, self.eps) if on else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.active and not torch.is_grad_enabled():
+            return x
+        return self._norm[0](x)
+
+    def extra_repr(self) -> str:
+        return f"{tuple(self.weight.shape)}, eps={self.eps}, fused={self.active}"
+
+
+def set_norm_fusion(model: nn.Module, on: bool) -> int:
+    """Switch every fused norm of ``model`` on or off (benchmarks, tests); returns how many."""
+    norms = [m for m in model.modules() if isinstance(m, DeferredNorm)]
+    for m in norms:
+        m.set_active(on)
+    return len(norms)
+
+
+def _block_update_change(out0, out1, h_in) -> float:
+    d = (out0.float() - h_in.float()).norm()
+    return float((out1.float() - out0.float()).norm() / d.clamp(min=1e-30))
+
+
+@torch.no_grad()
+def fuse_block_norms(block: nn.Module, run, hidden: torch.Tensor) -> int:
+    """Fuse into each low-bit input group the RMSNorm that produces its input, where every
+    reader of that output is one of the group's linears; ``run()`` runs ``block`` once on the
+    input ``hidden`` and returns its hidden-state output. The block's update (output minus
+    input) must stay within ``FUSE_TOLERANCE`` of the unfused one, else nothing is fused.
+    Returns how many norms were fused."""
+    qls = {n: m for n, m in block.named_modules()
+           if isinstance(m, QuantLinear) and isinstance(m.backend, LowBitLinear)}
+    if not qls:
+        return 0
+    cands = {n: m for n, m in block.named_modules()
+             if n and not isinstance(m, (QuantLinear, DeferredNorm, LowBitLinear, LowBitInput))
+             and isinstance(getattr(m, "weight", None), torch.Tensor) and m.weight.dim() == 1}
+    produced: dict[int, tuple[torch.Tensor, str]] = {}     # strong refs: ids stay unique
+    read: dict[str, torch.Tensor] = {}
+    linears = {n: m for n, m in block.named_modules() if isinstance(m, (QuantLinear, nn.Linear))}
+    hooks = [m.register_forward_hook(
+        lambda _m, _a, out, n=n: produced.__setitem__(id(out), (out, n)))
+        for n, m in cands.items()]
+    hooks += [m.register_forward_pre_hook(
+        lambda _m, a, n=n: read.__setitem__(n, a[0])) for n, m in linears.items()]
+    try:
+        out0 = run()
+    finally:
+        for h in hooks:
+            h.remove()
+    readers: dict[str, list[str]] = {}
+    for q, x in read.items():
+        rec = produced.get(id(x))
+        if rec is not None and rec[0] is x:
+            readers.setdefault(rec[1], []).append(q)
+    produced.clear()
+    read.clear()
+    fused: list[tuple[str, nn.Module, DeferredNorm]] = []
+    for norm_name, names in readers.items():
+        if not all(q in qls for q in names):       # a reader without a low-bit backend
+            continue
+        inps = {id(qls[q].backend.inp): qls[q].backend.inp for q in names}
+        if len(inps) != 1:
+            continue
+        inp = next(iter(inps.values()))
+        if any(m.backend.inp is inp for q, m in qls.items() if q not in names):
+            continue
+        norm = cands[norm_name]
+        eps = norm_eps(norm, inp.dim)
+        if eps is None:
+            continue
+        dn = DeferredNorm(norm, eps, [inp])
+        _set_child(block, norm_name, dn)
+        dn.set_active(True)
+        fused.append((norm_name, norm, dn))
+    if not fused:
+        return 0
+    if _block_update_change(out0, run(), hidden) > FUSE_TOLERANCE:
+        for norm_name, norm, dn in fused:       # another reader of the norm's output
+            dn.set_active(False)
+            _set_child(block, norm_name, norm)
+        return 0
+    return len(fused)
+
+
+def _set_child(root: nn.Module, dotted: str, new: nn.Module) -> None:
+    parent, _, leaf = dotted.rpartition(".")
+    setattr(root.get_submodule(parent) if parent else root, leaf, new)
+
+
+@torch.no_grad()
+def fuse_input_norms(loaded, n_tokens: int = 16) -> int:
+    """:func:`fuse_block_norms` for every block of a loaded model whose linears run on a
+    low-bit backend, fed the model's own hidden states of a short probe sequence."""
+    from .blockio import call_block, capture_block_inputs
+
+    embed = loaded.embed
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, embed.weight.shape[0], (1, n_tokens), generator=g)
+    inputs = capture_block_inputs(loaded.model, loaded.blocks[0], ids.to(embed.weight.device),
+                                  1, device=embed.weight.device, hidden_dtype=embed.weight.dtype)
+    h = inputs.hidden[0]
+    n = 0
+    for block in loaded.blocks:
+        p = next(block.parameters())
+        hid = h.to(p.device, p.dtype)
+        n += fuse_block_norms(block, lambda: call_block(block, inputs, 0, hid), hid)
+        h = call_block(block, inputs, 0, hid)
+    return n

@@ -58,10 +58,24 @@ def _pow2(n: int) -> int:
 
 
 @triton.jit
-def _act_quant_kernel(x_ptr, d_ptr, p1_ptr, p2t_ptr, rmax_ptr, rmin_ptr, floor_ptr, static_ptr,
-                      codes_ptr, scales_ptr, T, qmax_f,
+def _rms_norm(x, nw, eps, n):
+    """The token's RMSNorm as :func:`lowbit.rms_norm` computes it: float32 mean of squares
+    (padding is zero), IEEE division and rsqrt, the product rounded to x's dtype, then times
+    the weight (float32 product of two bf16 values, exact, rounded once)."""
+    dt = x.dtype
+    xf = x.to(tl.float32)
+    ss = tl.sum(tl.sum(xf * xf, axis=1), axis=0)
+    r = libdevice.rsqrt(libdevice.div_rn(ss, n * 1.0) + eps)
+    x = (xf * r).to(dt)
+    return (nw * x.to(tl.float32)).to(dt)
+
+
+@triton.jit
+def _act_quant_kernel(x_ptr, nw_ptr, d_ptr, p1_ptr, p2t_ptr, rmax_ptr, rmin_ptr, floor_ptr,
+                      static_ptr, codes_ptr, scales_ptr, T, qmax_f, eps,
                       N1: tl.constexpr, N2: tl.constexpr, B1: tl.constexpr, B2: tl.constexpr,
-                      HAS_D: tl.constexpr, HAS_P1: tl.constexpr, HAS_P2: tl.constexpr,
+                      HAS_NORM: tl.constexpr, HAS_D: tl.constexpr, HAS_P1: tl.constexpr,
+                      HAS_P2: tl.constexpr,
                       K: tl.constexpr, QMAX: tl.constexpr, STATIC: tl.constexpr,
                       FP32: tl.constexpr):
     # programs loop over tokens (pid, pid + grid, ...): the factors are read once per program
@@ -69,6 +83,8 @@ def _act_quant_kernel(x_ptr, d_ptr, p1_ptr, p2t_ptr, rmax_ptr, rmin_ptr, floor_p
     j = tl.arange(0, B2)[None, :]
     mask = (i < N1) & (j < N2)
     off = i * N2 + j
+    if HAS_NORM:
+        nw = tl.load(nw_ptr + off, mask=mask, other=0.0).to(tl.float32)
     if HAS_D:
         d = tl.load(d_ptr + off, mask=mask, other=0.0).to(tl.float32)
     if HAS_P1:
@@ -83,6 +99,8 @@ def _act_quant_kernel(x_ptr, d_ptr, p1_ptr, p2t_ptr, rmax_ptr, rmin_ptr, floor_p
         t = tt.to(tl.int64)
         x = tl.load(x_ptr + t * (N1 * N2) + off, mask=mask, other=0.0)
         dt = x.dtype
+        if HAS_NORM:
+            x = _rms_norm(x, nw, eps, N1 * N2)
         if HAS_D:
             x = (x.to(tl.float32) * d).to(dt)
         if HAS_P1:
@@ -114,11 +132,12 @@ def _act_quant_kernel(x_ptr, d_ptr, p1_ptr, p2t_ptr, rmax_ptr, rmin_ptr, floor_p
 
 
 @triton.jit
-def _act_quant_wide_kernel(x_ptr, d_ptr, p1_ptr, p2t_ptr, rmax_ptr, rmin_ptr, floor_ptr,
-                           static_ptr, z_ptr, codes_ptr, scales_ptr, T, qmax_f,
+def _act_quant_wide_kernel(x_ptr, nw_ptr, d_ptr, p1_ptr, p2t_ptr, rmax_ptr, rmin_ptr,
+                           floor_ptr, static_ptr, z_ptr, codes_ptr, scales_ptr, T, qmax_f, eps,
                            N1: tl.constexpr, N2: tl.constexpr, B1: tl.constexpr,
                            B2: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr,
-                           HAS_D: tl.constexpr, HAS_P2: tl.constexpr, K: tl.constexpr,
+                           HAS_NORM: tl.constexpr, HAS_D: tl.constexpr, HAS_P2: tl.constexpr,
+                           K: tl.constexpr,
                            QMAX: tl.constexpr, STATIC: tl.constexpr, CH: tl.constexpr,
                            NCH: tl.constexpr):
     """Factors wider than one tile: Z = P1 X P2^T in chunks of BR rows x BC columns (each
@@ -130,6 +149,9 @@ def _act_quant_wide_kernel(x_ptr, d_ptr, p1_ptr, p2t_ptr, rmax_ptr, rmin_ptr, fl
     mask = (i < N1) & (j < N2)
     x = tl.load(x_ptr + t * (N1 * N2) + i * N2 + j, mask=mask, other=0.0)
     dt = x.dtype
+    if HAS_NORM:
+        nw = tl.load(nw_ptr + i * N2 + j, mask=mask, other=0.0).to(tl.float32)
+        x = _rms_norm(x, nw, eps, N1 * N2)
     if HAS_D:
         d = tl.load(d_ptr + i * N2 + j, mask=mask, other=0.0)
         x = (x.to(tl.float32) * d.to(tl.float32)).to(dt)
@@ -184,6 +206,9 @@ def quantize_input(inp, x2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     from .lowbit import tile_shape
     x2 = x2.contiguous()
     T, dim = x2.shape
+    nw, eps = _fused_norm(inp, x2)
+    if inp.norm is not None and nw is None:     # a norm the kernel does not take: torch first
+        x2 = inp.apply_norm(x2)
     d, p1, p2t = inp.d, inp.p1, inp.p2t
     n1, n2 = inp.n1, inp.n2
     big = p1 is not None and (_pow2(n1) > MAX_FACTOR or (p2t is not None and _pow2(n2) > MAX_FACTOR)
@@ -191,8 +216,10 @@ def quantize_input(inp, x2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
                               or (p2t is not None and max(_pow2(n1), _pow2(n2)) > WIDE_ABOVE))
     if big and WIDE and _pow2(n1) <= WIDE_MAX and (p2t is None or _pow2(n2) <= WIDE_MAX) \
             and x2.dtype != torch.float32:
-        return _quantize_wide(inp, x2, d, p1, p2t, n1, n2)
+        return _quantize_wide(inp, x2, nw, eps, d, p1, p2t, n1, n2)
     if big:
+        if nw is not None:
+            x2, nw = inp.apply_norm(x2), None
         x2 = (x2 * d.to(x2.dtype)) if d is not None else x2     # factors beyond one tile: cuBLAS
         x2 = kron_last(x2, p1.to(x2.dtype), None if p2t is None else p2t.to(x2.dtype), n1, n2)
         d = p1 = p2t = None
@@ -209,19 +236,28 @@ def quantize_input(inp, x2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     B2 = triton.next_power_of_2(n2) if p1 is None else _pow2(n2)
     warps = NUM_WARPS or (4 if B1 * B2 <= 4096 else 8)
     _act_quant_kernel[(_grid(T, x2.device),)](
-        x2, d.to(x2.dtype) if d is not None else dummy,
+        x2, nw if nw is not None else dummy, d.to(x2.dtype) if d is not None else dummy,
         p1.to(x2.dtype) if p1 is not None else dummy,
         p2t.to(x2.dtype) if p2t is not None else dummy,
         inp.r_max if not inp.static else dummy, inp.r_min if not inp.static else dummy,
         inp.floor if not inp.static else dummy, inp.static_scale if inp.static else dummy,
-        codes, scales, T, float(2 ** (inp.bits - 1) - 1),
-        N1=n1, N2=n2, B1=B1, B2=B2, HAS_D=d is not None, HAS_P1=p1 is not None,
+        codes, scales, T, float(2 ** (inp.bits - 1) - 1), eps,
+        N1=n1, N2=n2, B1=B1, B2=B2, HAS_NORM=nw is not None, HAS_D=d is not None,
+        HAS_P1=p1 is not None,
         HAS_P2=p2t is not None, K=K, QMAX=2 ** (inp.bits - 1) - 1, STATIC=inp.static,
         FP32=x2.dtype == torch.float32, num_warps=warps)
     return codes, scales
 
 
-def _quantize_wide(inp, x2, d, p1, p2t, n1, n2):
+def _fused_norm(inp, x2):
+    """(norm weight, eps) for the kernel when the group's RMSNorm is fused and its weight has
+    x's dtype (the product the kernel rounds once); else (None, 0.0)."""
+    if inp.norm is None or inp.norm[0].dtype != x2.dtype:
+        return None, 0.0
+    return inp.norm[0].detach().contiguous(), float(inp.norm[1])
+
+
+def _quantize_wide(inp, x2, nw, eps, d, p1, p2t, n1, n2):
     T, dim = x2.shape
     K = inp.n_readers
     code_dtype = torch.float8_e4m3fn if inp.kind == "fp8" else torch.int8
@@ -238,13 +274,15 @@ def _quantize_wide(inp, x2, d, p1, p2t, n1, n2):
     CH = 2048
     dummy = scales
     _act_quant_wide_kernel[(T,)](
-        x2, d.to(x2.dtype) if d is not None else dummy, p1.to(x2.dtype),
+        x2, nw if nw is not None else dummy, d.to(x2.dtype) if d is not None else dummy,
+        p1.to(x2.dtype),
         p2t.to(x2.dtype) if p2t is not None else dummy,
         inp.r_max if not inp.static else dummy, inp.r_min if not inp.static else dummy,
         inp.floor if not inp.static else dummy, inp.static_scale if inp.static else dummy,
-        z, codes, scales, T, float(2 ** (inp.bits - 1) - 1),
+        z, codes, scales, T, float(2 ** (inp.bits - 1) - 1), eps,
         N1=n1, N2=n2, B1=B1, B2=B2, BR=min(B1, WIDE_BR), BC=min(B2, WIDE_BC),
-        HAS_D=d is not None, HAS_P2=p2t is not None, K=K, QMAX=2 ** (inp.bits - 1) - 1,
+        HAS_NORM=nw is not None, HAS_D=d is not None, HAS_P2=p2t is not None, K=K,
+        QMAX=2 ** (inp.bits - 1) - 1,
         STATIC=inp.static, CH=CH, NCH=triton.cdiv(dim, CH), num_warps=NUM_WARPS or 4)
     return codes, scales
 
