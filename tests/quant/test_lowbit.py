@@ -61,12 +61,14 @@ def test_emulated_layers_equal_fake_quant(calibrated, name, bits):
     names = [n for n, m in emu.model.named_modules() if isinstance(m, QuantLinear)]
     assert all(emu.model.get_submodule(n).backend.kind == kind for n in names)
     rec, logits_fake = layer_io(fake, IDS)
+    lowbit.set_norm_fusion(emu.model, False)    # each layer fed the normalized input
     for n in names:
         x, y = rec[n]
         with torch.no_grad():
             y_emu = emu.model.get_submodule(n)(x)
         err = float((y_emu - y).abs().max() / y.abs().max())
         assert err < 2e-5, (n, err)
+    lowbit.set_norm_fusion(emu.model, True)
     with torch.no_grad():
         logits_emu = emu.logits(IDS)
     assert torch.allclose(logits_emu, logits_fake, rtol=1e-4, atol=1e-4)
@@ -101,6 +103,7 @@ def test_emulated_activation_codes_are_the_fake_quant_grid(calibrated):
     inq = fake.blocks[1].self_attn.q_proj.inq
     inp = emu.blocks[1].self_attn.q_proj.backend.inp
     assert inp.n_readers == 3
+    lowbit.set_norm_fusion(emu.model, False)    # x is the normalized input
     codes, s = inp.quantize(x.reshape(-1, x.shape[-1]))
     with torch.no_grad():
         for k in range(3):
@@ -140,3 +143,101 @@ def test_setting_and_refusal(monkeypatch):
     assert lowbit.gemm_kind(4, 4) == "fp8" and lowbit.gemm_kind(3, 4) == "fp8"
     assert lowbit.gemm_kind(8, 8) == "int8" and lowbit.gemm_kind(4, 16) is None
     assert lowbit.kinds_for("auto") == ("fp8",) and lowbit.kinds_for("real") == ("fp8", "int8")
+
+
+def norm_input(loaded, block, norm_name, ids):
+    """What the RMSNorm ``norm_name`` of ``block`` receives on a forward of ``ids``."""
+    rec = {}
+    h = block.get_submodule(norm_name).register_forward_pre_hook(
+        lambda m, a: rec.__setitem__("x", a[0]))
+    with torch.no_grad():
+        loaded.logits(ids)
+    h.remove()
+    return rec["x"]
+
+
+def test_norms_fused_into_their_groups(calibrated):
+    """Both RMSNorms of every block run inside their group's quantizer (load_quantized fuses
+    them); the fused group's codes x scales on the norm's input are the fake quant of the
+    normalized input, for each of q/k/v; switching fusion off changes no logit."""
+    d = calibrated("fair_calib", 4, 4)
+    fake = load_quantized(make(), d, lowbit="fake")
+    emu = load_quantized(make(), d, lowbit="emulate")
+    for block in emu.blocks:
+        assert isinstance(block.input_layernorm, lowbit.DeferredNorm)
+        assert isinstance(block.post_attention_layernorm, lowbit.DeferredNorm)
+    assert "model.layers.0.input_layernorm.weight" in dict(emu.model.named_parameters())
+    x = norm_input(fake, fake.blocks[1], "input_layernorm", IDS)
+    inq = fake.blocks[1].self_attn.q_proj.inq
+    inp = emu.blocks[1].self_attn.q_proj.backend.inp
+    assert inp.norm is not None
+    codes, s = inp.quantize(x.reshape(-1, x.shape[-1]))
+    with torch.no_grad():
+        xn = fake.blocks[1].input_layernorm(x)
+        for k in range(3):
+            ref = inq(xn, k).reshape(-1, x.shape[-1])
+            assert torch.allclose(codes[k].float() * s[k].unsqueeze(1), ref, rtol=1e-6, atol=1e-7)
+        fused = emu.logits(IDS)
+        assert lowbit.set_norm_fusion(emu.model, False) == 4
+        assert torch.equal(emu.logits(IDS), fused)
+
+
+def test_rms_norm_is_the_models_and_other_norms_are_refused():
+    """rms_norm equals the model's RMSNorm bitwise (float32 and bfloat16); a norm with other
+    arithmetic (a (1 + w) scale, a LayerNorm) is not taken for it."""
+    lm = make()
+    norm = lm.blocks[0].input_layernorm
+    x = torch.randn(5, norm.weight.shape[0]) * 7
+    assert lowbit.norm_eps(norm, x.shape[-1]) == norm.variance_epsilon
+    assert torch.equal(lowbit.rms_norm(x, norm.weight, norm.variance_epsilon), norm(x))
+    nb = type(norm)(x.shape[-1], eps=1e-5).to(torch.bfloat16)
+    nb.weight.data.normal_()
+    assert torch.equal(lowbit.rms_norm(x.bfloat16(), nb.weight, 1e-5), nb(x.bfloat16()))
+
+    class OnePlus(type(norm)):
+        def forward(self, h):
+            return super().forward(h) * (1 + self.weight) / self.weight
+
+    assert lowbit.norm_eps(OnePlus(x.shape[-1]), x.shape[-1]) is None
+    assert lowbit.norm_eps(torch.nn.LayerNorm(x.shape[-1], bias=False), x.shape[-1]) is None
+    assert lowbit.norm_eps(norm, x.shape[-1] + 1) is None
+
+
+def test_norm_with_another_reader_is_not_fused(calibrated):
+    """A norm whose output is read beyond its group's linears (here a hook adding the MLP's
+    input to its output) stays a norm: the probe sees the block's update move and reverts;
+    the other block is fused, and the model computes what fake quantization computes."""
+    d = calibrated("fair_calib", 4, 4)
+    fake = load_quantized(make(), d, lowbit="fake")
+    emu = load_quantized(make(), d, fold=False)
+    for block in emu.blocks:
+        assert lowbit.attach_block(block, "emulate") == 7
+    for lm in (fake, emu):
+        lm.blocks[0].mlp.register_forward_hook(lambda m, a, out: out + a[0])
+    assert lowbit.fuse_input_norms(emu) == 2
+    assert not isinstance(emu.blocks[0].post_attention_layernorm, lowbit.DeferredNorm)
+    assert not isinstance(emu.blocks[0].input_layernorm, lowbit.DeferredNorm)
+    assert isinstance(emu.blocks[1].post_attention_layernorm, lowbit.DeferredNorm)
+    with torch.no_grad():
+        assert torch.allclose(emu.logits(IDS), fake.logits(IDS), rtol=1e-4, atol=1e-4)
+
+
+def test_byte_counts_of_a_low_bit_model(calibrated):
+    """The FP size counted from shapes is the same for the low-bit model; what it holds counts
+    each weight stand-in as one element and the codes as packed; export refuses by name."""
+    from fair_calib.quant.export import export_quantized, fp_bf16_bytes, resident_bytes
+
+    d = calibrated("flatquant", 4, 4)
+    fake = load_quantized(make(), d, lowbit="fake")
+    emu = load_quantized(make(), d, lowbit="emulate")
+    assert fp_bf16_bytes(emu.model) == fp_bf16_bytes(fake.model) == fp_bf16_bytes(make().model)
+    ql = emu.blocks[0].mlp.down_proj
+    be = ql.backend
+    elem = ql.linear.weight.element_size()
+    assert resident_bytes(ql.linear) == elem
+    packed = ql.out_features * ql.in_features // 2 + 4 * ql.out_features
+    assert resident_bytes(be) - resident_bytes(be.inp) == packed
+    naive = sum(p.numel() * p.element_size() for p in emu.model.parameters())
+    assert resident_bytes(emu.model) < min(resident_bytes(fake.model), naive)
+    with pytest.raises(RuntimeError, match=r"export: model\.layers\.0\.self_attn\.q_proj runs on low-bit"):
+        export_quantized(emu.model, d / "x.safetensors")
