@@ -204,6 +204,12 @@ def bench_forward(shape, token_shapes, dev, profile):
         res[f"{b}x{s}"]["w4a4_fair_calib_packed_unfused"] = time_forward(
             lm.model, ids_for(shape, b, s, dev))
     lowbit.set_norm_fusion(lm.model, True)
+    from fair_calib.quant import lowbit_triton
+    lowbit_triton.SPLIT = False
+    for b, s in token_shapes:
+        res[f"{b}x{s}"]["w4a4_fair_calib_packed_padded"] = time_forward(
+            lm.model, ids_for(shape, b, s, dev))
+    lowbit_triton.SPLIT = True
     if EXTRA:
         to_fp8_storage(lm)
         for b, s in token_shapes:
@@ -311,6 +317,62 @@ def time_groups(shape, tokens, dev):
         torch.cuda.empty_cache()
 
 
+# ------------------------------------------------------------------ split vs padded kernel
+class SyntheticInput:
+    """A low-bit input group of random orthogonal Kronecker factors (n1 x n2), diagonal,
+    fused RMSNorm and K readers, with :class:`lowbit.LowBitInput`'s own emulation methods."""
+
+    apply_norm = lowbit.LowBitInput.apply_norm
+    transform = lowbit.LowBitInput.transform
+    scales_and_codes = lowbit.LowBitInput.scales_and_codes
+
+    def __init__(self, n1, n2, dev, k=2, norm=True, diag=True, p2=True, dtype=torch.bfloat16):
+        g = torch.Generator().manual_seed(n1 * 1000 + n2)
+        self.dim, self.n1, self.n2, self.bits, self.kind, self.static = n1 * n2, n1, n2, 4, "fp8", False
+        q1 = torch.linalg.qr(torch.randn(n1, n1, generator=g))[0]
+        q2 = torch.linalg.qr(torch.randn(n2, n2, generator=g))[0]
+        self.p1 = (q1 * 1.3).to(dev, dtype)
+        self.p2t = q2.to(dev, dtype) if p2 else None
+        self.d = (torch.rand(self.dim, generator=g) + 0.5).to(dev, dtype) if diag else None
+        self.norm = ((torch.rand(self.dim, generator=g) + 0.5).to(dev, dtype), 1e-6) if norm else None
+        self.r_max = (torch.rand(k, generator=g) * 0.5 + 0.5).to(dev)
+        self.r_min = (torch.rand(k, generator=g) * 0.5 + 0.5).to(dev)
+        self.floor = torch.zeros(k, device=dev)
+        self.static_scale = None
+        self.n_readers = k
+
+
+@torch.no_grad()
+def split_check(dev, tokens=4096):
+    """The chunked kernel with split sides (default) and padded sides, against the emulation
+    on the same input (fraction of codes that differ, scale difference) and timed."""
+    import triton.testing
+
+    from fair_calib.quant import lowbit_triton
+    cases = [(128, 148, {}), (96, 128, {}), (148, 128, {"norm": False, "diag": False}),
+             (28, 128, {"p2": False, "norm": False}), (96, 128, {"norm": False}),
+             (128, 148, {"norm": False})]
+    for n1, n2, kw in cases:
+        inp = SyntheticInput(n1, n2, dev, **kw)
+        x = torch.randn(tokens, n1 * n2, device=dev) * 3
+        x[:, :5] *= 30
+        x = x.to(torch.bfloat16)
+        ref_c, ref_s = inp.scales_and_codes(inp.transform(x))
+        rec = {"kind": "split_check", "tile": [n1, n2], **kw, "tokens": tokens,
+               "pieces": [lowbit_triton.split_pow2(n1), lowbit_triton.split_pow2(n2)]}
+        for split in (True, False):
+            lowbit_triton.SPLIT = split
+            torch.cuda.synchronize()
+            c, sc = lowbit_triton.quantize_input(inp, x)
+            key = "split" if split else "padded"
+            rec[key + "_mismatch"] = (c.float() != ref_c).float().mean().item()
+            rec[key + "_scale_rel"] = ((sc - ref_s).abs() / ref_s).max().item()
+            rec[key + "_us"] = triton.testing.do_bench(lambda: lowbit_triton.quantize_input(inp, x),
+                                                       return_mode="median") * 1e3
+        lowbit_triton.SPLIT = True
+        emit(rec)
+
+
 # ------------------------------------------------------------------------ decode batching
 @torch.no_grad()
 def decode_batch(shape, layers, dev, n_prompts=16, gen=64):
@@ -352,7 +414,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", nargs="+", default=["llada-8b", "dream-7b"])
     ap.add_argument("--tokens", nargs="+", default=["8x512", "32x104"])
-    ap.add_argument("--skip", default="", help="comma list of: layers,kernels,forward,decode")
+    ap.add_argument("--skip", default="", help="comma list of: split,layers,kernels,forward,decode")
     ap.add_argument("--decode-layers", type=int, default=8)
     ap.add_argument("--repeat", type=int, default=1, help="run the forward stage this often")
     ap.add_argument("--out", default=None)
@@ -362,6 +424,13 @@ def main(argv=None):
     OUT, EXTRA = args.out, args.extra
     dev = "cuda"
     skip = set(filter(None, args.skip.split(",")))
+    if "split" not in skip:
+        try:
+            split_check(dev)
+        except Exception as err:  # noqa: BLE001 - report and go on
+            import traceback
+            traceback.print_exc()
+            emit({"kind": "error", "stage": "split", "error": repr(err)[:500]})
     emit({"kind": "env", "device": torch.cuda.get_device_name(), "torch": torch.__version__,
           "cc": list(torch.cuda.get_device_capability()),
           "mode": lowbit.resolve_mode(torch.device("cuda"), "real")})

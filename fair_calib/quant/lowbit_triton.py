@@ -41,6 +41,9 @@ WIDE_BC = 64
 # two factors of which one is wider than this also take the chunked kernel: measured on an
 # H100 at 4096 tokens, LLaDA's 96 x 128 down_proj input 193 us chunked vs 343 us in one tile
 WIDE_ABOVE = 64
+# the chunked kernel with each side split in two power-of-two pieces (148 = 128 + 32) instead
+# of padded to one (256); False: the padded kernel (benchmark comparison)
+SPLIT = True
 _SMS: dict[int, int] = {}
 
 
@@ -201,6 +204,142 @@ def _act_quant_wide_kernel(x_ptr, nw_ptr, d_ptr, p1_ptr, p2t_ptr, rmax_ptr, rmin
                      mask=o < N1 * N2)
 
 
+@triton.jit
+def _piece(ptr, r0, RP: tl.constexpr, c0, CP: tl.constexpr, N1: tl.constexpr, N2: tl.constexpr):
+    """Rows r0..r0+RP x columns c0..c0+CP of a row-major [N1, N2] tile (zero outside)."""
+    r = r0 + tl.arange(0, RP)[:, None]
+    c = c0 + tl.arange(0, CP)[None, :]
+    return tl.load(ptr + r * N2 + c, mask=(r < N1) & (c < N2), other=0.0)
+
+
+@triton.jit
+def _sumsq(x):
+    xf = x.to(tl.float32)
+    return tl.sum(tl.sum(xf * xf, axis=1), axis=0)
+
+
+@triton.jit
+def _prep(x, nw_ptr, d_ptr, rinv, r0, RP: tl.constexpr, c0, CP: tl.constexpr,
+          N1: tl.constexpr, N2: tl.constexpr, HAS_NORM: tl.constexpr, HAS_D: tl.constexpr):
+    """One piece of the token: the norm (:func:`_rms_norm`'s steps, the token's 1/rms given),
+    then the diagonal, each product rounded to x's dtype."""
+    dt = x.dtype
+    if HAS_NORM:
+        nw = _piece(nw_ptr, r0, RP, c0, CP, N1, N2).to(tl.float32)
+        x = (x.to(tl.float32) * rinv).to(dt)
+        x = (nw * x.to(tl.float32)).to(dt)
+    if HAS_D:
+        d = _piece(d_ptr, r0, RP, c0, CP, N1, N2).to(tl.float32)
+        x = (x.to(tl.float32) * d).to(dt)
+    return x
+
+
+@triton.jit
+def _act_quant_split_kernel(x_ptr, nw_ptr, d_ptr, p1_ptr, p2t_ptr, rmax_ptr, rmin_ptr,
+                            floor_ptr, static_ptr, z_ptr, codes_ptr, scales_ptr, T, qmax_f, eps,
+                            N1: tl.constexpr, N2: tl.constexpr, RA: tl.constexpr,
+                            RB: tl.constexpr, SR: tl.constexpr, CA: tl.constexpr,
+                            CB: tl.constexpr, SC: tl.constexpr, BR: tl.constexpr,
+                            BC: tl.constexpr, HAS_NORM: tl.constexpr, HAS_D: tl.constexpr,
+                            HAS_P2: tl.constexpr, K: tl.constexpr, QMAX: tl.constexpr,
+                            STATIC: tl.constexpr, CH: tl.constexpr, NCH: tl.constexpr):
+    """The chunked kernel with each side of the token's [N1, N2] tile split in two power-of-two
+    pieces (RA + RB rows, CA + CB columns; SR / SC: whether there is a second piece) instead
+    of padded to one: Dream's 148 is 128 + 32, not 256, so the products do about half the
+    work. The contractions add the pieces' float32 partial sums before rounding to the model
+    dtype (another summation order, as cuBLAS has its own)."""
+    t = tl.program_id(0).to(tl.int64)
+    xr = x_ptr + t * (N1 * N2)
+    xaa = _piece(xr, 0, RA, 0, CA, N1, N2)
+    dt = xaa.dtype
+    ss = _sumsq(xaa)
+    if SC:
+        xab = _piece(xr, 0, RA, CA, CB, N1, N2)
+        ss += _sumsq(xab)
+    if SR:
+        xba = _piece(xr, RA, RB, 0, CA, N1, N2)
+        ss += _sumsq(xba)
+        if SC:
+            xbb = _piece(xr, RA, RB, CA, CB, N1, N2)
+            ss += _sumsq(xbb)
+    rinv = libdevice.rsqrt(libdevice.div_rn(ss, N1 * N2 * 1.0) + eps)
+    xaa = _prep(xaa, nw_ptr, d_ptr, rinv, 0, RA, 0, CA, N1, N2, HAS_NORM, HAS_D)
+    if SC:
+        xab = _prep(xab, nw_ptr, d_ptr, rinv, 0, RA, CA, CB, N1, N2, HAS_NORM, HAS_D)
+    if SR:
+        xba = _prep(xba, nw_ptr, d_ptr, rinv, RA, RB, 0, CA, N1, N2, HAS_NORM, HAS_D)
+        if SC:
+            xbb = _prep(xbb, nw_ptr, d_ptr, rinv, RA, RB, CA, CB, N1, N2, HAS_NORM, HAS_D)
+    hi = tl.zeros([], dtype=tl.float32)
+    lo = tl.zeros([], dtype=tl.float32)
+    ka = tl.arange(0, RA)
+    kb = RA + tl.arange(0, RB)
+    ca = tl.arange(0, CA)
+    cb = CA + tl.arange(0, CB)
+    zrow = z_ptr + t * (N1 * N2)
+    for r in tl.static_range((N1 + BR - 1) // BR):
+        rr = r * BR + tl.arange(0, BR)
+        p1a = tl.load(p1_ptr + rr[:, None] * N1 + ka[None, :],
+                      mask=(rr[:, None] < N1) & (ka[None, :] < N1), other=0.0)
+        ya = tl.dot(p1a, xaa)                                     # [BR, CA] float32
+        if SC:
+            yb = tl.dot(p1a, xab)                                 # [BR, CB]
+        if SR:
+            p1b = tl.load(p1_ptr + rr[:, None] * N1 + kb[None, :],
+                          mask=(rr[:, None] < N1) & (kb[None, :] < N1), other=0.0)
+            ya = tl.dot(p1b, xba, ya)
+            if SC:
+                yb = tl.dot(p1b, xbb, yb)
+        ya = ya.to(dt)
+        if SC:
+            yb = yb.to(dt)
+        if HAS_P2:
+            for c in tl.static_range((N2 + BC - 1) // BC):
+                cc = c * BC + tl.arange(0, BC)
+                p2a = tl.load(p2t_ptr + ca[:, None] * N2 + cc[None, :],
+                              mask=(ca[:, None] < N2) & (cc[None, :] < N2), other=0.0)
+                z = tl.dot(ya, p2a)
+                if SC:
+                    p2b = tl.load(p2t_ptr + cb[:, None] * N2 + cc[None, :],
+                                  mask=(cb[:, None] < N2) & (cc[None, :] < N2), other=0.0)
+                    z = tl.dot(yb, p2b, z)
+                z = z.to(dt)                                      # [BR, BC]
+                tl.store(zrow + rr[:, None] * N2 + cc[None, :], z,
+                         mask=(rr[:, None] < N1) & (cc[None, :] < N2))
+                zf = z.to(tl.float32)
+                hi = tl.maximum(hi, tl.max(tl.max(zf, axis=1), axis=0))
+                lo = tl.minimum(lo, tl.min(tl.min(zf, axis=1), axis=0))
+        else:
+            tl.store(zrow + rr[:, None] * N2 + ca[None, :], ya,
+                     mask=(rr[:, None] < N1) & (ca[None, :] < N2))
+            yf = ya.to(tl.float32)
+            hi = tl.maximum(hi, tl.max(tl.max(yf, axis=1), axis=0))
+            lo = tl.minimum(lo, tl.min(tl.min(yf, axis=1), axis=0))
+            if SC:
+                tl.store(zrow + rr[:, None] * N2 + cb[None, :], yb,
+                         mask=(rr[:, None] < N1) & (cb[None, :] < N2))
+                yf = yb.to(tl.float32)
+                hi = tl.maximum(hi, tl.max(tl.max(yf, axis=1), axis=0))
+                lo = tl.minimum(lo, tl.min(tl.min(yf, axis=1), axis=0))
+    tl.debug_barrier()                 # the scratch row is read back by other threads
+    lo = -lo
+    for k in tl.static_range(K):
+        if STATIC:
+            s = tl.load(static_ptr + k)
+        else:
+            m = tl.maximum(lo * tl.load(rmin_ptr + k), hi * tl.load(rmax_ptr + k))
+            s = tl.maximum(libdevice.div_rn(m, qmax_f), tl.load(floor_ptr + k))
+            s = tl.where(m == 0.0, 1.0, s)
+        tl.store(scales_ptr + k * T + t, s)
+        for ch in tl.static_range(NCH):
+            o = ch * CH + tl.arange(0, CH)
+            zf = tl.load(zrow + o, mask=o < N1 * N2, other=0.0).to(tl.float32)
+            q = libdevice.rint(libdevice.div_rn(zf, s))
+            q = tl.minimum(tl.maximum(q, -QMAX - 1.0), QMAX * 1.0)
+            tl.store(codes_ptr + (k * T + t) * (N1 * N2) + o, q.to(codes_ptr.dtype.element_ty),
+                     mask=o < N1 * N2)
+
+
 def quantize_input(inp, x2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(codes [K, T, dim], scales [K, T]) of a :class:`lowbit.LowBitInput` for x2 [T, dim]."""
     from .lowbit import tile_shape
@@ -249,6 +388,13 @@ def quantize_input(inp, x2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return codes, scales
 
 
+def split_pow2(n: int) -> tuple[int, int]:
+    """(a, b): a the largest power of two <= n (at least 16), b the power of two (at least 16)
+    covering the rest, 0 where a covers n: 148 -> (128, 32), 96 -> (64, 32), 128 -> (128, 0)."""
+    a = max(16, 1 << (n.bit_length() - 1))
+    return (a, 0) if a >= n else (a, _pow2(n - a))
+
+
 def _fused_norm(inp, x2):
     """(norm weight, eps) for the kernel when the group's RMSNorm is fused and its weight has
     x's dtype (the product the kernel rounds once); else (None, 0.0)."""
@@ -273,6 +419,19 @@ def _quantize_wide(inp, x2, nw, eps, d, p1, p2t, n1, n2):
         raise ValueError(f"lowbit_triton.WIDE_BC={WIDE_BC}: column chunks below 64 are refused")
     CH = 2048
     dummy = scales
+    if SPLIT:
+        (ra, rb), (ca, cb) = split_pow2(n1), split_pow2(n2)
+        _act_quant_split_kernel[(T,)](
+            x2, nw if nw is not None else dummy, d.to(x2.dtype) if d is not None else dummy,
+            p1.to(x2.dtype), p2t.to(x2.dtype) if p2t is not None else dummy,
+            inp.r_max if not inp.static else dummy, inp.r_min if not inp.static else dummy,
+            inp.floor if not inp.static else dummy, inp.static_scale if inp.static else dummy,
+            z, codes, scales, T, float(2 ** (inp.bits - 1) - 1), eps,
+            N1=n1, N2=n2, RA=ra, RB=max(rb, 16), SR=rb > 0, CA=ca, CB=max(cb, 16), SC=cb > 0,
+            BR=min(_pow2(n1), WIDE_BR), BC=min(_pow2(n2), WIDE_BC), HAS_NORM=nw is not None,
+            HAS_D=d is not None, HAS_P2=p2t is not None, K=K, QMAX=2 ** (inp.bits - 1) - 1,
+            STATIC=inp.static, CH=CH, NCH=triton.cdiv(dim, CH), num_warps=NUM_WARPS or 4)
+        return codes, scales
     _act_quant_wide_kernel[(T,)](
         x2, nw if nw is not None else dummy, d.to(x2.dtype) if d is not None else dummy,
         p1.to(x2.dtype),

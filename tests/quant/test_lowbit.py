@@ -239,5 +239,6 @@ def test_byte_counts_of_a_low_bit_model(calibrated):
     assert resident_bytes(be) - resident_bytes(be.inp) == packed
     naive = sum(p.numel() * p.element_size() for p in emu.model.parameters())
     assert resident_bytes(emu.model) < min(resident_bytes(fake.model), naive)
-    with pytest.raises(RuntimeError, match=r"export: model\.layers\.0\.self_attn\.q_proj runs on low-bit"):
+    with pytest.raises(RuntimeError,
+                       match=r"export: model\.layers\.0\.self_attn\.q_proj runs on low-bit"):
         export_quantized(emu.model, d / "x.safetensors")
