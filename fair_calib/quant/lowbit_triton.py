@@ -44,6 +44,8 @@ WIDE_ABOVE = 64
 # the chunked kernel with each side split in two power-of-two pieces (148 = 128 + 32) instead
 # of padded to one (256); False: the padded kernel (benchmark comparison)
 SPLIT = True
+SPLIT_BR = 64          # rows of the product per chunk in the split kernel
+SPLIT_WARPS = 4
 _SMS: dict[int, int] = {}
 
 
@@ -428,9 +430,9 @@ def _quantize_wide(inp, x2, nw, eps, d, p1, p2t, n1, n2):
             inp.floor if not inp.static else dummy, inp.static_scale if inp.static else dummy,
             z, codes, scales, T, float(2 ** (inp.bits - 1) - 1), eps,
             N1=n1, N2=n2, RA=ra, RB=max(rb, 16), SR=rb > 0, CA=ca, CB=max(cb, 16), SC=cb > 0,
-            BR=min(_pow2(n1), WIDE_BR), BC=min(_pow2(n2), WIDE_BC), HAS_NORM=nw is not None,
+            BR=min(_pow2(n1), SPLIT_BR), BC=min(_pow2(n2), WIDE_BC), HAS_NORM=nw is not None,
             HAS_D=d is not None, HAS_P2=p2t is not None, K=K, QMAX=2 ** (inp.bits - 1) - 1,
-            STATIC=inp.static, CH=CH, NCH=triton.cdiv(dim, CH), num_warps=NUM_WARPS or 4)
+            STATIC=inp.static, CH=CH, NCH=triton.cdiv(dim, CH), num_warps=SPLIT_WARPS)
         return codes, scales
     _act_quant_wide_kernel[(T,)](
         x2, nw if nw is not None else dummy, d.to(x2.dtype) if d is not None else dummy,
