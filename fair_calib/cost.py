@@ -31,11 +31,12 @@ FWD_TOKEN_S = 27e-6            # per token of the forward (same fit)
 FAMILY_SCALE = {"llada": 1.0, "dream": 0.9}    # Dream-7B forward / LLaDA-8B forward (issue 3)
 QUANT_SCALE = 1.26             # fake-quant W4A4 forward / FP forward (issue 6: 2.07 / 1.64 s)
 # Real low-bit forward / bf16 FP forward (issue 20, benchmarks/lowbit_gpu.py, full depth, H100):
-# codes of <= 5 bits run on FP8 tensor cores (FAIR_CALIB_LOWBIT=auto); per family the slowest
-# W4A4 structure and token shape, median of three measurements (LLaDA: QuaRot 0.95 at 8 x 512;
-# Dream: FAIR-Calib 0.955 at 8 x 512). W8A8 keeps fake quantization under auto (INT8 measured
-# 1.5-1.8x FP).
-REAL_QUANT_SCALE = {"llada": 0.96, "dream": 0.96}
+# codes of <= 5 bits run on FP8 tensor cores (FAIR_CALIB_LOWBIT=auto), RMSNorms fused into the
+# quantizing kernels; per family the slowest W4A4 structure and token shape, median of six
+# measurements (LLaDA: QuaRot 0.914 at 32 x 104; Dream: FAIR-Calib 0.841 at 32 x 104 with the
+# padded chunked kernel, 0.833 with the split one now default). W8A8 keeps fake quantization
+# under auto (INT8 measured 1.5-1.8x FP).
+REAL_QUANT_SCALE = {"llada": 0.91, "dream": 0.84}
 JOB_OVERHEAD_S = 60.0          # assumption: loading 16 GB of weights from a shared filesystem
 
 # Calibration (issue 5): FAIR-Calib / FlatQuant at 128 x 1024 tokens, 15 epochs: 15.5 min
