@@ -331,8 +331,10 @@ class SyntheticInput:
         self.dim, self.n1, self.n2, self.bits, self.kind, self.static = n1 * n2, n1, n2, 4, "fp8", False
         q1 = torch.linalg.qr(torch.randn(n1, n1, generator=g))[0]
         q2 = torch.linalg.qr(torch.randn(n2, n2, generator=g))[0]
-        self.p1 = (q1 * 1.3).to(dev, dtype)
-        self.p2t = q2.to(dev, dtype) if p2 else None
+        # contiguous: QR's factors are column-major, the kernels read row-major buffers (as
+        # LowBitInput stores them)
+        self.p1 = (q1 * 1.3).to(dev, dtype).contiguous()
+        self.p2t = q2.to(dev, dtype).contiguous() if p2 else None
         self.d = (torch.rand(self.dim, generator=g) + 0.5).to(dev, dtype) if diag else None
         self.norm = ((torch.rand(self.dim, generator=g) + 0.5).to(dev, dtype), 1e-6) if norm else None
         self.r_max = (torch.rand(k, generator=g) * 0.5 + 0.5).to(dev)

@@ -10,7 +10,8 @@ W3A4 run on FP8 tensor cores (``torch._scaled_mm``, per-token x per-channel scal
 bf16 out); codes of up to 8 bits run on INT8 tensor cores (``torch._int_mm``, W8A8).
 
 Per layer input group (:class:`LowBitInput`, shared by q/k/v or gate/up as the
-:class:`InputQuant` it replaces): the online transform (FlatQuant's folded Kronecker factors
+:class:`InputQuant` it replaces): the RMSNorm that feeds it where nothing else reads that
+norm's output (:func:`fuse_block_norms`, run by ``load_quantized``), the online transform (FlatQuant's folded Kronecker factors
 and diagonal, or QuaRot's online Hadamard), the per-token (or static, QDrop) scale of every
 reader and the codes, in one fused Triton kernel on CUDA (:mod:`lowbit_triton`; a transform
 factor wider than 256 goes through cuBLAS first). Per linear

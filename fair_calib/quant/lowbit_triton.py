@@ -1,15 +1,18 @@
 """CUDA kernels of the low-bit backend (:mod:`lowbit`); imported only on CUDA, needs Triton.
 
 - :func:`quantize_input`: one fused Triton kernel per input group and call. Each program takes
-  one token's row viewed as [n1, n2]: d (bf16 product, as the fake quant), P1 X P2^T on the
+  one token's row viewed as [n1, n2]: the group's RMSNorm where it is fused
+  (:func:`lowbit.fuse_block_norms`; the input is then the norm's input), d (bf16 product, as
+  the fake quant), P1 X P2^T on the
   tensor cores (bf16 operands, float32 accumulation, each product rounded to the model dtype
   as ``kron_last`` rounds it), the token's max/min once, then for every reader the codes (FP8
   e4m3 or int8) and the float32 scale. Divisions are IEEE (``div_rn``) and rounding is
   half-to-even (``rint``), as torch's, so the codes are those of
   :meth:`LowBitInput.scales_and_codes` on the same transformed values. Two factors of which
   one is wider than 64 (LLaDA's 96 x 128, Dream's 128 x 148 and 148 x 128) take
-  :func:`_act_quant_wide_kernel`, which forms the product in 64 x 64 chunks through a scratch
-  row; a factor wider than 256 (QuaRot's 1024-wide Hadamard on LLaDA's down_proj input) is
+  :func:`_act_quant_split_kernel` (``SPLIT``; :func:`_act_quant_wide_kernel` pads instead),
+  which forms the product in 64 x 64 chunks through a scratch row, each side of the tile split
+  into two power-of-two pieces (148 = 128 + 32); a factor wider than 256 (QuaRot's 1024-wide Hadamard on LLaDA's down_proj input) is
   applied by cuBLAS first (``kron_last``, the fake quant's own operations) and the kernel
   quantizes. Timings of each choice: ``docs/benchmarks.md``.
 - :func:`gemm`: FP8 codes x FP8 codes on the tensor cores (``torch._scaled_mm``, float32
@@ -350,7 +353,8 @@ def quantize_input(inp, x2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     nw, eps = _fused_norm(inp, x2)
     if inp.norm is not None and nw is None:     # a norm the kernel does not take: torch first
         x2 = inp.apply_norm(x2)
-    d, p1, p2t = inp.d, inp.p1, inp.p2t
+    # the kernels index the factors row-major
+    d, p1, p2t = (None if v is None else v.contiguous() for v in (inp.d, inp.p1, inp.p2t))
     n1, n2 = inp.n1, inp.n2
     big = p1 is not None and (_pow2(n1) > MAX_FACTOR or (p2t is not None and _pow2(n2) > MAX_FACTOR)
                               or _pow2(n1) * _pow2(n2) > MAX_TILE

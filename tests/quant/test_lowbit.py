@@ -242,3 +242,85 @@ def test_byte_counts_of_a_low_bit_model(calibrated):
     with pytest.raises(RuntimeError,
                        match=r"export: model\.layers\.0\.self_attn\.q_proj runs on low-bit"):
         export_quantized(emu.model, d / "x.safetensors")
+
+
+CHUNKED_KERNEL_SCRIPT = r"""
+import os, sys
+os.environ["TRITON_INTERPRET"] = "1"
+import torch, triton, triton.language as tl
+from fair_calib.quant import lowbit, lowbit_triton as lt
+
+
+class Shim:
+    # libdevice has no interpreter version: the same IEEE operations through tl (division
+    # correctly rounded, rint half-to-even)
+    @staticmethod
+    @triton.jit
+    def div_rn(a, b):
+        return a / b
+
+    @staticmethod
+    @triton.jit
+    def rsqrt(x):
+        return tl.rsqrt(x)
+
+    @staticmethod
+    @triton.jit
+    def rint(x):
+        f = tl.floor(x)
+        r = x - f
+        odd = f - 2.0 * tl.floor(f * 0.5)
+        return tl.where(r > 0.5, f + 1.0, tl.where(r < 0.5, f, f + odd))
+
+
+lt.libdevice = Shim
+
+
+class Group:
+    apply_norm = lowbit.LowBitInput.apply_norm
+    transform = lowbit.LowBitInput.transform
+    scales_and_codes = lowbit.LowBitInput.scales_and_codes
+
+    def __init__(self, n1, n2, p2):
+        g = torch.Generator().manual_seed(n1 + n2)
+        self.dim, self.n1, self.n2, self.bits, self.kind, self.static = n1 * n2, n1, n2, 4, "int8", False
+        self.p1 = torch.randn(n1, n1, generator=g) / n1 ** 0.5
+        self.p2t = torch.randn(n2, n2, generator=g) / n2 ** 0.5 if p2 else None
+        self.d = torch.rand(self.dim, generator=g) + 0.5
+        self.norm = (torch.rand(self.dim, generator=g) + 0.5, 1e-6)
+        self.r_max, self.r_min = torch.rand(2, generator=g) * 0.5 + 0.5, torch.rand(2, generator=g) * 0.5 + 0.5
+        self.floor, self.static_scale, self.n_readers = torch.zeros(2), None, 2
+
+
+for n1, n2, p2 in ((128, 148, True), (96, 128, True), (28, 128, False)):
+    inp = Group(n1, n2, p2)
+    x = torch.randn(3, n1 * n2, generator=torch.Generator().manual_seed(1)) * 3
+    x[:, :5] *= 30
+    ref_c, ref_s = inp.scales_and_codes(inp.transform(x))
+    for split in (True, False):
+        lt.SPLIT = split
+        nw, eps = lt._fused_norm(inp, x)
+        c, s = lt._quantize_wide(inp, x, nw, eps, inp.d, inp.p1, inp.p2t, n1, n2)
+        bad = (c.float() != ref_c).float().mean().item()
+        rel = ((s - ref_s).abs() / ref_s).max().item()
+        print(n1, n2, split, bad, rel)
+        assert bad == 0.0 and rel < 1e-5, (n1, n2, split, bad, rel)
+print("ok")
+"""
+
+
+def test_chunked_kernels_equal_the_emulation_in_the_triton_interpreter():
+    """The chunked activation kernels (split into power-of-two pieces, and padded) with a fused
+    RMSNorm, a diagonal and Kronecker factors (Dream's 128 x 148, LLaDA's 96 x 128, a left
+    factor alone) give the emulation's codes and scales, run on CPU by Triton's interpreter in
+    float32 (the interpreter has no bfloat16 arithmetic; the bf16 kernels are compared with the
+    emulation on the GPU by benchmarks/lowbit_gpu.py)."""
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("triton")
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    r = subprocess.run([sys.executable, "-c", CHUNKED_KERNEL_SCRIPT], env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stdout + r.stderr[-2000:]
