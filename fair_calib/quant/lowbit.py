@@ -14,10 +14,10 @@ Per layer input group (:class:`LowBitInput`, shared by q/k/v or gate/up as the
 norm's output (:func:`fuse_block_norms`, run by ``load_quantized``), the online transform
 (FlatQuant's folded Kronecker factors and diagonal, or QuaRot's online Hadamard), the
 per-token (or static, QDrop) scale of every reader and the codes, in one fused Triton kernel
-on CUDA (:mod:`lowbit_triton`; a transform factor wider than 256 goes through cuBLAS first). Per linear
-(:class:`LowBitLinear`): the weight's codes, 4-bit packed two per byte (the export's layout,
-low nibble first) for codes of up to 4 bits, else int8/FP8 one per byte, and the float32 row
-scales.
+on CUDA (:mod:`lowbit_triton`; a transform factor wider than 256 goes through cuBLAS first).
+Per linear (:class:`LowBitLinear`): the weight's codes, 4-bit packed two per byte (the
+export's layout, low nibble first) for codes of up to 4 bits, else int8/FP8 one per byte, and
+the float32 row scales.
 
 Modes (``FAIR_CALIB_LOWBIT``):
 - ``auto`` (default): ``real`` where the device has FP8 tensor cores (CUDA compute capability

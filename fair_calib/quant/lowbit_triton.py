@@ -13,8 +13,8 @@
   :func:`_act_quant_split_kernel` (``SPLIT``; :func:`_act_quant_wide_kernel` pads instead),
   which forms the product in 64 x 64 chunks through a scratch row, each side of the tile split
   into two power-of-two pieces (148 = 128 + 32); a factor wider than 256 (QuaRot's 1024-wide
-  Hadamard on LLaDA's down_proj input) is applied by cuBLAS first (``kron_last``, the fake quant's own operations) and the kernel
-  quantizes. Timings of each choice: ``docs/benchmarks.md``.
+  Hadamard on LLaDA's down_proj input) is applied by cuBLAS first (``kron_last``, the fake
+  quant's own operations) and the kernel quantizes. Timings of each choice: ``docs/benchmarks.md``.
 - :func:`gemm`: FP8 codes x FP8 codes on the tensor cores (``torch._scaled_mm``, float32
   accumulation, per-token x per-channel scales and the bias in the epilogue, bf16 out), or
   int8 x int8 (``torch._int_mm``, int32 accumulation, scales applied after). 4-bit packed
