@@ -30,6 +30,13 @@ FWD_FIXED_S = 0.012            # per forward: launches, host work (LLaDA-8B, H10
 FWD_TOKEN_S = 27e-6            # per token of the forward (same fit)
 FAMILY_SCALE = {"llada": 1.0, "dream": 0.9}    # Dream-7B forward / LLaDA-8B forward (issue 3)
 QUANT_SCALE = 1.26             # fake-quant W4A4 forward / FP forward (issue 6: 2.07 / 1.64 s)
+# Real low-bit forward / bf16 FP forward (issue 20, benchmarks/lowbit_gpu.py, full depth, H100):
+# codes of <= 5 bits run on FP8 tensor cores (FAIR_CALIB_LOWBIT=auto), RMSNorms fused into the
+# quantizing kernels; per family the slowest W4A4 structure and token shape, median of six
+# measurements (LLaDA: QuaRot 0.914 at 32 x 104; Dream: FAIR-Calib 0.841 at 32 x 104 with the
+# padded chunked kernel, 0.833 with the split one now default). W8A8 keeps fake quantization
+# under auto (INT8 measured 1.5-1.8x FP).
+REAL_QUANT_SCALE = {"llada": 0.91, "dream": 0.84}
 JOB_OVERHEAD_S = 60.0          # assumption: loading 16 GB of weights from a shared filesystem
 
 # Calibration (issue 5): FAIR-Calib / FlatQuant at 128 x 1024 tokens, 15 epochs: 15.5 min
@@ -60,8 +67,21 @@ TASK_SHAPES = {
 }
 
 
-def forward_s(tokens: int, family: str, quant: bool) -> float:
-    scale = FAMILY_SCALE.get(family.removeprefix("tiny-"), 1.0) * (QUANT_SCALE if quant else 1.0)
+def quant_scale(family: str, quant: bool | str) -> float:
+    """Quantized forward / FP forward: ``quant`` False (FP), True (W4A4) or the bits string."""
+    if not quant:
+        return 1.0
+    from fair_calib.quant.lowbit import gemm_kind
+
+    bits = "w4a4" if quant is True else str(quant).lower()
+    w, a = (int(v) for v in bits.removeprefix("w").split("a"))
+    if gemm_kind(w, a) == "fp8":
+        return REAL_QUANT_SCALE.get(family.removeprefix("tiny-"), max(REAL_QUANT_SCALE.values()))
+    return QUANT_SCALE
+
+
+def forward_s(tokens: int, family: str, quant: bool | str) -> float:
+    scale = FAMILY_SCALE.get(family.removeprefix("tiny-"), 1.0) * quant_scale(family, quant)
     return (FWD_FIXED_S + tokens * FWD_TOKEN_S) * scale
 
 
@@ -112,7 +132,7 @@ def eval_cells(cfg: Mapping[str, Any]) -> list[tuple[str, str, str, str]]:
     for t in cfg["tables"].values():
         if "tasks" not in t:
             continue
-        methods = list(dict.fromkeys(t["methods"] + [m for m, _ in t.get("rows", [])]))
+        methods = list(dict.fromkeys(t["methods"] + [m for m, *_ in t.get("rows", [])]))
         for model in t["models"]:
             for method in methods:
                 bits = "fp" if cfg["methods"][method]["type"] == "fp" else t["bits"]
@@ -120,7 +140,8 @@ def eval_cells(cfg: Mapping[str, Any]) -> list[tuple[str, str, str, str]]:
     return sorted(cells)
 
 
-def eval_seconds(cfg: Mapping[str, Any], model: str, method: str, task: str) -> float:
+def eval_seconds(cfg: Mapping[str, Any], model: str, method: str, task: str,
+                 bits: str = "w4a4") -> float:
     from fair_calib.models.adapters import get_adapter
 
     family = cfg["models"][model]["family"]
@@ -128,7 +149,7 @@ def eval_seconds(cfg: Mapping[str, Any], model: str, method: str, task: str) -> 
     name = t.get("lm_eval_task") or task
     if name not in TASK_SHAPES:
         return 0.0                                  # synthetic tasks: CPU-sized
-    quant = cfg["methods"][method]["type"] != "fp"
+    quant = bits if cfg["methods"][method]["type"] != "fp" else False
     adapter = get_adapter(family)
     shape = TASK_SHAPES[name]
     if "ctx" in shape:
@@ -163,7 +184,7 @@ def calib_seconds(cfg: Mapping[str, Any], model: str, method: str) -> float:
 def probe_cells(cfg: Mapping[str, Any]) -> list[tuple[str, str]]:
     cells = set()
     for t in cfg["tables"].values():
-        for method in t["methods"] + [m for m, _ in t.get("rows", [])]:
+        for method in t["methods"] + [m for m, *_ in t.get("rows", [])]:
             prior = cfg["methods"][method].get("prior")
             if prior:
                 cells.update((m, cfg["priors"][prior]["probe"]) for m in t["models"])
@@ -192,7 +213,7 @@ def trajectory_seconds(cfg: Mapping[str, Any]) -> tuple[int, float]:
         for method in ["fp"] + [m for m in diag.get("methods", []) if m != "fp"]:
             quant = method != "fp"
             runs = 2 if quant else 1                      # free-running and teacher-forced
-            step = DECODE_STEP_S.get(family, 0.09) * (QUANT_SCALE if quant else 1.0)
+            step = DECODE_STEP_S.get(family, 0.09) * quant_scale(family, quant)
             sec += runs * math.ceil(int(diag.get("n_samples", 16)) / 8) * int(probe["steps"]) * step
             sec += JOB_OVERHEAD_S
             jobs += 1
@@ -205,8 +226,8 @@ def project(cfg: Mapping[str, Any]) -> dict[str, Any]:
     ev = eval_cells(cfg)
     by_task: dict[str, float] = {}
     longest = 0.0                                   # the longest evaluation shard (one job)
-    for model, method, _, task in ev:
-        sec = eval_seconds(cfg, model, method, task)
+    for model, method, bits, task in ev:
+        sec = eval_seconds(cfg, model, method, task, bits)
         by_task[task] = by_task.get(task, 0.0) + sec
         shards = resolve_task(task, cfg["tasks"][task], model, cfg["models"][model]["family"])
         longest = max(longest, sec / int(shards.get("shards", 1)))

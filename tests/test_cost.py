@@ -16,7 +16,9 @@ def test_mc_and_exact_costs_follow_the_forwards():
     assert exact == pytest.approx(10 * (cost.FWD_FIXED_S + 201 * cost.FWD_TOKEN_S))  # shared
     guided = cost.mc_task_seconds({**task, "cfg_scale": 0.5}, SHAPE, "llada", True, LLADA)
     assert guided == pytest.approx(10 * 4 * 16 * (cost.FWD_FIXED_S + 16 * 201 * cost.FWD_TOKEN_S)
-                                   * cost.QUANT_SCALE)
+                                   * cost.REAL_QUANT_SCALE["llada"])
+    assert cost.quant_scale("dream", "w8a8") == cost.QUANT_SCALE     # no FP8 path: fake quant
+    assert cost.quant_scale("dream", "w3a4") == cost.REAL_QUANT_SCALE["dream"]
 
 
 def test_paper_grid_projection(repo_root):

@@ -39,16 +39,23 @@ def make_method(method_cfg: dict[str, Any], w_bits: int, a_bits: int, seed: int 
 
 
 @torch.no_grad()
-def load_quantized(loaded, calib_dir: str | Path, fold: bool = True, keep_fp: bool = False):
-    """FP model + calibrated parameters in ``calib_dir`` -> the fake-quant model (in place).
+def load_quantized(loaded, calib_dir: str | Path, fold: bool = True, keep_fp: bool = False,
+                   lowbit: str | None = None):
+    """FP model + calibrated parameters in ``calib_dir`` -> the quantized model (in place).
 
     Reads ``meta.json`` (method, bits, per-block linear groups) and ``params.safetensors``,
     replays the method's model-level preparation (QuaRot rotations), wraps every block's
     linears, loads their parameters and, with ``fold``, precomputes the quantized weights.
     Folded layers then drop their FP weights (one weight per layer, as much memory as the FP
     model) unless ``keep_fp`` (needed only to unfold or re-export).
+
+    ``lowbit`` (default: the ``FAIR_CALIB_LOWBIT`` setting, see ``fair_calib.quant.lowbit``):
+    with a folded, FP-free model, ``real``/``emulate`` run every linear an integer GEMM covers
+    on its integer codes (``auto``: real where the GPU has FP8 tensor cores and Triton, else
+    fake quantization).
     """
     from .. import io
+    from ..quant import lowbit as lowbit_mod
     from ..quant.discovery import groups_from_json
 
     calib_dir = Path(calib_dir)
@@ -64,13 +71,20 @@ def load_quantized(loaded, calib_dir: str | Path, fold: bool = True, keep_fp: bo
     if len(blocks) != int(meta["n_blocks"]):
         raise ValueError(f"model has {len(blocks)} blocks, calibration {meta['n_blocks']}")
     device = loaded.device
+    mode = lowbit_mod.resolve_mode(device, lowbit) if fold and not keep_fp else "fake"
     for i, block in enumerate(blocks):
         groups = groups_from_json(meta["groups"][str(i)])
         prefix = f"{i}."
         state = {k[len(prefix):]: v.to(device) for k, v in params.items() if k.startswith(prefix)}
         method.quantize_block(block, groups, None, i)
         method.load_block_state(block, groups, state)
+        if fold and mode != "fake":
+            # integer codes; fold_block skips these
+            lowbit_mod.attach_block(block, mode, kinds=lowbit_mod.kinds_for(lowbit))
         if fold:
             fold_block(block, drop_fp=not keep_fp)
+    if fold and mode != "fake":
+        # each RMSNorm read only by one low-bit group runs inside that group's kernel
+        lowbit_mod.fuse_input_norms(loaded)
     loaded.model.eval()
     return loaded

@@ -208,9 +208,10 @@ def _load_exact(mod: nn.Module, sub: dict[str, torch.Tensor], what: str) -> None
 
 
 def fold_block(block: nn.Module, drop_fp: bool = False) -> None:
-    """Fold every fake-quant linear of ``block``; ``drop_fp``: then free their FP weights."""
+    """Fold every fake-quant linear of ``block``; ``drop_fp``: then free their FP weights.
+    Linears already running on their integer codes (``lowbit.attach_block``) are left alone."""
     for m in block.modules():
-        if isinstance(m, QuantLinear):
+        if isinstance(m, QuantLinear) and m.backend is None:
             m.fold()
             if drop_fp:
                 m.drop_fp_weight()

@@ -70,6 +70,11 @@ def export_quantized(model: nn.Module, path: str | Path) -> dict[str, int]:
     skip: set[int] = set()
     quant_linears = [(n, m) for n, m in model.named_modules() if isinstance(m, QuantLinear)]
     for name, ql in quant_linears:
+        if ql.backend is not None:
+            raise RuntimeError(f"export: {name} runs on low-bit codes (lowbit.attach_block: its "
+                               "weight is a one-element stand-in); export from a model loaded "
+                               "with lowbit='fake'")
+    for name, ql in quant_linears:
         if is_quantized(ql.wq.bits):
             ql.fold()                       # creates w_folded (skipped below, stored as codes)
         skip.add(id(ql.linear.weight))
@@ -120,7 +125,9 @@ def export_quantized(model: nn.Module, path: str | Path) -> dict[str, int]:
 
 
 def fp_bf16_bytes(model: nn.Module) -> int:
-    """Bytes of the model's own parameters in bfloat16 (quantizer state excluded)."""
+    """Bytes of the model's own parameters in bfloat16 (quantizer state excluded): counted from
+    shapes, so a low-bit model's one-element weight stand-ins count as the FP weights they
+    replace (the FP model's size, not what is resident: :func:`resident_bytes`)."""
     quant_state: set[int] = set()
     for m in model.modules():
         if isinstance(m, QuantLinear):
@@ -129,3 +136,20 @@ def fp_bf16_bytes(model: nn.Module) -> int:
                     quant_state.update(id(p) for p in sub.parameters())
     return int(sum(p.numel() * 2 for p in model.parameters() if id(p) not in quant_state))
 
+
+
+def resident_bytes(module: nn.Module) -> int:
+    """Bytes ``module`` holds in memory: every parameter's and buffer's storage once (shared
+    storages once). Unlike ``sum(p.numel() * p.element_size())``, which counts a low-bit
+    linear's expanded one-element weight stand-in (``lowbit.attach_block``) as a full FP
+    weight and misses its codes (buffers), this counts the stand-in as one element and the
+    packed codes and scales as they are stored."""
+    seen: set[tuple] = set()
+    total = 0
+    for t in list(module.parameters()) + list(module.buffers()):
+        st = t.untyped_storage()
+        key = (st.data_ptr(), st.nbytes(), t.device)
+        if key not in seen:
+            seen.add(key)
+            total += st.nbytes()
+    return total

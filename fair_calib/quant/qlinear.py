@@ -210,6 +210,8 @@ class QuantLinear(nn.Module):
         self.register_buffer("w_quant", None)
         # set by drop_fp_weight(): the FP weight is gone, only the folded one is left
         self.fp_weight_dropped = False
+        # real low-bit execution (``lowbit.attach_block``): inference delegates to it
+        self.backend: nn.Module | None = None
 
     @property
     def out_transform(self) -> AffineTransform | None:
@@ -293,6 +295,8 @@ class QuantLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         dtype = x.dtype
+        if self.backend is not None and not torch.is_grad_enabled():
+            return self.backend(x)          # integer codes (fair_calib.quant.lowbit)
         if self.w_folded is not None and not torch.is_grad_enabled():
             # inference: folded weight in the model dtype, matmul in x's dtype
             xq = self.inq(x, self.user) if self.inq is not None else x

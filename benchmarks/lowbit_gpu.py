@@ -1,0 +1,477 @@
+"""GPU benchmark of the real low-bit backend (issue 20): kernels, layer error, full forward.
+
+Random weights at the real LLaDA-8B / Dream-7B shapes (``benchmarks/shapes.py``). One JSON
+line per measurement:
+
+- ``codes``: per input group of one block (FAIR-Calib/FlatQuant: Kronecker factors, the o_proj
+  head factor; QuaRot: online Hadamards), the fused Triton kernel's codes against the torch
+  arithmetic of the emulation on the same input (fraction of codes that differ: a bf16
+  transform summed in another order can land a value on the other side of a rounding point);
+- ``layer_error``: per linear, ||y - y64|| / ||y64|| with y64 the float64 evaluation of the
+  real path's own integer codes and scales: the real path (FP8 GEMM) and the bf16 fake quant
+  of the same codes (bf16 operands, bf16 out);
+- ``forward``: full depth, bf16 FP forward vs the real W4A4 forward (FAIR-Calib/FlatQuant
+  structure with 4-bit packed and with FP8 weights; QuaRot structure with online Hadamards),
+  at each ``--tokens`` shape, with peak GPU memory of the forward (model included);
+- ``profile``: the real forward's top CUDA kernels (LLaDA-8B, first token shape);
+- ``decode_batch``: item 4, greedy bf16 decoding of the same prompts one at a time and in
+  padded batches: rows whose tokens differ, and whether the first step's logits are bitwise
+  equal.
+
+    PYTHONPATH=. python benchmarks/lowbit_gpu.py [--shapes llada-8b dream-7b] [--skip ...]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks import shapes  # noqa: E402
+from fair_calib.methods import make_method  # noqa: E402
+from fair_calib.quant import lowbit  # noqa: E402
+from fair_calib.quant.blockio import call_block, capture_block_inputs  # noqa: E402
+from fair_calib.quant.discovery import discover_groups  # noqa: E402
+from fair_calib.quant.hadamard import KronRotation  # noqa: E402
+from fair_calib.quant.qlinear import InputQuant, QuantLinear  # noqa: E402
+from fair_calib.quant.quantizers import ActQuantizer, WeightQuantizer  # noqa: E402
+
+OUT = None
+EXTRA = False      # --extra: also FP8-stored weights and W8A8 on INT8 in the forward stage
+
+
+def emit(rec: dict) -> None:
+    line = json.dumps(rec)
+    print(line, flush=True)
+    if OUT:
+        with open(OUT, "a") as f:
+            f.write(line + "\n")
+
+
+def block_groups(lm, dev):
+    model = lm.model
+    ids = torch.arange(64, device=dev).unsqueeze(0)
+    probe = capture_block_inputs(model, lm.blocks[0], ids, 1, device=dev,
+                                 hidden_dtype=next(model.parameters()).dtype)
+    with torch.no_grad():
+        return discover_groups(lm.blocks[0], lambda: call_block(lm.blocks[0], probe, 0))
+
+
+def quantize_fair_calib(lm, groups, mode="real", bits=4):
+    """FAIR-Calib/FlatQuant structure at its initialisation (random orthogonal Kronecker
+    factors, clip logits 4, o_proj's head_dim factor folded into v_proj), integer backend."""
+    method = make_method({"type": "fair_calib"}, bits, bits, seed=0)
+    method.prepare_model(lm)
+    for i, block in enumerate(lm.blocks):
+        method.quantize_block(block, groups, None, i)
+        lowbit.attach_block(block, mode)
+    fuse(lm)
+    lm.model.eval()
+
+
+def fuse(lm):
+    """Each norm read only by one low-bit group into that group's kernel (as load_quantized)."""
+    n = lowbit.fuse_input_norms(lm)
+    emit({"kind": "norms_fused", "n": n, "blocks": len(lm.blocks)})
+
+
+def quantize_quarot(lm, groups, hd, mode="real"):
+    """QuaRot's online part (no model rotation needed for speed): exact Hadamards online on the
+    o_proj input (across heads) and the down_proj input (full width), per-token clip 1.0."""
+    for block in lm.blocks:
+        for g in groups:
+            name = g.names[0]
+            rot = None
+            if name.endswith("o_proj"):
+                rot = KronRotation(g.in_features, None, signs=False,
+                                   split=(g.in_features // hd, hd), right=False)
+            elif name.endswith("down_proj"):
+                rot = KronRotation(g.in_features, None, signs=False)
+            dev = block.get_submodule(name).weight.device
+            inq = InputQuant(g.in_features, ActQuantizer(4), online_rotation=rot).to(dev)
+            inq.n_users = len(g.names)
+            for k, n in enumerate(g.names):
+                lin = block.get_submodule(n)
+                ql = QuantLinear(lin, inq, WeightQuantizer(lin.out_features, 4).to(dev), user=k)
+                parent, _, leaf = n.rpartition(".")
+                setattr(block.get_submodule(parent), leaf, ql)
+        lowbit.attach_block(block, mode)
+    fuse(lm)
+    lm.model.eval()
+
+
+def to_fp8_storage(lm):
+    from fair_calib.quant import lowbit_triton
+    for m in lm.model.modules():
+        if isinstance(m, lowbit.LowBitLinear) and m.packed:
+            m.qweight = lowbit_triton.unpack_int4(m.qweight, m.in_features, torch.float8_e4m3fn)
+            m.packed = False
+
+
+def ids_for(shape, batch, seq, dev, seed=1):
+    vocab = shapes.SHAPES[shape]["vocab_size"]
+    return torch.randint(0, vocab - 2, (batch, seq), generator=torch.Generator().manual_seed(seed)).to(dev)
+
+
+def time_forward(model, ids):
+    def fwd():
+        with torch.no_grad():
+            return model(input_ids=ids).logits
+    import triton.testing
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    # median of about 20 forwards after 0.5 s of warm-up (means of 10 moved by up to 15%)
+    t = triton.testing.do_bench(fwd, warmup=500, rep=2500, return_mode="median") / 1e3
+    return t, torch.cuda.max_memory_allocated() / 2**30
+
+
+# ------------------------------------------------------------------------- codes and error
+@torch.no_grad()
+def check_layers(shape, tokens, dev):
+    hd = shapes.SHAPES[shape]["hidden_size"] // shapes.SHAPES[shape]["num_attention_heads"]
+    for variant in ("fair_calib", "quarot"):
+        lm = shapes.build(shape, layers=1, device=dev)
+        groups = block_groups(lm, dev)
+        if variant == "fair_calib":
+            quantize_fair_calib(lm, groups)
+        else:
+            quantize_quarot(lm, groups, hd)
+        rec = {}
+        hooks = [m.register_forward_hook(lambda m, a, y, n=n: rec.__setitem__(n, a[0]))
+                 for n, m in lm.model.named_modules() if isinstance(m, QuantLinear)]
+        lm.model(input_ids=ids_for(shape, 1, tokens, dev))
+        for h in hooks:
+            h.remove()
+        seen = set()
+        for n, x in rec.items():
+            be = lm.model.get_submodule(n).backend
+            x2 = x.reshape(-1, x.shape[-1])
+            xc, xs = be.inp.quantize(x2)
+            if id(be.inp) not in seen:
+                seen.add(id(be.inp))
+                ref_c, ref_s = be.inp.scales_and_codes(be.inp.transform(x2))
+                diff = (xc.float() != ref_c).float().mean().item()
+                emit({"kind": "codes", "shape": shape, "variant": variant, "group": n,
+                      "tokens": x2.shape[0], "dim": x2.shape[1], "readers": be.inp.n_readers,
+                      "norm_fused": be.inp.norm is not None,
+                      "code_mismatch_frac": diff,
+                      "scale_max_rel_diff": ((xs - ref_s).abs() / ref_s).max().item()})
+            k = min(be.user, be.inp.n_readers - 1)
+            xc, xs = xc[k], xs[k]
+            from fair_calib.quant import lowbit_triton
+            wc = lowbit_triton.weight_codes(be).float()
+            y_real = lowbit_triton.gemm(be, xc, xs, torch.bfloat16).double()
+            b64 = None if be.bias is None else be.bias.double()
+            y64 = (xc.double() @ wc.double().T) * xs.double()[:, None] * be.w_scale.double()[None, :]
+            if b64 is not None:
+                y64 = y64 + b64
+            xq = (xc.float() * xs[:, None]).bfloat16()
+            wq = (wc * be.w_scale[:, None]).bfloat16()
+            y_fake = F.linear(xq, wq, None if be.bias is None else be.bias.bfloat16()).double()
+            nrm = y64.norm()
+            emit({"kind": "layer_error", "shape": shape, "variant": variant, "linear": n,
+                  "real_rel_err": ((y_real - y64).norm() / nrm).item(),
+                  "fake_bf16_rel_err": ((y_fake - y64).norm() / nrm).item()})
+        del lm
+        torch.cuda.empty_cache()
+
+
+# --------------------------------------------------------------------------------- forward
+@torch.no_grad()
+def bench_forward(shape, token_shapes, dev, profile):
+    hd = shapes.SHAPES[shape]["hidden_size"] // shapes.SHAPES[shape]["num_attention_heads"]
+    res = {f"{b}x{s}": {} for b, s in token_shapes}
+    lm = shapes.build(shape, device=dev)
+    groups = block_groups(lm, dev)
+    for b, s in token_shapes:
+        res[f"{b}x{s}"]["bf16"] = time_forward(lm.model, ids_for(shape, b, s, dev))
+    t0 = time.perf_counter()
+    quantize_fair_calib(lm, groups)
+    torch.cuda.synchronize()
+    attach_s = time.perf_counter() - t0
+    for b, s in token_shapes:
+        res[f"{b}x{s}"]["w4a4_fair_calib_packed"] = time_forward(lm.model, ids_for(shape, b, s, dev))
+    if profile:
+        profile_forward(lm.model, ids_for(shape, *token_shapes[0], dev), shape)
+    lowbit.set_norm_fusion(lm.model, False)
+    for b, s in token_shapes:
+        res[f"{b}x{s}"]["w4a4_fair_calib_packed_unfused"] = time_forward(
+            lm.model, ids_for(shape, b, s, dev))
+    lowbit.set_norm_fusion(lm.model, True)
+    from fair_calib.quant import lowbit_triton
+    lowbit_triton.SPLIT = False
+    for b, s in token_shapes:
+        res[f"{b}x{s}"]["w4a4_fair_calib_packed_padded"] = time_forward(
+            lm.model, ids_for(shape, b, s, dev))
+    lowbit_triton.SPLIT = True
+    if EXTRA:
+        to_fp8_storage(lm)
+        for b, s in token_shapes:
+            res[f"{b}x{s}"]["w4a4_fair_calib_fp8w"] = time_forward(lm.model, ids_for(shape, b, s, dev))
+    del lm
+    torch.cuda.empty_cache()
+    lm = shapes.build(shape, device=dev)
+    quantize_quarot(lm, groups, hd)
+    for b, s in token_shapes:
+        res[f"{b}x{s}"]["w4a4_quarot_packed"] = time_forward(lm.model, ids_for(shape, b, s, dev))
+    del lm
+    torch.cuda.empty_cache()
+    if EXTRA:
+        lm = shapes.build(shape, device=dev)
+        quantize_fair_calib(lm, groups, bits=8)          # INT8 tensor cores
+        for b, s in token_shapes:
+            res[f"{b}x{s}"]["w8a8_fair_calib_int8"] = time_forward(lm.model, ids_for(shape, b, s, dev))
+        del lm
+        torch.cuda.empty_cache()
+    for key, r in res.items():
+        fp_t, fp_m = r["bf16"]
+        emit({"kind": "forward", "shape": shape, "tokens": key, "device": torch.cuda.get_device_name(),
+              "attach_s": attach_s, "bf16_s": fp_t, "bf16_peak_gb": fp_m,
+              **{f"{k}_s": v[0] for k, v in r.items() if k != "bf16"},
+              **{f"{k}_ratio": v[0] / fp_t for k, v in r.items() if k != "bf16"},
+              **{f"{k}_peak_ratio": v[1] / fp_m for k, v in r.items() if k != "bf16"},
+              **{f"{k}_peak_gb": v[1] for k, v in r.items() if k != "bf16"}})
+
+
+def profile_forward(model, ids, shape):
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        model(input_ids=ids)
+        torch.cuda.synchronize()
+    rows = []
+    for e in sorted(prof.key_averages(), key=lambda e: -e.device_time_total)[:14]:
+        rows.append({"name": e.key[:90], "ms": round(e.device_time_total / 1e3, 3), "calls": e.count})
+    emit({"kind": "profile", "shape": shape, "tokens": list(ids.shape), "top": rows})
+
+
+def sweep_configs(inp):
+    """(name, module settings) of the activation kernel variants timed per group."""
+    out = [("default", {})]
+    for w in (4, 8):
+        out.append((f"tok_w{w}", {"NUM_WARPS": w, "PROGRAMS_PER_SM": None}))
+        out.append((f"loop8_w{w}", {"NUM_WARPS": w, "PROGRAMS_PER_SM": 8}))
+    if inp.p1 is not None and max(inp.n1, inp.n2) > 64:
+        out.append(("cublas_first", {"WIDE": False, "MAX_FACTOR": 32, "MAX_TILE": 32 * 32}))
+        for br, bc in ((64, 64), (32, 64), (32, 128), (128, 64)):
+            for w in (4, 8):
+                out.append((f"wide_r{br}_c{bc}_w{w}", {"WIDE": True, "MAX_FACTOR": 64,
+                                                       "MAX_TILE": 64 * 64, "WIDE_BR": br,
+                                                       "WIDE_BC": bc, "NUM_WARPS": w}))
+    return out
+
+
+@torch.no_grad()
+def time_groups(shape, tokens, dev):
+    """The activation kernel per input group (one block, ``tokens`` tokens): median time, the
+    bytes it must move (input read once, every reader's codes and scales written once) over
+    that time, for a few warp counts; the cuBLAS transform + torch quantizer (the emulation's
+    operations) for comparison."""
+    import triton.testing
+
+    from fair_calib.quant import lowbit_triton
+    defaults = {a: getattr(lowbit_triton, a) for a in
+                ("NUM_WARPS", "PROGRAMS_PER_SM", "MAX_FACTOR", "MAX_TILE", "WIDE", "WIDE_BR",
+                 "WIDE_BC")}
+    hd = shapes.SHAPES[shape]["hidden_size"] // shapes.SHAPES[shape]["num_attention_heads"]
+    for variant in ("fair_calib", "quarot"):
+        lm = shapes.build(shape, layers=1, device=dev)
+        groups = block_groups(lm, dev)
+        if variant == "fair_calib":
+            quantize_fair_calib(lm, groups)
+        else:
+            quantize_quarot(lm, groups, hd)
+        for g in groups:
+            be = lm.blocks[0].get_submodule(g.names[0]).backend
+            x2 = torch.randn(tokens, g.in_features, device=dev, dtype=torch.bfloat16)
+            x2[:, :8] *= 20
+            nbytes = x2.numel() * 2 + be.inp.n_readers * (x2.numel() + tokens * 4)
+            rec = {"kind": "act_kernel", "shape": shape, "variant": variant, "group": g.names[0],
+                   "tokens": tokens, "dim": g.in_features, "readers": be.inp.n_readers,
+                   "tile": [be.inp.n1, be.inp.n2], "ideal_us_at_3TBs": nbytes / 3e12 * 1e6}
+            ref_c, _ = be.inp.scales_and_codes(be.inp.transform(x2))
+            for key, cfg in sweep_configs(be.inp):
+                for attr, val in cfg.items():
+                    setattr(lowbit_triton, attr, val)
+                try:
+                    c, _ = be.inp.quantize(x2)
+                    bad = (c.float() != ref_c).float().mean().item()
+                    t = triton.testing.do_bench(lambda: be.inp.quantize(x2), return_mode="median")
+                    rec[key] = [round(t * 1e3, 1), bad]
+                except Exception as err:  # noqa: BLE001 - e.g. out of resources
+                    rec[key] = repr(err)[:80]
+                for attr, val in defaults.items():
+                    setattr(lowbit_triton, attr, val)
+            ok = {k: v[0] for k, v in rec.items() if isinstance(v, list) and v[1] < 2e-3}
+            rec["best"] = min(ok, key=ok.get) if ok else None
+            t = triton.testing.do_bench(lambda: be.inp.scales_and_codes(be.inp.transform(x2)),
+                                        return_mode="median")
+            rec["torch_ops_us"] = t * 1e3
+            emit(rec)
+        del lm
+        torch.cuda.empty_cache()
+
+
+# ------------------------------------------------------------------ split vs padded kernel
+class SyntheticInput:
+    """A low-bit input group of random orthogonal Kronecker factors (n1 x n2), diagonal,
+    fused RMSNorm and K readers, with :class:`lowbit.LowBitInput`'s own emulation methods."""
+
+    apply_norm = lowbit.LowBitInput.apply_norm
+    transform = lowbit.LowBitInput.transform
+    scales_and_codes = lowbit.LowBitInput.scales_and_codes
+
+    def __init__(self, n1, n2, dev, k=2, norm=True, diag=True, p2=True, dtype=torch.bfloat16):
+        g = torch.Generator().manual_seed(n1 * 1000 + n2)
+        self.dim, self.n1, self.n2, self.bits, self.kind, self.static = n1 * n2, n1, n2, 4, "fp8", False
+        q1 = torch.linalg.qr(torch.randn(n1, n1, generator=g))[0]
+        q2 = torch.linalg.qr(torch.randn(n2, n2, generator=g))[0]
+        # contiguous: QR's factors are column-major, the kernels read row-major buffers (as
+        # LowBitInput stores them)
+        self.p1 = (q1 * 1.3).to(dev, dtype).contiguous()
+        self.p2t = q2.to(dev, dtype).contiguous() if p2 else None
+        self.d = (torch.rand(self.dim, generator=g) + 0.5).to(dev, dtype) if diag else None
+        self.norm = ((torch.rand(self.dim, generator=g) + 0.5).to(dev, dtype), 1e-6) if norm else None
+        self.r_max = (torch.rand(k, generator=g) * 0.5 + 0.5).to(dev)
+        self.r_min = (torch.rand(k, generator=g) * 0.5 + 0.5).to(dev)
+        self.floor = torch.zeros(k, device=dev)
+        self.static_scale = None
+        self.n_readers = k
+
+
+@torch.no_grad()
+def split_check(dev, tokens=4096):
+    """The chunked kernel with split sides at a few (rows per chunk, warps) settings against
+    the padded kernel on the same input (fraction of codes that differ: the same products
+    summed in another order) and timed; reports the setting fastest over all cases whose codes
+    agree with the padded kernel's to 1e-5, and leaves the module's defaults in place (on an
+    H100 this synthetic sweep picked 8 warps, which made the model's own down_proj kernels
+    slower: ``docs/benchmarks.md``). Exactness against the emulation is the ``codes`` records
+    (the model's own groups)."""
+    import triton.testing
+
+    from fair_calib.quant import lowbit_triton as lt
+    cases = [(128, 148, {"norm": False}), (96, 128, {"norm": False}),
+             (148, 128, {"norm": False, "diag": False}), (128, 148, {})]
+    settings = [(br, w) for br in (64, 32) for w in (4, 8)]
+    defaults = (lt.SPLIT_BR, lt.SPLIT_WARPS)
+    total = {st: 0.0 for st in settings}
+    for n1, n2, kw in cases:
+        inp = SyntheticInput(n1, n2, dev, **kw)
+        x = torch.randn(tokens, n1 * n2, device=dev) * 3
+        x[:, :5] *= 30
+        x = x.to(torch.bfloat16)
+        rec = {"kind": "split_check", "tile": [n1, n2], **kw, "tokens": tokens,
+               "pieces": [lt.split_pow2(n1), lt.split_pow2(n2)]}
+        lt.SPLIT = False
+        ref, _ = lt.quantize_input(inp, x)
+        rec["padded_us"] = triton.testing.do_bench(lambda: lt.quantize_input(inp, x),
+                                                   return_mode="median") * 1e3
+        lt.SPLIT = True
+        for br, w in settings:
+            lt.SPLIT_BR, lt.SPLIT_WARPS = br, w
+            try:
+                c, _ = lt.quantize_input(inp, x)
+                bad = (c.float() != ref.float()).float().mean().item()
+                t = triton.testing.do_bench(lambda: lt.quantize_input(inp, x),
+                                            return_mode="median") * 1e3
+            except Exception as err:  # noqa: BLE001 - e.g. out of resources
+                bad, t = 1.0, float("inf")
+                rec[f"br{br}_w{w}_error"] = repr(err)[:120]
+            rec[f"br{br}_w{w}"] = [round(t, 1), bad]
+            total[(br, w)] += t if bad < 1e-5 else float("inf")
+        emit(rec)
+    best = min(total, key=total.get)
+    lt.SPLIT_BR, lt.SPLIT_WARPS = defaults
+    emit({"kind": "split_choice", "br": best[0], "warps": best[1],
+          "total_us": {f"br{k[0]}_w{k[1]}": v for k, v in total.items()}})
+
+
+# ------------------------------------------------------------------------ decode batching
+@torch.no_grad()
+def decode_batch(shape, layers, dev, n_prompts=16, gen=64):
+    from fair_calib.decoding.generate import generate
+    from fair_calib.decoding.policies import make_policy
+
+    lm = shapes.build(shape, layers=layers, device=dev)
+    vocab = shapes.SHAPES[shape]["vocab_size"]
+    g = torch.Generator().manual_seed(5)
+    lens = torch.randint(40, 120, (n_prompts,), generator=g).tolist()
+    prompts = [torch.randint(10, vocab - 1000, (n,), generator=g).tolist() for n in lens]
+    over = {"gen_length": gen, "steps": gen}
+    if lm.adapter.decoding.get("policy") == "low_confidence":
+        over["block_length"] = 32
+    pol = make_policy(lm.adapter.decoding, {**over, "temperature": 0.0})
+    one = torch.cat([generate(lm, [p], pol) for p in prompts])
+    for bs in (8, 16):
+        batched = torch.cat([generate(lm, prompts[i:i + bs], pol) for i in range(0, n_prompts, bs)])
+        rows = (batched != one).any(1)
+        emit({"kind": "decode_batch", "shape": shape, "layers": layers, "batch": bs,
+              "policy": pol.name, "gen_length": gen, "prompts": n_prompts,
+              "rows_differing": int(rows.sum()), "tokens_differing": int((batched != one).sum()),
+              "tokens": one.numel()})
+    # first forward: one prompt alone vs inside a padded batch (same padded length for both)
+    from fair_calib.decoding.generate import pad_left
+    ids, attn, lp = pad_left(prompts[:8], gen, lm.mask_id, lm.pad_id, lm.device)
+    full = lm.logits(ids, attn)
+    single = torch.cat([lm.logits(ids[i:i + 1], attn[i:i + 1]) for i in range(8)])
+    emit({"kind": "decode_batch_logits", "shape": shape, "layers": layers, "batch": 8,
+          "bitwise_equal": bool(torch.equal(full, single)),
+          "max_abs_diff": (full.float() - single.float()).abs().max().item(),
+          "logit_std": full.float().std().item()})
+    del lm
+    torch.cuda.empty_cache()
+
+
+def main(argv=None):
+    global OUT, EXTRA
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shapes", nargs="+", default=["llada-8b", "dream-7b"])
+    ap.add_argument("--tokens", nargs="+", default=["8x512", "32x104"])
+    ap.add_argument("--skip", default="", help="comma list of: split,layers,kernels,forward,decode")
+    ap.add_argument("--decode-layers", type=int, default=8)
+    ap.add_argument("--repeat", type=int, default=1, help="run the forward stage this often")
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--extra", action="store_true",
+                    help="forward stage: also FP8-stored weights and W8A8 (INT8)")
+    args = ap.parse_args(argv)
+    OUT, EXTRA = args.out, args.extra
+    dev = "cuda"
+    skip = set(filter(None, args.skip.split(",")))
+    if "split" not in skip:
+        try:
+            split_check(dev)
+        except Exception as err:  # noqa: BLE001 - report and go on
+            import traceback
+            traceback.print_exc()
+            emit({"kind": "error", "stage": "split", "error": repr(err)[:500]})
+    emit({"kind": "env", "device": torch.cuda.get_device_name(), "torch": torch.__version__,
+          "cc": list(torch.cuda.get_device_capability()),
+          "mode": lowbit.resolve_mode(torch.device("cuda"), "real")})
+    token_shapes = [tuple(int(v) for v in t.split("x")) for t in args.tokens]
+    for shape in args.shapes:
+        for stage, fn in (("layers", lambda: check_layers(shape, 2048, dev)),
+                          ("kernels", lambda: time_groups(shape, 4096, dev)),
+                          ("forward", lambda: [bench_forward(shape, token_shapes, dev, r == 0)
+                                               for r in range(args.repeat)]),
+                          ("decode", lambda: decode_batch(shape, args.decode_layers, dev))):
+            if stage in skip:
+                continue
+            t0 = time.perf_counter()
+            try:
+                fn()
+            except Exception as err:  # noqa: BLE001 - report and go on to the next stage
+                import traceback
+                traceback.print_exc()
+                emit({"kind": "error", "shape": shape, "stage": stage, "error": repr(err)[:500]})
+            emit({"kind": "stage_time", "shape": shape, "stage": stage, "s": time.perf_counter() - t0})
+            torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,525 @@
+"""CUDA kernels of the low-bit backend (:mod:`lowbit`); imported only on CUDA, needs Triton.
+
+- :func:`quantize_input`: one fused Triton kernel per input group and call. Each program takes
+  one token's row viewed as [n1, n2]: the group's RMSNorm where it is fused
+  (:func:`lowbit.fuse_block_norms`; the input is then the norm's input), d (bf16 product, as
+  the fake quant), P1 X P2^T on the
+  tensor cores (bf16 operands, float32 accumulation, each product rounded to the model dtype
+  as ``kron_last`` rounds it), the token's max/min once, then for every reader the codes (FP8
+  e4m3 or int8) and the float32 scale. Divisions are IEEE (``div_rn``) and rounding is
+  half-to-even (``rint``), as torch's, so the codes are those of
+  :meth:`LowBitInput.scales_and_codes` on the same transformed values. Two factors of which
+  one is wider than 64 (LLaDA's 96 x 128, Dream's 128 x 148 and 148 x 128) take
+  :func:`_act_quant_split_kernel` (``SPLIT``; :func:`_act_quant_wide_kernel` pads instead),
+  which forms the product in 64 x 64 chunks through a scratch row, each side of the tile split
+  into two power-of-two pieces (148 = 128 + 32); a factor wider than 256 (QuaRot's 1024-wide
+  Hadamard on LLaDA's down_proj input) is applied by cuBLAS first (``kron_last``, the fake
+  quant's own operations) and the kernel quantizes. Timings of each choice: ``docs/benchmarks.md``.
+- :func:`gemm`: FP8 codes x FP8 codes on the tensor cores (``torch._scaled_mm``, float32
+  accumulation, per-token x per-channel scales and the bias in the epilogue, bf16 out), or
+  int8 x int8 (``torch._int_mm``, int32 accumulation, scales applied after). 4-bit packed
+  weights are unpacked to FP8 by :func:`unpack_int4` before the product.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from triton.language.extra import libdevice
+
+from .transforms import kron_last
+
+MAX_TILE = 128 * 128       # elements of one token's tile when the kernel applies the factors
+MAX_FACTOR = 128
+NUM_WARPS: int | None = None   # override of the activation kernel's warps (benchmark sweeps)
+# programs per multiprocessor of the activation kernel (each loops over tokens); None: one
+# program per token
+PROGRAMS_PER_SM: int | None = None
+# factors wider than one tile (up to WIDE_MAX): the chunked kernel (rows BR x columns BC of
+# the product at a time) instead of cuBLAS products before the quantizing kernel
+WIDE = True
+WIDE_MAX = 256
+WIDE_BR = 64
+WIDE_BC = 64
+# two factors of which one is wider than this also take the chunked kernel: measured on an
+# H100 at 4096 tokens, LLaDA's 96 x 128 down_proj input 193 us chunked vs 343 us in one tile
+WIDE_ABOVE = 64
+# the chunked kernel with each side split in two power-of-two pieces (148 = 128 + 32) instead
+# of padded to one (256); False: the padded kernel (benchmark comparison)
+SPLIT = True
+SPLIT_BR = 64          # rows of the product per chunk in the split kernel
+SPLIT_WARPS = 4
+_SMS: dict[int, int] = {}
+
+
+def _grid(T: int, device: torch.device) -> int:
+    if PROGRAMS_PER_SM is None:
+        return T
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _SMS:
+        _SMS[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
+    return max(1, min(T, _SMS[idx] * PROGRAMS_PER_SM))
+
+
+def _pow2(n: int) -> int:
+    return max(16, triton.next_power_of_2(n))
+
+
+@triton.jit
+def _rms_norm(x, nw, eps, n):
+    """The token's RMSNorm as :func:`lowbit.rms_norm` computes it: float32 mean of squares
+    (padding is zero), IEEE division and rsqrt, the product rounded to x's dtype, then times
+    the weight (float32 product of two bf16 values, exact, rounded once)."""
+    dt = x.dtype
+    xf = x.to(tl.float32)
+    ss = tl.sum(tl.sum(xf * xf, axis=1), axis=0)
+    r = libdevice.rsqrt(libdevice.div_rn(ss, n * 1.0) + eps)
+    x = (xf * r).to(dt)
+    return (nw * x.to(tl.float32)).to(dt)
+
+
+@triton.jit
+def _act_quant_kernel(x_ptr, nw_ptr, d_ptr, p1_ptr, p2t_ptr, rmax_ptr, rmin_ptr, floor_ptr,
+                      static_ptr, codes_ptr, scales_ptr, T, qmax_f, eps,
+                      N1: tl.constexpr, N2: tl.constexpr, B1: tl.constexpr, B2: tl.constexpr,
+                      HAS_NORM: tl.constexpr, HAS_D: tl.constexpr, HAS_P1: tl.constexpr,
+                      HAS_P2: tl.constexpr,
+                      K: tl.constexpr, QMAX: tl.constexpr, STATIC: tl.constexpr,
+                      FP32: tl.constexpr):
+    # programs loop over tokens (pid, pid + grid, ...): the factors are read once per program
+    i = tl.arange(0, B1)[:, None]
+    j = tl.arange(0, B2)[None, :]
+    mask = (i < N1) & (j < N2)
+    off = i * N2 + j
+    if HAS_NORM:
+        nw = tl.load(nw_ptr + off, mask=mask, other=0.0).to(tl.float32)
+    if HAS_D:
+        d = tl.load(d_ptr + off, mask=mask, other=0.0).to(tl.float32)
+    if HAS_P1:
+        a = tl.arange(0, B1)
+        p1 = tl.load(p1_ptr + a[:, None] * N1 + a[None, :],
+                     mask=(a[:, None] < N1) & (a[None, :] < N1), other=0.0)
+    if HAS_P2:
+        b = tl.arange(0, B2)
+        p2 = tl.load(p2t_ptr + b[:, None] * N2 + b[None, :],
+                     mask=(b[:, None] < N2) & (b[None, :] < N2), other=0.0)
+    for tt in range(tl.program_id(0), T, tl.num_programs(0)):
+        t = tt.to(tl.int64)
+        x = tl.load(x_ptr + t * (N1 * N2) + off, mask=mask, other=0.0)
+        dt = x.dtype
+        if HAS_NORM:
+            x = _rms_norm(x, nw, eps, N1 * N2)
+        if HAS_D:
+            x = (x.to(tl.float32) * d).to(dt)
+        if HAS_P1:
+            if FP32:
+                x = tl.dot(p1, x, input_precision="ieee").to(dt)
+            else:
+                x = tl.dot(p1, x).to(dt)
+            if HAS_P2:
+                if FP32:
+                    x = tl.dot(x, p2, input_precision="ieee").to(dt)
+                else:
+                    x = tl.dot(x, p2).to(dt)
+        xf = x.to(tl.float32)
+        hi = tl.maximum(tl.max(tl.max(xf, axis=1), axis=0), 0.0)
+        lo = -tl.minimum(tl.min(tl.min(xf, axis=1), axis=0), 0.0)
+        for k in tl.static_range(K):
+            if STATIC:
+                s = tl.load(static_ptr + k)
+            else:
+                m = tl.maximum(lo * tl.load(rmin_ptr + k), hi * tl.load(rmax_ptr + k))
+                s = tl.maximum(libdevice.div_rn(m, qmax_f), tl.load(floor_ptr + k))
+                s = tl.where(m == 0.0, 1.0, s)
+            q = libdevice.rint(libdevice.div_rn(xf, s))
+            q = tl.minimum(tl.maximum(q, -QMAX - 1.0), QMAX * 1.0)
+            row = k * T + t
+            tl.store(codes_ptr + row * (N1 * N2) + off, q.to(codes_ptr.dtype.element_ty),
+                     mask=mask)
+            tl.store(scales_ptr + row, s)
+
+
+@triton.jit
+def _act_quant_wide_kernel(x_ptr, nw_ptr, d_ptr, p1_ptr, p2t_ptr, rmax_ptr, rmin_ptr,
+                           floor_ptr, static_ptr, z_ptr, codes_ptr, scales_ptr, T, qmax_f, eps,
+                           N1: tl.constexpr, N2: tl.constexpr, B1: tl.constexpr,
+                           B2: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr,
+                           HAS_NORM: tl.constexpr, HAS_D: tl.constexpr, HAS_P2: tl.constexpr,
+                           K: tl.constexpr,
+                           QMAX: tl.constexpr, STATIC: tl.constexpr, CH: tl.constexpr,
+                           NCH: tl.constexpr):
+    """Factors wider than one tile: Z = P1 X P2^T in chunks of BR rows x BC columns (each
+    chunk's products rounded to the model dtype as the whole products are), written to a
+    scratch row ``z`` while the token's max/min accumulate, then quantized from it."""
+    t = tl.program_id(0).to(tl.int64)
+    i = tl.arange(0, B1)[:, None]
+    j = tl.arange(0, B2)[None, :]
+    mask = (i < N1) & (j < N2)
+    x = tl.load(x_ptr + t * (N1 * N2) + i * N2 + j, mask=mask, other=0.0)
+    dt = x.dtype
+    if HAS_NORM:
+        nw = tl.load(nw_ptr + i * N2 + j, mask=mask, other=0.0).to(tl.float32)
+        x = _rms_norm(x, nw, eps, N1 * N2)
+    if HAS_D:
+        d = tl.load(d_ptr + i * N2 + j, mask=mask, other=0.0)
+        x = (x.to(tl.float32) * d.to(tl.float32)).to(dt)
+    hi = tl.zeros([], dtype=tl.float32)
+    lo = tl.zeros([], dtype=tl.float32)
+    kk = tl.arange(0, B1)
+    bb = tl.arange(0, B2)
+    zrow = z_ptr + t * (N1 * N2)
+    for r in tl.static_range(B1 // BR):
+        rr = r * BR + tl.arange(0, BR)
+        p1 = tl.load(p1_ptr + rr[:, None] * N1 + kk[None, :],
+                     mask=(rr[:, None] < N1) & (kk[None, :] < N1), other=0.0)
+        y = tl.dot(p1, x).to(dt)                                   # [BR, B2]
+        if HAS_P2:
+            for c in tl.static_range(B2 // BC):
+                cc = c * BC + tl.arange(0, BC)
+                p2 = tl.load(p2t_ptr + bb[:, None] * N2 + cc[None, :],
+                             mask=(bb[:, None] < N2) & (cc[None, :] < N2), other=0.0)
+                z = tl.dot(y, p2).to(dt)                           # [BR, BC]
+                tl.store(zrow + rr[:, None] * N2 + cc[None, :], z,
+                         mask=(rr[:, None] < N1) & (cc[None, :] < N2))
+                zf = z.to(tl.float32)
+                hi = tl.maximum(hi, tl.max(tl.max(zf, axis=1), axis=0))
+                lo = tl.minimum(lo, tl.min(tl.min(zf, axis=1), axis=0))
+        else:
+            tl.store(zrow + rr[:, None] * N2 + bb[None, :], y,
+                     mask=(rr[:, None] < N1) & (bb[None, :] < N2))
+            yf = y.to(tl.float32)
+            hi = tl.maximum(hi, tl.max(tl.max(yf, axis=1), axis=0))
+            lo = tl.minimum(lo, tl.min(tl.min(yf, axis=1), axis=0))
+    tl.debug_barrier()                 # the scratch row is read back by other threads
+    lo = -lo
+    for k in tl.static_range(K):
+        if STATIC:
+            s = tl.load(static_ptr + k)
+        else:
+            m = tl.maximum(lo * tl.load(rmin_ptr + k), hi * tl.load(rmax_ptr + k))
+            s = tl.maximum(libdevice.div_rn(m, qmax_f), tl.load(floor_ptr + k))
+            s = tl.where(m == 0.0, 1.0, s)
+        tl.store(scales_ptr + k * T + t, s)
+        for ch in tl.static_range(NCH):
+            o = ch * CH + tl.arange(0, CH)
+            zf = tl.load(zrow + o, mask=o < N1 * N2, other=0.0).to(tl.float32)
+            q = libdevice.rint(libdevice.div_rn(zf, s))
+            q = tl.minimum(tl.maximum(q, -QMAX - 1.0), QMAX * 1.0)
+            tl.store(codes_ptr + (k * T + t) * (N1 * N2) + o, q.to(codes_ptr.dtype.element_ty),
+                     mask=o < N1 * N2)
+
+
+@triton.jit
+def _piece(ptr, r0, RP: tl.constexpr, c0, CP: tl.constexpr, N1: tl.constexpr, N2: tl.constexpr):
+    """Rows r0..r0+RP x columns c0..c0+CP of a row-major [N1, N2] tile (zero outside)."""
+    r = r0 + tl.arange(0, RP)[:, None]
+    c = c0 + tl.arange(0, CP)[None, :]
+    return tl.load(ptr + r * N2 + c, mask=(r < N1) & (c < N2), other=0.0)
+
+
+@triton.jit
+def _sumsq(x):
+    xf = x.to(tl.float32)
+    return tl.sum(tl.sum(xf * xf, axis=1), axis=0)
+
+
+@triton.jit
+def _prep(x, nw_ptr, d_ptr, rinv, r0, RP: tl.constexpr, c0, CP: tl.constexpr,
+          N1: tl.constexpr, N2: tl.constexpr, HAS_NORM: tl.constexpr, HAS_D: tl.constexpr):
+    """One piece of the token: the norm (:func:`_rms_norm`'s steps, the token's 1/rms given),
+    then the diagonal, each product rounded to x's dtype."""
+    dt = x.dtype
+    if HAS_NORM:
+        nw = _piece(nw_ptr, r0, RP, c0, CP, N1, N2).to(tl.float32)
+        x = (x.to(tl.float32) * rinv).to(dt)
+        x = (nw * x.to(tl.float32)).to(dt)
+    if HAS_D:
+        d = _piece(d_ptr, r0, RP, c0, CP, N1, N2).to(tl.float32)
+        x = (x.to(tl.float32) * d).to(dt)
+    return x
+
+
+@triton.jit
+def _act_quant_split_kernel(x_ptr, nw_ptr, d_ptr, p1_ptr, p2t_ptr, rmax_ptr, rmin_ptr,
+                            floor_ptr, static_ptr, z_ptr, codes_ptr, scales_ptr, T, qmax_f, eps,
+                            N1: tl.constexpr, N2: tl.constexpr, RA: tl.constexpr,
+                            RB: tl.constexpr, SR: tl.constexpr, CA: tl.constexpr,
+                            CB: tl.constexpr, SC: tl.constexpr, BR: tl.constexpr,
+                            BC: tl.constexpr, HAS_NORM: tl.constexpr, HAS_D: tl.constexpr,
+                            HAS_P2: tl.constexpr, K: tl.constexpr, QMAX: tl.constexpr,
+                            STATIC: tl.constexpr, CH: tl.constexpr, NCH: tl.constexpr):
+    """The chunked kernel with each side of the token's [N1, N2] tile split in two power-of-two
+    pieces (RA + RB rows, CA + CB columns; SR / SC: whether there is a second piece) instead
+    of padded to one: Dream's 148 is 128 + 32, not 256, so the products do about half the
+    work. The contractions add the pieces' float32 partial sums before rounding to the model
+    dtype (another summation order, as cuBLAS has its own)."""
+    t = tl.program_id(0).to(tl.int64)
+    xr = x_ptr + t * (N1 * N2)
+    xaa = _piece(xr, 0, RA, 0, CA, N1, N2)
+    dt = xaa.dtype
+    ss = _sumsq(xaa)
+    if SC:
+        xab = _piece(xr, 0, RA, CA, CB, N1, N2)
+        ss += _sumsq(xab)
+    if SR:
+        xba = _piece(xr, RA, RB, 0, CA, N1, N2)
+        ss += _sumsq(xba)
+        if SC:
+            xbb = _piece(xr, RA, RB, CA, CB, N1, N2)
+            ss += _sumsq(xbb)
+    rinv = libdevice.rsqrt(libdevice.div_rn(ss, N1 * N2 * 1.0) + eps)
+    xaa = _prep(xaa, nw_ptr, d_ptr, rinv, 0, RA, 0, CA, N1, N2, HAS_NORM, HAS_D)
+    if SC:
+        xab = _prep(xab, nw_ptr, d_ptr, rinv, 0, RA, CA, CB, N1, N2, HAS_NORM, HAS_D)
+    if SR:
+        xba = _prep(xba, nw_ptr, d_ptr, rinv, RA, RB, 0, CA, N1, N2, HAS_NORM, HAS_D)
+        if SC:
+            xbb = _prep(xbb, nw_ptr, d_ptr, rinv, RA, RB, CA, CB, N1, N2, HAS_NORM, HAS_D)
+    hi = tl.zeros([], dtype=tl.float32)
+    lo = tl.zeros([], dtype=tl.float32)
+    ka = tl.arange(0, RA)
+    kb = RA + tl.arange(0, RB)
+    ca = tl.arange(0, CA)
+    cb = CA + tl.arange(0, CB)
+    zrow = z_ptr + t * (N1 * N2)
+    for r in tl.static_range((N1 + BR - 1) // BR):
+        rr = r * BR + tl.arange(0, BR)
+        p1a = tl.load(p1_ptr + rr[:, None] * N1 + ka[None, :],
+                      mask=(rr[:, None] < N1) & (ka[None, :] < N1), other=0.0)
+        ya = tl.dot(p1a, xaa)                                     # [BR, CA] float32
+        if SC:
+            yb = tl.dot(p1a, xab)                                 # [BR, CB]
+        if SR:
+            p1b = tl.load(p1_ptr + rr[:, None] * N1 + kb[None, :],
+                          mask=(rr[:, None] < N1) & (kb[None, :] < N1), other=0.0)
+            ya = tl.dot(p1b, xba, ya)
+            if SC:
+                yb = tl.dot(p1b, xbb, yb)
+        ya = ya.to(dt)
+        if SC:
+            yb = yb.to(dt)
+        if HAS_P2:
+            for c in tl.static_range((N2 + BC - 1) // BC):
+                cc = c * BC + tl.arange(0, BC)
+                p2a = tl.load(p2t_ptr + ca[:, None] * N2 + cc[None, :],
+                              mask=(ca[:, None] < N2) & (cc[None, :] < N2), other=0.0)
+                z = tl.dot(ya, p2a)
+                if SC:
+                    p2b = tl.load(p2t_ptr + cb[:, None] * N2 + cc[None, :],
+                                  mask=(cb[:, None] < N2) & (cc[None, :] < N2), other=0.0)
+                    z = tl.dot(yb, p2b, z)
+                z = z.to(dt)                                      # [BR, BC]
+                tl.store(zrow + rr[:, None] * N2 + cc[None, :], z,
+                         mask=(rr[:, None] < N1) & (cc[None, :] < N2))
+                zf = z.to(tl.float32)
+                hi = tl.maximum(hi, tl.max(tl.max(zf, axis=1), axis=0))
+                lo = tl.minimum(lo, tl.min(tl.min(zf, axis=1), axis=0))
+        else:
+            tl.store(zrow + rr[:, None] * N2 + ca[None, :], ya,
+                     mask=(rr[:, None] < N1) & (ca[None, :] < N2))
+            yf = ya.to(tl.float32)
+            hi = tl.maximum(hi, tl.max(tl.max(yf, axis=1), axis=0))
+            lo = tl.minimum(lo, tl.min(tl.min(yf, axis=1), axis=0))
+            if SC:
+                tl.store(zrow + rr[:, None] * N2 + cb[None, :], yb,
+                         mask=(rr[:, None] < N1) & (cb[None, :] < N2))
+                yf = yb.to(tl.float32)
+                hi = tl.maximum(hi, tl.max(tl.max(yf, axis=1), axis=0))
+                lo = tl.minimum(lo, tl.min(tl.min(yf, axis=1), axis=0))
+    tl.debug_barrier()                 # the scratch row is read back by other threads
+    lo = -lo
+    for k in tl.static_range(K):
+        if STATIC:
+            s = tl.load(static_ptr + k)
+        else:
+            m = tl.maximum(lo * tl.load(rmin_ptr + k), hi * tl.load(rmax_ptr + k))
+            s = tl.maximum(libdevice.div_rn(m, qmax_f), tl.load(floor_ptr + k))
+            s = tl.where(m == 0.0, 1.0, s)
+        tl.store(scales_ptr + k * T + t, s)
+        for ch in tl.static_range(NCH):
+            o = ch * CH + tl.arange(0, CH)
+            zf = tl.load(zrow + o, mask=o < N1 * N2, other=0.0).to(tl.float32)
+            q = libdevice.rint(libdevice.div_rn(zf, s))
+            q = tl.minimum(tl.maximum(q, -QMAX - 1.0), QMAX * 1.0)
+            tl.store(codes_ptr + (k * T + t) * (N1 * N2) + o, q.to(codes_ptr.dtype.element_ty),
+                     mask=o < N1 * N2)
+
+
+def quantize_input(inp, x2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(codes [K, T, dim], scales [K, T]) of a :class:`lowbit.LowBitInput` for x2 [T, dim]."""
+    from .lowbit import tile_shape
+    x2 = x2.contiguous()
+    T, dim = x2.shape
+    nw, eps = _fused_norm(inp, x2)
+    if inp.norm is not None and nw is None:     # a norm the kernel does not take: torch first
+        x2 = inp.apply_norm(x2)
+    # the kernels index the factors row-major
+    d, p1, p2t = (None if v is None else v.contiguous() for v in (inp.d, inp.p1, inp.p2t))
+    n1, n2 = inp.n1, inp.n2
+    big = p1 is not None and (_pow2(n1) > MAX_FACTOR or (p2t is not None and _pow2(n2) > MAX_FACTOR)
+                              or _pow2(n1) * _pow2(n2) > MAX_TILE
+                              or (p2t is not None and max(_pow2(n1), _pow2(n2)) > WIDE_ABOVE))
+    if big and WIDE and _pow2(n1) <= WIDE_MAX and (p2t is None or _pow2(n2) <= WIDE_MAX) \
+            and x2.dtype != torch.float32:
+        return _quantize_wide(inp, x2, nw, eps, d, p1, p2t, n1, n2)
+    if big:
+        if nw is not None:
+            x2, nw = inp.apply_norm(x2), None
+        x2 = (x2 * d.to(x2.dtype)) if d is not None else x2     # factors beyond one tile: cuBLAS
+        x2 = kron_last(x2, p1.to(x2.dtype), None if p2t is None else p2t.to(x2.dtype), n1, n2)
+        d = p1 = p2t = None
+    if p1 is None:
+        n1, n2 = tile_shape(dim)
+    K = inp.n_readers
+    code_dtype = torch.float8_e4m3fn if inp.kind == "fp8" else torch.int8
+    codes = torch.empty(K, T, dim, device=x2.device, dtype=code_dtype)
+    scales = torch.empty(K, T, device=x2.device, dtype=torch.float32)
+    if T == 0:
+        return codes, scales
+    dummy = scales
+    B1 = triton.next_power_of_2(n1) if p1 is None else _pow2(n1)
+    B2 = triton.next_power_of_2(n2) if p1 is None else _pow2(n2)
+    warps = NUM_WARPS or (4 if B1 * B2 <= 4096 else 8)
+    _act_quant_kernel[(_grid(T, x2.device),)](
+        x2, nw if nw is not None else dummy, d.to(x2.dtype) if d is not None else dummy,
+        p1.to(x2.dtype) if p1 is not None else dummy,
+        p2t.to(x2.dtype) if p2t is not None else dummy,
+        inp.r_max if not inp.static else dummy, inp.r_min if not inp.static else dummy,
+        inp.floor if not inp.static else dummy, inp.static_scale if inp.static else dummy,
+        codes, scales, T, float(2 ** (inp.bits - 1) - 1), eps,
+        N1=n1, N2=n2, B1=B1, B2=B2, HAS_NORM=nw is not None, HAS_D=d is not None,
+        HAS_P1=p1 is not None,
+        HAS_P2=p2t is not None, K=K, QMAX=2 ** (inp.bits - 1) - 1, STATIC=inp.static,
+        FP32=x2.dtype == torch.float32, num_warps=warps)
+    return codes, scales
+
+
+def split_pow2(n: int) -> tuple[int, int]:
+    """(a, b): a the largest power of two <= n (at least 16), b the power of two (at least 16)
+    covering the rest, 0 where a covers n: 148 -> (128, 32), 96 -> (64, 32), 128 -> (128, 0)."""
+    a = max(16, 1 << (n.bit_length() - 1))
+    return (a, 0) if a >= n else (a, _pow2(n - a))
+
+
+def _fused_norm(inp, x2):
+    """(norm weight, eps) for the kernel when the group's RMSNorm is fused and its weight has
+    x's dtype (the product the kernel rounds once); else (None, 0.0)."""
+    if inp.norm is None or inp.norm[0].dtype != x2.dtype:
+        return None, 0.0
+    return inp.norm[0].detach().contiguous(), float(inp.norm[1])
+
+
+def _quantize_wide(inp, x2, nw, eps, d, p1, p2t, n1, n2):
+    T, dim = x2.shape
+    K = inp.n_readers
+    code_dtype = torch.float8_e4m3fn if inp.kind == "fp8" else torch.int8
+    codes = torch.empty(K, T, dim, device=x2.device, dtype=code_dtype)
+    scales = torch.empty(K, T, device=x2.device, dtype=torch.float32)
+    if T == 0:
+        return codes, scales
+    z = torch.empty_like(x2)
+    B1, B2 = _pow2(n1), _pow2(n2)
+    if min(B2, WIDE_BC) < 64 and p2t is not None:
+        # seen on an H100 (Triton 3.6): column chunks of 32 gave wrong products and, at 4096
+        # tokens, an illegal memory access
+        raise ValueError(f"lowbit_triton.WIDE_BC={WIDE_BC}: column chunks below 64 are refused")
+    CH = 2048
+    dummy = scales
+    if SPLIT:
+        (ra, rb), (ca, cb) = split_pow2(n1), split_pow2(n2)
+        _act_quant_split_kernel[(T,)](
+            x2, nw if nw is not None else dummy, d.to(x2.dtype) if d is not None else dummy,
+            p1.to(x2.dtype), p2t.to(x2.dtype) if p2t is not None else dummy,
+            inp.r_max if not inp.static else dummy, inp.r_min if not inp.static else dummy,
+            inp.floor if not inp.static else dummy, inp.static_scale if inp.static else dummy,
+            z, codes, scales, T, float(2 ** (inp.bits - 1) - 1), eps,
+            N1=n1, N2=n2, RA=ra, RB=max(rb, 16), SR=rb > 0, CA=ca, CB=max(cb, 16), SC=cb > 0,
+            BR=min(_pow2(n1), SPLIT_BR), BC=min(_pow2(n2), WIDE_BC), HAS_NORM=nw is not None,
+            HAS_D=d is not None, HAS_P2=p2t is not None, K=K, QMAX=2 ** (inp.bits - 1) - 1,
+            STATIC=inp.static, CH=CH, NCH=triton.cdiv(dim, CH), num_warps=SPLIT_WARPS)
+        return codes, scales
+    _act_quant_wide_kernel[(T,)](
+        x2, nw if nw is not None else dummy, d.to(x2.dtype) if d is not None else dummy,
+        p1.to(x2.dtype),
+        p2t.to(x2.dtype) if p2t is not None else dummy,
+        inp.r_max if not inp.static else dummy, inp.r_min if not inp.static else dummy,
+        inp.floor if not inp.static else dummy, inp.static_scale if inp.static else dummy,
+        z, codes, scales, T, float(2 ** (inp.bits - 1) - 1), eps,
+        N1=n1, N2=n2, B1=B1, B2=B2, BR=min(B1, WIDE_BR), BC=min(B2, WIDE_BC),
+        HAS_NORM=nw is not None, HAS_D=d is not None, HAS_P2=p2t is not None, K=K,
+        QMAX=2 ** (inp.bits - 1) - 1,
+        STATIC=inp.static, CH=CH, NCH=triton.cdiv(dim, CH), num_warps=NUM_WARPS or 4)
+    return codes, scales
+
+
+@triton.jit
+def _unpack_int4_kernel(p_ptr, out_ptr, n_bytes, BLOCK: tl.constexpr):
+    pid = tl.program_id(0).to(tl.int64)
+    offs = pid * BLOCK + tl.arange(0, BLOCK)
+    b = tl.load(p_ptr + offs, mask=offs < n_bytes, other=0).to(tl.int32)
+    lo = b & 0xF
+    hi = (b >> 4) & 0xF
+    lo = tl.where(lo >= 8, lo - 16, lo).to(tl.float32)
+    hi = tl.where(hi >= 8, hi - 16, hi).to(tl.float32)
+    v = tl.reshape(tl.join(lo, hi), [2 * BLOCK])          # low nibble first
+    o = pid * (2 * BLOCK) + tl.arange(0, 2 * BLOCK)
+    tl.store(out_ptr + o, v.to(out_ptr.dtype.element_ty), mask=o < 2 * n_bytes)
+
+
+def unpack_int4(packed: torch.Tensor, n: int, dtype: torch.dtype) -> torch.Tensor:
+    """uint8 [out, n / 2] (two codes a byte, low nibble first) -> codes [out, n] in ``dtype``."""
+    out = torch.empty(packed.shape[0], n, device=packed.device, dtype=dtype)
+    nb = packed.numel()
+    BLOCK = 2048
+    _unpack_int4_kernel[(triton.cdiv(nb, BLOCK),)](packed, out, nb, BLOCK=BLOCK, num_warps=4)
+    return out
+
+
+def weight_codes(lin) -> torch.Tensor:
+    """The linear's weight codes [out, in] in the GEMM's operand dtype."""
+    want = torch.float8_e4m3fn if lin.kind == "fp8" else torch.int8
+    if lin.packed:
+        return unpack_int4(lin.qweight, lin.in_features, want)
+    return lin.qweight if lin.qweight.dtype == want else lin.qweight.to(want)
+
+
+def gemm(lin, xc: torch.Tensor, xs: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+    """y [T, out] = xs * ws * (xc @ codes^T) + bias, in ``out_dtype``."""
+    w = weight_codes(lin)
+    if lin.kind == "fp8":
+        global BIAS_IN_EPILOGUE
+        bias = None if lin.bias is None else lin.bias.to(torch.bfloat16)
+        if bias is not None and BIAS_IN_EPILOGUE:
+            try:
+                y = _scaled_mm(xc, w, xs, lin.w_scale, bias)
+            except RuntimeError:          # a torch whose row-wise FP8 GEMM takes no bias
+                BIAS_IN_EPILOGUE = False
+        if bias is None or not BIAS_IN_EPILOGUE:
+            y = _scaled_mm(xc, w, xs, lin.w_scale, None)
+            if bias is not None:
+                y = y + bias
+        return y if out_dtype == torch.bfloat16 else y.to(out_dtype)
+    acc = _int_mm_padded(xc, w.t())
+    y = acc.float() * xs.reshape(-1, 1) * lin.w_scale.reshape(1, -1)
+    if lin.bias is not None:
+        y = y + lin.bias.float()
+    return y.to(out_dtype)
+
+
+BIAS_IN_EPILOGUE = True
+
+
+def _scaled_mm(xc, w, xs, ws, bias):
+    """FP8 x FP8 -> bf16 with float32 accumulation (no fast accumulation: the integer sums
+    stay exact) and row-wise scales: per token (xs) and per output channel (ws)."""
+    return torch._scaled_mm(xc, w.t(), scale_a=xs.reshape(-1, 1), scale_b=ws.reshape(1, -1),
+                            bias=bias, out_dtype=torch.bfloat16, use_fast_accum=False)
+
+
+def _int_mm_padded(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``torch._int_mm`` needs more than 16 rows: pad small batches with zero rows."""
+    m = a.shape[0]
+    if m > 16:
+        return torch._int_mm(a, b)
+    pad = torch.zeros(17 - m, a.shape[1], dtype=a.dtype, device=a.device)
+    return torch._int_mm(torch.cat([a, pad]), b)[:m]
