@@ -254,3 +254,24 @@ def test_fewshot_examples_are_lm_evals_default_draw(tmp_path, synthetic_dir, tin
     run.evaluate(settings, None, None, tmp_path / "s1.parquet", shard=1, num_shards=2,
                  loaded=tiny_llada)
     assert contexts == expected([1, 3, 5, 7], 1234)
+
+
+def test_early_exit_under_escape_until_stops_at_the_eos_token():
+    """Dream's eval.py text rule (whole window decoded, split at the EOS text, no stop
+    strings): a row is final once everything before its first EOS token is committed. The
+    random model's frequent word "the" is made the EOS so rows end early."""
+    from fair_calib.evaluate.lm import DiffusionLM
+    from lm_eval.api.instance import Instance
+
+    model = make_loaded("tiny-dream", seed=1)
+    model.tokenizer.eos_token = "the"
+    prompts = ["Question: what is 1 + 2 ?\nAnswer:", "what", "a b c", "which animal is a dog ?"]
+    outs = {}
+    for early in (False, True):
+        lm = DiffusionLM(model, decoding={"gen_length": 16, "steps": 16}, escape_until=True,
+                         early_exit=early, gen_batch_size=4)
+        reqs = [Instance("generate_until", {}, (p, {"until": ["is"]}), i, metadata=("t", i, 1))
+                for i, p in enumerate(prompts)]
+        outs[early] = (lm.generate_until(reqs), lm.decode_steps)
+    assert outs[True][0] == outs[False][0]
+    assert sum(ran for ran, _ in outs[True][1].values()) < 16 * len(prompts)
