@@ -37,6 +37,12 @@ class StopRule:
     stop_ids: frozenset[int]
     until: Sequence[Sequence[str]] | None = None
     decode: Callable[[list[int]], str] | None = None
+    # Whether a final row leaves the batch (the other rows then run a forward of fewer rows),
+    # or the batch runs on at its full shape and stops once every row is final. Leaving is
+    # exact only where a row's forward does not depend on the batch's shape: the tests show it
+    # on the CPU, while on a GPU cuBLAS picks kernels by shape and bf16 near-ties can flip
+    # (docs/fidelity.md). None: leave on the CPU, stop as a batch on any other device.
+    drop_rows: bool | None = None
 
 
 def stable_text(prefix: Sequence[int], decode: Callable[[list[int]], str]) -> str:

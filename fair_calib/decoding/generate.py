@@ -13,7 +13,9 @@ finally ``recorder.finish(tokens)``.
 Early exit: given a :class:`~fair_calib.decoding.early_exit.StopRule`, a row whose output is
 final (``early_exit``: every position before its first committed stop token is committed, or a
 complete stop string is) is stopped and dropped from the batch; positions after its stop stay
-``mask_id``. The rows that go on compute exactly what they would have in the full batch: the
+``mask_id``. Off the CPU (``StopRule.drop_rows``) the batch instead keeps its shape and stops
+once every row is final: a GPU's kernels, chosen by shape, may round a smaller batch
+differently, so only an unchanged shape is exact there by construction. The rows that go on compute exactly what they would have in the full batch: the
 window keeps its width and left padding, batch-wide random draws are still drawn for every row
 and the finished rows' draws discarded (per-row generators of finished rows are simply no
 longer drawn from), Dream's per-step count, a mean over the batch's masked counts, still
@@ -259,7 +261,9 @@ def decode(model: Any, prompts: Sequence[Sequence[int]], policy: DecodePolicy,
         recorder.start(b, k, T)
     # A recorder needs every step of every row (diagnostics, probing): no early exit then.
     tracker = ExitTracker(stop, mask_id, device) if stop is not None and recorder is None else None
-    batch = _ActiveRows(ids, attn, lp, generator, tracker)
+    drop_rows = stop is not None and (stop.drop_rows if stop.drop_rows is not None
+                                      else torch.device(device).type == "cpu")
+    batch = _ActiveRows(ids, attn, lp, generator, tracker, drop_rows)
 
     if policy.name in BLOCK_POLICIES or policy.name in RANDOM_COMMIT_POLICIES:
         _decode_blocks(model, batch, policy, recorder)
@@ -284,12 +288,14 @@ class _ActiveRows:
     per-row generators draw for the active rows only."""
 
     def __init__(self, ids: torch.Tensor, attn: torch.Tensor | None, lp: int,
-                 generator: Generators, tracker: ExitTracker | None) -> None:
+                 generator: Generators, tracker: ExitTracker | None, drop_rows: bool = True) -> None:
         self.full, self.ids, self.attn, self.lp = ids, ids, attn, lp
         self.n_total = ids.shape[0]
         self.rows = list(range(self.n_total))
         self.generator = generator
         self.tracker = tracker
+        self.drop_rows = drop_rows
+        self._final: set[int] = set()     # rows found final, when they stay in the batch
         self.steps = [0] * self.n_total
         self._index: torch.Tensor | None = None      # rows on the device, once any row is dropped
 
@@ -320,18 +326,29 @@ class _ActiveRows:
         once every row is final."""
         lagged = self.tracker is not None and self.tracker.lagged
         if self.tracker is not None and not lagged:
-            self._drop(self.tracker.finished())
-        if not self.rows:
+            self._finish(self.tracker.finished())
+        if self._all_final():
             return None
         logits = window_logits(model, self.ids, self.attn, self.lp, cfg_scale)
         for r in self.rows:
             self.steps[r] += 1
         if lagged:
             # The check reads the previous step's window, copied while this forward was queued.
-            keep = self._drop(self.tracker.finished())
+            keep = self._finish(self.tracker.finished())
             if keep is not None:
                 logits = logits[keep]
-        return logits if self.rows else None
+        return None if self._all_final() else logits
+
+    def _finish(self, done: list[int]) -> torch.Tensor | None:
+        """Rows found final: dropped (returns the kept local indices, as :meth:`_drop`), or
+        remembered until the whole batch is final."""
+        if self.drop_rows:
+            return self._drop(done)
+        self._final.update(done)
+        return None
+
+    def _all_final(self) -> bool:
+        return not self.rows or (not self.drop_rows and len(self._final) == len(self.rows))
 
     def committed(self) -> None:
         """After a step's commits: let the tracker see the window."""

@@ -100,6 +100,42 @@ def test_early_exit_equals_the_full_run(llada_tiny, dream_tiny, policy, temperat
                              (policy, model.adapter.name, gen_kind))
 
 
+@pytest.mark.parametrize("policy,temperature,extra", POLICIES)
+def test_batch_that_keeps_its_shape_stops_when_every_row_is_final(llada_tiny, dream_tiny, policy,
+                                                                  temperature, extra):
+    """``drop_rows=False`` (the default off the CPU): no forward of fewer rows, the same cut
+    outputs, and every row runs until the last row is final."""
+    for model in (llada_tiny, dream_tiny):
+        pol = make_policy(model, {"policy": policy, "steps": 8, "gen_length": 16,
+                                  "temperature": temperature, **extra})
+        tokens, commit_t, stop_ids = _full_run(model, pol, _generators("one", 5, len(PROMPTS)))
+        early = decode(model, PROMPTS, pol, _generators("one", 5, len(PROMPTS)),
+                       stop=StopRule(frozenset(stop_ids), drop_rows=False))
+        last = max(_expected_steps(tokens, commit_t, pol.steps, stop_ids))
+        assert early.steps == [last] * len(PROMPTS), (policy, model.adapter.name)
+        for r in range(tokens.shape[0]):
+            want = _cut(tokens[r].tolist(), stop_ids)
+            assert early.tokens[r].tolist()[:len(want)] == want, (policy, model.adapter.name, r)
+
+
+def test_rows_leave_the_batch_only_on_the_cpu_by_default(monkeypatch):
+    """Where the StopRule does not say, rows leave the batch on the CPU only."""
+    import importlib
+    gen = importlib.import_module("fair_calib.decoding.generate")
+    seen = []
+    real = gen._ActiveRows.__init__
+
+    def spy(self, *args, **kwargs):
+        real(self, *args, **kwargs)
+        seen.append(self.drop_rows)
+    monkeypatch.setattr(gen._ActiveRows, "__init__", spy)
+    model = tiny_llama()
+    pol = make_policy(model, {"policy": "low_confidence", "steps": 4, "gen_length": 8})
+    decode(model, PROMPTS, pol, stop=StopRule(frozenset({1})))
+    decode(model, PROMPTS, pol, stop=StopRule(frozenset({1}), drop_rows=False))
+    assert seen == [True, False]
+
+
 def test_rows_finishing_early_leave_masks_after_their_stop(llada_tiny):
     pol = make_policy(llada_tiny, {"policy": "low_confidence", "steps": 8, "gen_length": 16,
                                    "block_length": 4})
