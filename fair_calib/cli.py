@@ -6,6 +6,8 @@ import importlib
 import json
 import sys
 
+from .environment import check_settings_environment
+
 SUBCOMMANDS = {
     "make-data": "fair_calib.models.tiny.corpus",   # synthetic corpus and task files
     "train-tiny": "fair_calib.models.tiny.train",   # train an embedded tiny diffusion LM
@@ -43,6 +45,7 @@ def _checked_settings(stage: str, argv: list[str]) -> list[str]:
         except (IndexError, ValueError):
             sys.exit(f"fair-calib {stage}: error: --threads needs a positive integer")
         del argv[i:i + 2]
+    runtime = _pop_runtime(stage, argv)
     if "--model-dir" in argv[:-1]:
         problem = config.missing_model_folder(argv[argv.index("--model-dir") + 1])
         if problem:
@@ -59,6 +62,8 @@ def _checked_settings(stage: str, argv: list[str]) -> list[str]:
         text, span = argv[idx].split("=", 1)[1], 1
     try:
         settings = config.parse_settings(text, stage)
+        if isinstance(settings, dict):
+            settings = {**settings, **runtime}
         if threads is not None and isinstance(settings.get("model"), dict):
             model = dict(settings["model"])
             model["train"] = {**(model.get("train") or {}), "threads": threads}
@@ -66,6 +71,7 @@ def _checked_settings(stage: str, argv: list[str]) -> list[str]:
         config.check_settings(stage, settings)
     except config.ConfigError as err:
         sys.exit(f"error: fair-calib {err}")
+    check_settings_environment(stage, settings)
     return argv[:idx] + ["--settings", json.dumps(settings)] + argv[idx + span:]
 
 
@@ -87,6 +93,28 @@ def _take_gpu_slot(argv: list[str]) -> None:
         from . import gpu_slots
 
         gpu_slots.assign_card()
+
+
+def _pop_runtime(stage: str, argv: list[str]) -> dict:
+    """``--runtime JSON``: the environment keys (``device``, ``data_dir``, ``data_source``,
+    ``synthetic_dir``), merged over the settings. The workflow passes them outside
+    ``--settings`` so that they never rerun a job (fair_calib.config.ENV_SETTINGS)."""
+    from . import config
+
+    if "--runtime" not in argv:
+        return {}
+    i = argv.index("--runtime")
+    text = argv[i + 1] if i + 1 < len(argv) else None
+    del argv[i:i + 2]
+    try:
+        runtime = config.parse_settings(text, f"{stage} --runtime")
+    except config.ConfigError as err:
+        sys.exit(f"error: fair-calib {err}")
+    bad = sorted(set(runtime) - set(config.ENV_SETTINGS)) if isinstance(runtime, dict) else runtime
+    if bad:
+        sys.exit(f"error: fair-calib {stage} --runtime: only {list(config.ENV_SETTINGS)} may be "
+                 f"given here, not {bad}")
+    return {k: v for k, v in runtime.items() if v is not None}
 
 
 def main(argv: list[str] | None = None) -> None:

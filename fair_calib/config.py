@@ -28,6 +28,10 @@ SCHEMA_PATH = Path(__file__).resolve().parents[1] / "workflow" / "schemas" / "co
 
 # Keys of a job's settings JSON that are copied from the top level of the config.
 TOP_LEVEL_SETTINGS = ("seed", "device", "dtype", "data_dir", "data_source", "synthetic_dir")
+# The environment keys among them: where and on what a job runs, not what it computes. The
+# workflow passes them as the stage's `--runtime` JSON, outside its settings (the rerun
+# trigger), so editing them reruns nothing (workflow/rules/common.smk).
+ENV_SETTINGS = ("device", "data_dir", "data_source", "synthetic_dir")
 
 # The sections each stage CLI reads from --settings (all other sections are optional), and the
 # schema entry each section is checked against: a dict section `<key>` is an entry of

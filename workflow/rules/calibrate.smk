@@ -38,5 +38,5 @@ rule calibrate:
         **resources_for("calibrate"),
     shell:
         progress("calibrate {wildcards.model}/{wildcards.method}/{wildcards.bits}") +
-        "OMP_NUM_THREADS={threads} {PY} calibrate --settings {params.settings:q}"
+        "OMP_NUM_THREADS={threads} {PY} calibrate --settings {params.settings:q} --runtime {RUNTIME:q}"
         " --model-dir {params.model_dir} {params.prior} --out-dir {params.out_dir} > {log} 2>&1"

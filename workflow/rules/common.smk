@@ -109,6 +109,27 @@ except ValueError as err:  # one line, no traceback: the message names the key
     sys.exit(f"Error: {err}")
 
 
+def check_environment():
+    """A device / dtype this machine cannot run (`device: cuda` without CUDA) is refused here,
+    before any job: Snakemake deletes a job's previous outputs before running it, so a job
+    that fails on it would destroy finished work first. A dry run only says so; a cluster run
+    (its jobs run on GPU nodes, not here) is checked by each job's stage CLI instead."""
+    from fair_calib.environment import environment_problem, runs_locally
+
+    if not workflow.is_main_process or "--unlock" in sys.argv or config["device"] == "cpu":
+        return
+    problem = environment_problem(config["device"], config.get("dtype"))
+    if problem is None or not runs_locally(sys.argv[1:]):
+        return
+    if workflow.output_settings.dryrun:
+        print(f"Note: config: {problem} A run on this machine is refused.", file=sys.stderr)
+    else:
+        sys.exit(f"Error: config: {problem}")
+
+
+check_environment()
+
+
 # ---------------------------------------------------------------- grid
 SEED_SEP = "@s"  # a method run with calibration seed k is the method wildcard `name@sk`
 
@@ -266,23 +287,31 @@ def prior_of(method):
 
 
 # ---------------------------------------------------------------- settings passed to a stage
-COMMON_KEYS = ("seed", "device", "dtype", "synthetic_dir")
-DATA_KEYS = ("data_dir", "data_source")  # only in the settings of jobs that read external data
+# A job's settings (its `params`, Snakemake's rerun trigger) hold what changes its output and
+# nothing else. Three kinds of keys stay out of them:
+#   display keys (labels, groups, captions): read by the table and figures jobs only, so a
+#     label edit re-renders those and reruns nothing else;
+#   environment keys (device, data_dir, data_source, synthetic_dir; threads and resources):
+#     where and how fast a job runs, not what it computes. They reach the stage as `--runtime`
+#     in the shell command: Snakemake's code trigger compares the command's template
+#     (`{RUNTIME:q}`), not its value, so editing them reruns nothing;
+#   a model's `decoding` override: read by the diagnostics' trajectories only.
+COMMON_KEYS = ("seed", "dtype")
+from fair_calib.config import ENV_SETTINGS as ENV_KEYS  # device, data_dir, data_source, synthetic_dir
+DISPLAY_KEYS = ("label", "group")
 
 
-def reads_external_data(sections):
-    """Whether a job with these settings sections reads data_dir / the hub."""
-    probe, calib, task = (sections.get(k) or {} for k in ("probe", "calibration", "task"))
-    return (probe.get("dataset") in ("gsm8k", "wikitext2") or calib.get("dataset") == "wikitext2"
-            or task.get("kind") == "lm_eval")
+def runtime_env():
+    """The environment keys, as the JSON every stage's `--runtime` receives."""
+    return json.dumps({k: config.get(k) for k in ENV_KEYS}, sort_keys=True)
+
+
+RUNTIME = runtime_env()  # a global: shell commands read it as {RUNTIME:q}, outside params
 
 
 def settings(**sections):
-    """The exact config a job depends on, as JSON. A change here reruns that job only: so
-    data_dir is in it only for jobs that read it, and run-time knobs (train.threads) never."""
+    """The exact config a job depends on, as JSON. A change here reruns that job only."""
     out = {k: config.get(k) for k in COMMON_KEYS}
-    if reads_external_data(sections):
-        out.update({k: config.get(k) for k in DATA_KEYS})
     out.update(sections)
     return json.dumps(out, sort_keys=True)
 
@@ -290,10 +319,18 @@ def settings(**sections):
 RUNTIME_TRAIN_KEYS = ("threads",)  # how fast, not what: passed on the command line instead
 
 
-def model_entry(model):
-    entry = {"name": model, **config["models"][model]}
+def _without(entry, keys):
+    return {k: v for k, v in entry.items() if k not in keys}
+
+
+def model_entry(model, decoding=False):
+    """The model's config without its display keys; its `decoding` override only where it is
+    read (trajectories: `decoding=True`), so it never retrains or re-evaluates the model."""
+    entry = {"name": model, **_without(config["models"][model], DISPLAY_KEYS)}
+    if not decoding:
+        entry.pop("decoding", None)
     if "train" in entry:
-        entry["train"] = {k: v for k, v in entry["train"].items() if k not in RUNTIME_TRAIN_KEYS}
+        entry["train"] = _without(entry["train"], RUNTIME_TRAIN_KEYS)
     return entry
 
 
@@ -304,8 +341,9 @@ def train_threads(model):
 
 def method_entry(method):
     """The method's config under its wildcard name (`fair-calib@s1`: the table splits it into
-    method and seed). `seeds` is left out: adding a seed must not rerun the existing runs."""
-    return {"name": method, **{k: v for k, v in method_cfg(method).items() if k != "seeds"}}
+    method and seed). `seeds` is left out: adding a seed must not rerun the existing runs;
+    `label` too (display only)."""
+    return {"name": method, **_without(method_cfg(method), ("seeds",) + DISPLAY_KEYS)}
 
 
 def bits_entry(bits):

@@ -22,7 +22,7 @@ rule trajectories:
         "results/traj/{model}/{method}/{bits}.parquet",
     params:
         settings=lambda wc: settings(
-            model=model_entry(wc.model),
+            model=model_entry(wc.model, decoding=True),
             method=method_entry(wc.method),
             bits=bits_entry(wc.bits),
             probe=probe_entry(DIAG.get("probe", "default")),
@@ -37,7 +37,7 @@ rule trajectories:
     resources:
         **resources_for("trajectories"),
     shell:
-        "OMP_NUM_THREADS={threads} {PY} trajectories --settings {params.settings:q}"
+        "OMP_NUM_THREADS={threads} {PY} trajectories --settings {params.settings:q} --runtime {RUNTIME:q}"
         " --model-dir {params.model_dir} {params.extra} --out {output} > {log} 2>&1"
 
 

@@ -17,7 +17,9 @@ check_task_overrides(config, registry.FAMILIES)
 def task_entry(task, model):
     """The task's settings for this model: entry < by_family < by_model (the authors' scripts
     differ per family, task and instruct setup)."""
-    return resolve_task(task, config["tasks"][task], model, config["models"][model]["family"])
+    resolved = resolve_task(task, config["tasks"][task], model, config["models"][model]["family"])
+    resolved.pop("label", None)  # display only: the table reads it, no evaluation reruns
+    return resolved
 
 
 def task_shards(task, model):
@@ -47,7 +49,7 @@ rule evaluate_shard:
     resources:
         **resources_for("evaluate_shard"),
     shell:
-        "OMP_NUM_THREADS={threads} {PY} evaluate --settings {params.settings:q}"
+        "OMP_NUM_THREADS={threads} {PY} evaluate --settings {params.settings:q} --runtime {RUNTIME:q}"
         " --model-dir {params.model_dir} {params.calib}"
         " --shard {wildcards.k} --num-shards {params.shards} --out {output} > {log} 2>&1"
 

@@ -6,14 +6,15 @@ rule make_data:
         [os.path.join(config["synthetic_dir"], f) for f in SYNTHETIC_FILES],
     params:
         settings=settings(corpus=config.get("corpus", {})),
-        out=config["synthetic_dir"],
+        # derived from the output (not a rerun trigger): synthetic_dir is an environment key
+        out=lambda wc, output: os.path.dirname(output[0]),
     log:
         "logs/make_data/make_data.log",
     threads: threads_for("make_data")
     resources:
         **resources_for("make_data"),
     shell:
-        "{PY} make-data --settings {params.settings:q} --out {params.out} > {log} 2>&1"
+        "{PY} make-data --settings {params.settings:q} --runtime {RUNTIME:q} --out {params.out} > {log} 2>&1"
 
 
 rule train_tiny:
@@ -23,7 +24,7 @@ rule train_tiny:
         directory("resources/models/{model}"),
     params:
         settings=lambda wc: settings(model=model_entry(wc.model)),
-        data=config["synthetic_dir"],
+        data=lambda wc, input: os.path.dirname(input[0]),  # derived: not a rerun trigger
     log:
         "logs/train_tiny/{model}.log",
     benchmark:
@@ -35,6 +36,7 @@ rule train_tiny:
         # --threads: train.threads, outside the settings (a thread count does not retrain)
         progress("train_tiny {wildcards.model}") +
         "OMP_NUM_THREADS={threads} {PY} train-tiny --threads {threads} --settings {params.settings:q}"
+        " --runtime {RUNTIME:q}"
         " --data {params.data} --out {output} > {log} 2>&1"
 
 

@@ -19,6 +19,6 @@ rule probe_shard:
     resources:
         **resources_for("probe_shard"),
     shell:
-        "OMP_NUM_THREADS={threads} {PY} probe --settings {params.settings:q}"
+        "OMP_NUM_THREADS={threads} {PY} probe --settings {params.settings:q} --runtime {RUNTIME:q}"
         " --model-dir {params.model_dir} --shard {wildcards.k} --num-shards {params.shards}"
         " --out {output} > {log} 2>&1"
