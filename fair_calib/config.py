@@ -71,7 +71,12 @@ def load_yaml(path: str | Path) -> Any:
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise ConfigError(f"{path}: file not found") from None
+        raise ConfigError(f"{path}: file not found (relative paths are read from the current "
+                          f"directory, {Path.cwd()})") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{path}: is a folder, not a YAML file") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not a text file (a config is YAML)") from None
     try:
         return yaml.safe_load(text)
     except yaml.YAMLError as err:
@@ -434,7 +439,10 @@ def merged_config(files: Iterable[str | Path], base: str | Path | None = None) -
             a[k] = merge(dict(a[k]), v) if isinstance(v, Mapping) and isinstance(a.get(k), dict) else v
         return a
 
-    cfg = load_yaml(base or SCHEMA_PATH.parents[2] / "config" / "config.yaml") or {}
+    base = base or SCHEMA_PATH.parents[2] / "config" / "config.yaml"
+    cfg = load_yaml(base) or {}
+    if not isinstance(cfg, dict):
+        raise ConfigError(f"{base}: a config file holds keys at the top level")
     for f in files:
         extra = load_yaml(f)
         if not isinstance(extra, dict):

@@ -19,10 +19,9 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 from pathlib import Path
 from typing import Any, Mapping
-
-import yaml
 
 from fair_calib.evaluate.task_settings import resolve_task
 
@@ -248,21 +247,33 @@ def project(cfg: Mapping[str, Any]) -> dict[str, Any]:
             "evaluate_by_task": {t: round(s / 3600, 1) for t, s in sorted(by_task.items())}}
 
 
-def load_config(configfiles: list[str | Path], base: str | Path | None) -> dict[str, Any]:
-    """``base`` with each of ``configfiles`` merged over it in turn (as Snakemake does)."""
-    cfg = yaml.safe_load(Path(base).read_text()) if base else {}
-    for path in configfiles:
-        cfg = merge(cfg, yaml.safe_load(Path(path).read_text()))
+def load_config(configfiles: list[str | Path], base: str | Path | None = None) -> dict[str, Any]:
+    """``base`` (default: the repository's config/config.yaml, wherever this runs from) with
+    each of ``configfiles`` merged over it in turn (as Snakemake does), checked as the
+    Snakefile checks it before any job. A missing or non-YAML file or an invalid config raises
+    a one-line :class:`fair_calib.config.ConfigError` naming the file or key."""
+    import copy
+
+    from fair_calib.config import merged_config
+    from fair_calib.references import validated
+
+    cfg = merged_config(configfiles, base)
+    validated(copy.deepcopy(cfg))       # the projection reads the config as written
     return cfg
 
 
 def run_cli(argv: list[str]) -> None:
     ap = argparse.ArgumentParser(prog="fair-calib cost", description=__doc__.split("\n")[0])
     ap.add_argument("--configfile", required=True, nargs="+", help="merged in order")
-    ap.add_argument("--base", default="config/config.yaml", help="merged under --configfile")
+    ap.add_argument("--base", default=None,
+                    help="merged under --configfile (default: the repository's config/config.yaml)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
-    res = project(load_config(args.configfile, args.base))
+    from fair_calib.config import ConfigError
+    try:
+        res = project(load_config(args.configfile, args.base))
+    except ConfigError as err:
+        sys.exit(f"error: fair-calib cost: {err}")
     if args.json:
         print(json.dumps(res, indent=1))
         return

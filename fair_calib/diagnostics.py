@@ -491,6 +491,24 @@ def _family_of(model_dir: str) -> str:
 
 
 # ----------------------------------------------------------------------------- CLI
+def _diagnose_or_exit(inputs: Sequence[str], teacher: str | None, max_lag: int | None):
+    """:func:`diagnose`, with a missing or unreadable trajectory file as one line naming it."""
+    import os
+    import sys
+
+    from fair_calib.io import CorruptFileError
+
+    for path in [*inputs, *([teacher] if teacher else [])]:
+        if not os.path.isfile(path):
+            sys.exit(f"error: fair-calib diagnose: {path}: no such file (relative paths are "
+                     f"read from the current directory, {os.getcwd()}; the trajectories are "
+                     "results/traj/<model>/<method>/<bits>.parquet)")
+    try:
+        return diagnose(inputs, teacher, max_lag=max_lag)
+    except CorruptFileError as err:
+        sys.exit(f"error: fair-calib diagnose: {err}")
+
+
 def run_cli(argv: Sequence[str]) -> None:
     """``argv[0]`` is the subcommand: ``trajectories`` or ``diagnose``."""
     from fair_calib.io import provenance, write_parquet
@@ -508,7 +526,7 @@ def run_cli(argv: Sequence[str]) -> None:
         ap.add_argument("--out", required=True)
         a = ap.parse_args(rest)
         settings = json.loads(a.settings)
-        out = diagnose(a.inputs, a.teacher, max_lag=settings.get("max_lag"))
+        out = _diagnose_or_exit(a.inputs, a.teacher, settings.get("max_lag"))
         write_parquet(out, a.out, DIAGNOSTICS_SCHEMA,
                       provenance(settings, settings.get("seed"), inputs=list(a.inputs),
                                  teacher=a.teacher))

@@ -10,99 +10,11 @@ PY = "python -m fair_calib.cli"
 
 
 # ---------------------------------------------------------------- validation (before any job)
-def _fail(key, value, valid):
-    raise ValueError(f"config: {key} = {value!r} is not valid; choose one of {sorted(valid)}")
+# check_config: the cross-references the schema cannot express (fair_calib/references.py, shared
+# with `fair-calib cost`), then labels that would print two rows or columns of one name.
+from fair_calib.references import MEMORY_TABLES, check_config
 
 
-def _check_convert(cfg, name, m):
-    """source: convert writes a trained tiny model in a hub family's checkpoint layout."""
-    if m["family"] not in registry.HUB_FAMILIES:
-        _fail(f"models.{name}.family (source: convert)", m["family"], registry.HUB_FAMILIES)
-    src = m.get("convert_from")
-    trained_models = [k for k, v in cfg["models"].items() if v["source"] == "train"]
-    if src not in trained_models:
-        _fail(f"models.{name}.convert_from", src, trained_models)
-
-
-def check_config(cfg):
-    """Cross-reference checks the JSON schema cannot express. Every error names the key."""
-    for name, m in cfg["models"].items():
-        if m["family"] not in registry.FAMILIES:
-            _fail(f"models.{name}.family", m["family"], registry.FAMILIES)
-        if m["source"] == "train" and not m["family"].startswith("tiny-"):
-            raise ValueError(f"config: models.{name}.source = 'train' is only valid for tiny families")
-        if m["source"] == "convert":
-            _check_convert(cfg, name, m)
-        elif "convert_from" in m:
-            raise ValueError(f"config: models.{name}.convert_from is only read with source: convert")
-    for name in cfg["bits"]:
-        if not re.fullmatch(r"w\d+a\d+", name):
-            raise ValueError(f"config: bits.{name}: names must look like w4a4 (weights/activations)")
-    for name, m in cfg["methods"].items():
-        if "@s" in name:  # reserved: `name@s<k>` is the run of method `name` with seed k
-            raise ValueError(f"config: methods.{name}: method names must not contain '@s'")
-        if m["type"] not in registry.METHOD_TYPES:
-            _fail(f"methods.{name}.type", m["type"], registry.METHOD_TYPES)
-        if "prior" in m and m["prior"] not in cfg["priors"]:
-            _fail(f"methods.{name}.prior", m["prior"], cfg["priors"])
-        if m["type"] == "fair_calib" and "prior" not in m and m.get("weighting") != "uniform":
-            raise ValueError(f"config: methods.{name} (type fair_calib) needs a `prior` key "
-                             f"(or weighting: uniform); choose one of {sorted(cfg['priors'])}")
-    for name, p in cfg["priors"].items():
-        if p["probe"] not in cfg["probes"]:
-            _fail(f"priors.{name}.probe", p["probe"], cfg["probes"])
-    for name, t in cfg["tasks"].items():
-        if t["kind"] == "lm_eval" and "lm_eval_task" not in t:
-            raise ValueError(f"config: tasks.{name} (kind lm_eval) needs `lm_eval_task`")
-    for tname, t in cfg["tables"].items():
-        if t["kind"] not in MEMORY_TABLES and "tasks" not in t:
-            raise ValueError(f"config: tables.{tname} (kind {t['kind']}) needs `tasks`")
-        for key in ("models", "methods", "tasks"):
-            for item in t.get(key, []):
-                if item not in cfg[key]:
-                    _fail(f"tables.{tname}.{key}", item, cfg[key])
-        for key, section in (("model", "models"), ("baseline", "methods"), ("method", "methods")):
-            if key in t and t[key] not in cfg[section]:
-                _fail(f"tables.{tname}.{key}", t[key], cfg[section])
-        for method, *_ in t.get("rows", []):
-            if method not in cfg["methods"]:
-                _fail(f"tables.{tname}.rows", method, cfg["methods"])
-        if t["bits"] not in cfg["bits"]:
-            _fail(f"tables.{tname}.bits", t["bits"], cfg["bits"])
-    diag = cfg.get("diagnostics", {})
-    if diag.get("enabled", True) and diag:
-        for item in diag.get("models", []):
-            if item not in cfg["models"]:
-                _fail("diagnostics.models", item, cfg["models"])
-        for item in diag.get("methods", []):
-            if item not in cfg["methods"]:
-                _fail("diagnostics.methods", item, cfg["methods"])
-        if diag.get("bits") and diag["bits"] not in cfg["bits"]:
-            _fail("diagnostics.bits", diag["bits"], cfg["bits"])
-        if diag.get("probe") and diag["probe"] not in cfg["probes"]:
-            _fail("diagnostics.probe", diag["probe"], cfg["probes"])
-        for i, pair in enumerate(diag.get("cross_corpus", [])):
-            for k in ("a", "b"):
-                model, prior = pair[k].split("/")
-                if model not in cfg["models"]:
-                    _fail(f"diagnostics.cross_corpus[{i}].{k} (model)", model, cfg["models"])
-                if prior not in cfg["priors"]:
-                    _fail(f"diagnostics.cross_corpus[{i}].{k} (prior)", prior, cfg["priors"])
-    # the offline data a run reads: checked_data() below, once the used names are known
-    if diag.get("enabled", True) and diag.get("models") and not any(
-            m["type"] == "fp" for m in cfg["methods"].values()):
-        raise ValueError("config: diagnostics need an FP method (a methods entry with type: fp) "
-                         "as the teacher; add one, e.g. `fp: {type: fp, label: FP}`, or set "
-                         "diagnostics.enabled: false")
-    for name in cfg.get("resources", {}):
-        if name != "default" and name not in RULES_WITH_RESOURCES:
-            _fail(f"resources.{name}", name, ("default",) + RULES_WITH_RESOURCES)
-
-
-MEMORY_TABLES = ("calib_memory", "deploy_memory")
-RULES_WITH_RESOURCES = ("make_data", "train_tiny", "convert_hub", "probe_shard", "prior", "calibrate",
-                        "evaluate_shard", "gather_eval", "trajectories", "diagnose", "figures",
-                        "table")
 try:
     check_config(config)
 except ValueError as err:  # one line, no traceback: the message names the key
