@@ -130,7 +130,11 @@ def main(argv: list[str] | None = None) -> None:
     rest = _checked_settings(stage, argv[1:])
     _take_gpu_slot(rest)
     module = importlib.import_module(SUBCOMMANDS[stage])
-    module.run_cli([stage] + rest if stage in WHOLE_ARGV else rest)
+    from .io import CorruptFileError
+    try:
+        module.run_cli([stage] + rest if stage in WHOLE_ARGV else rest)
+    except CorruptFileError as err:  # names the file and the command that regenerates it
+        sys.exit(f"error: fair-calib {stage}: {err}")
 
 
 if __name__ == "__main__":

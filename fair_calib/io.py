@@ -71,6 +71,20 @@ def provenance(config: Any, seed: int | None = None, **extra: Any) -> dict[str, 
     return rec
 
 
+def current_umask() -> int:
+    """The process's umask (read by setting it and putting it back: there is no getter)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def give_umask_permissions(path: Path, folder: bool = False) -> None:
+    """The permissions ``open()`` / ``mkdir()`` would have given: ``tempfile`` creates its
+    files 0600 and folders 0700 (private by design), which would make every output unreadable
+    to the colleagues a shared cluster filesystem's umask (022, 002) lets read it."""
+    os.chmod(path, (0o777 if folder else 0o666) & ~current_umask())
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike, suffix: str | None = None) -> Iterator[Path]:
     """Yield a temporary path beside ``path``; rename it onto ``path`` only on success."""
@@ -82,6 +96,7 @@ def atomic_path(path: str | os.PathLike, suffix: str | None = None) -> Iterator[
     tmp_path = Path(tmp)
     try:
         yield tmp_path
+        give_umask_permissions(tmp_path)
         os.replace(tmp_path, path)
     finally:
         if tmp_path.exists():
@@ -99,6 +114,7 @@ def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
     try:
         yield tmp
+        give_umask_permissions(tmp, folder=True)
         if path.exists():
             shutil.rmtree(path)
         os.replace(tmp, path)

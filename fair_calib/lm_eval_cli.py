@@ -49,27 +49,44 @@ def offline_fewshot_refusal(argv: list[str]) -> str | None:
 
 
 def forward_to_lm_eval(argv: list[str]) -> None:
-    """Run lm-eval's CLI on ``argv`` with ``fair_calib_dlm`` registered."""
+    """Run lm-eval's CLI on ``argv`` with ``fair_calib_dlm`` registered. The faults a user
+    makes on its command line (an unknown task, a calibration of another model, a broken
+    checkpoint file) end in one line naming them instead of lm-eval's traceback."""
     refusal = offline_fewshot_refusal(argv)
     if refusal:
         sys.exit(f"Error: {refusal}")
-    import fair_calib.evaluate.lm  # noqa: F401  (registers the model)
+    from fair_calib.evaluate.lm import CalibrationMismatchError  # registers the model
+    from fair_calib.io import CorruptFileError
     from lm_eval.__main__ import cli_evaluate
 
     saved = sys.argv
     sys.argv = ["lm-eval", *argv]
     try:
         cli_evaluate()
+    except (CalibrationMismatchError, CorruptFileError) as err:
+        sys.exit(f"error: fair-calib lm-eval: {err}")
+    except ValueError as err:
+        if not str(err).startswith("Tasks not found"):
+            raise
+        sys.exit(f"error: fair-calib lm-eval: --tasks: {str(err).split(': ', 1)[-1]} not found "
+                 "among lm-eval's tasks and those under --include_path (list them: fair-calib "
+                 "lm-eval ls tasks; the offline and synthetic ones: fair-calib render-tasks)")
     finally:
         sys.argv = saved
 
 
-def render_tasks(out: str | Path, tasks: list[str], data_dir: str | None = None,
+def render_tasks(out: str | Path, tasks: list[str] | None, data_dir: str | None = None,
                  synthetic_dir: str | None = None) -> Path:
-    """Offline YAMLs (over ``data_dir``) and/or synthetic ones (over ``synthetic_dir``)."""
+    """Offline YAMLs (over ``data_dir``) and/or synthetic ones (over ``synthetic_dir``).
+    Without ``tasks``: the synthetic tasks where ``synthetic_dir`` is given, and the offline
+    ones where ``data_dir`` is given or neither is (the default data dir)."""
     from fair_calib.evaluate import offline_data
 
     out = Path(out).resolve()
+    if tasks is None:  # every task the given folders hold
+        tasks = list(offline_data.SYNTHETIC_TASKS) if synthetic_dir else []
+        if data_dir or not synthetic_dir:
+            tasks += list(offline_data.OFFLINE_TASKS)
     synth = [t for t in tasks if t in offline_data.SYNTHETIC_TASKS]
     real = [t for t in tasks if t not in offline_data.SYNTHETIC_TASKS]
     if synth:
@@ -81,11 +98,13 @@ def render_tasks(out: str | Path, tasks: list[str], data_dir: str | None = None,
 
 
 def render_tasks_cli(argv: list[str]) -> None:
-    from fair_calib.evaluate.offline_data import OFFLINE_TASKS
+    from fair_calib.evaluate.offline_data import OFFLINE_TASKS, SYNTHETIC_TASKS
 
     ap = argparse.ArgumentParser(prog="fair-calib render-tasks", description=render_tasks.__doc__)
     ap.add_argument("--out", required=True, help="folder for lm-eval's --include_path")
-    ap.add_argument("--tasks", nargs="+", default=list(OFFLINE_TASKS))
+    ap.add_argument("--tasks", nargs="+", default=None,
+                    help=f"default: {' '.join(SYNTHETIC_TASKS)} with --synthetic-dir, and "
+                         f"{' '.join(OFFLINE_TASKS)} with --data-dir or without either")
     ap.add_argument("--data-dir", default=None, help="offline data copies (FAIR_CALIB_DATA_DIR)")
     ap.add_argument("--synthetic-dir", default=None, help="embedded synthetic tasks (make-data)")
     args = ap.parse_args(argv)

@@ -41,9 +41,14 @@ def check_config(cfg):
             _check_convert(cfg, name, m)
         elif "convert_from" in m:
             raise ConfigError(f"config: models.{name}.convert_from is only read with source: convert")
-    for name in cfg["bits"]:
+    for name, b in cfg["bits"].items():
         if not re.fullmatch(r"w\d+a\d+", name):
-            raise ConfigError(f"config: bits.{name}: names must look like w4a4 (weights/activations)")
+            raise ConfigError(f"config: bits.{name}: names must look like w4a4 (weight bits, "
+                              f"activation bits; 16 means not quantized: w4a16 is weight-only)")
+        if name != f"w{b['w_bits']}a{b['a_bits']}":
+            raise ConfigError(f"config: bits.{name} holds w_bits: {b['w_bits']}, a_bits: "
+                              f"{b['a_bits']}; its name must say them: w{b['w_bits']}a{b['a_bits']} "
+                              "(tables print the name)")
     for name, m in cfg["methods"].items():
         if "@s" in name:  # reserved: `name@s<k>` is the run of method `name` with seed k
             raise ConfigError(f"config: methods.{name}: method names must not contain '@s'")

@@ -55,6 +55,21 @@ CONFIG_FAULTS = [
     ({"tasks": {"synth_mc": {"shardz": 2}}}, "unknown key tasks.synth_mc.shardz"),
     ({"bits": {"w4a4": {"w_bits": 0}}}, "bits.w4a4.w_bits = 0"),
     ({"bogus": 1}, "unknown key bogus"),
+    # issue 23: every numeric setting's range, before any job
+    ({"priors": {"default": {"floor": 5.0}}}, "priors.default.floor = 5.0"),
+    ({"priors": {"default": {"floor": 0}}}, "priors.default.floor = 0"),
+    ({"methods": {"flatquant": {"alpha": -3}}}, "methods.flatquant.alpha = -3"),
+    ({"tasks": {"synth_gen": {"decoding": {"temperature": "hot"}}}},
+     "tasks.synth_gen.decoding.temperature = 'hot'"),
+    ({"tasks": {"synth_gen": {"by_family": {"tiny-dream": {"decoding": {"top_p": 2}}}}}},
+     "tasks.synth_gen.by_family.tiny-dream.decoding.top_p = 2"),
+    ({"tasks": {"synth_gen": {"decoding": {"polcy": "entropy"}}}}, "unknown key tasks.synth_gen.decoding.polcy"),
+    ({"methods": {"flatquant": {"calibration": {"seq_len": -5}}}}, "methods.flatquant.calibration.seq_len = -5"),
+    ({"methods": {"flatquant": {"calibration_by_family": {"tiny-llada": {"n_samples": 0}}}}},
+     "methods.flatquant.calibration_by_family.tiny-llada.n_samples = 0"),
+    ({"methods": {"q": {"type": "qdrop", "drop_prob": 1.5}}}, "methods.q.drop_prob = 1.5"),
+    ({"methods": {"flatquant": {"eta_min_ratio": 2}}}, "methods.flatquant.eta_min_ratio = 2"),
+    ({"probes": {"default": {"policy": "greedy"}}}, "probes.default.policy = 'greedy'"),
 ]
 
 
@@ -513,3 +528,262 @@ def test_long_jobs_print_prefixed_progress_and_keep_their_exit_status(ws, tmp_pa
     shown = [l for l in run.stdout.splitlines() if l]
     assert shown and all(l.startswith("[train_tiny tiny-llada] step ") for l in shown), run.stdout
     assert "step 5" in log.read_text()
+
+
+# ------------------------------------------------------------------ issue 23: first contact
+def _planned_settings(res) -> dict[str, list[dict]]:
+    return {stage: _settings_of(res.out, stage)
+            for stage in ("make-data", "train-tiny", "probe", "prior", "calibrate", "evaluate",
+                          "trajectories", "report", "figures")}
+
+
+DISPLAY_EDIT = {"models": {"tiny-llada": {"label": "Tiny-L (new)", "group": "Other"}},
+                "methods": {"fair-calib": {"label": "Ours"}, "rtn": {"label": "Round"}},
+                "tasks": {"synth_mc": {"label": "MC (new)"}},
+                "tables": {"main": {"caption": "Another caption."}}}
+ENV_EDIT = {"device": "cuda", "data_dir": "/elsewhere/data", "data_source": "hub"}
+
+
+def test_display_environment_and_decoding_keys_leave_the_jobs_settings(ws):
+    """Labels, groups and captions reach only the table and figures jobs; device, data_dir and
+    data_source reach no job's settings (the rerun trigger); a model's decoding override only
+    the diagnostics' trajectories. So editing them reruns no training, calibration or
+    evaluation. (The finished-DAG version: tests/test_workflow.py's whole-DAG test.)"""
+    base = _plan(ws, None, "--forceall", target=None)
+    assert base.returncode == 0, base.out[-2000:]
+    expensive = ("make-data", "train-tiny", "probe", "prior", "calibrate", "evaluate")
+    before = _planned_settings(base)
+    assert all(before[s] for s in expensive + ("trajectories",)), before.keys()
+    for key in ('"device"', '"data_dir"', '"data_source"', '"synthetic_dir"', '"label"', '"group"'):
+        assert key not in json.dumps({s: before[s] for s in expensive}), key
+    assert "--runtime '{\"data_dir\"" in base.out      # the environment reaches the stages
+    env = _planned_settings(_plan(ws, ENV_EDIT, "--forceall", target=None))
+    assert env == before
+    shown = _plan(ws, _merge(DISPLAY_EDIT, {"models": {"tiny-llada": {"decoding": {
+        "temperature": 0.5}}}}), "--forceall", target=None)
+    assert shown.returncode == 0, shown.out[-2000:]
+    after = _planned_settings(shown)
+    for stage in expensive:
+        assert after[stage] == before[stage], stage
+    assert after["trajectories"] != before["trajectories"]     # the one stage reading decoding
+    assert after["report"] != before["report"] and "Ours" in json.dumps(after["report"])
+
+
+needs_no_cuda = pytest.mark.skipif(
+    __import__("torch").cuda.is_available(), reason="this machine has CUDA")
+
+
+@needs_no_cuda
+def test_cuda_without_cuda_is_refused_before_any_job(ws):
+    """`device: cuda` where torch has no CUDA: refused at parse time in one line naming the
+    key, before Snakemake deletes any output (a dry run only says so)."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    run = subprocess.run(["snakemake", "--cores", "1", "--config", "device=cuda", "--",
+                          "resources/data/manifest.json"], cwd=ws, capture_output=True,
+                         text=True, env=env)
+    out = run.stdout + run.stderr
+    assert run.returncode != 0
+    line = next(l for l in out.splitlines() if l.startswith("Error:"))
+    assert "device = 'cuda'" in line and "CUDA is not available" in line, out[-2000:]
+    assert "Traceback" not in out and not (ws / "resources").exists()
+    dry = _plan(ws, {"device": "cuda"})
+    assert dry.returncode == 0 and "Note: config: device = 'cuda'" in dry.out
+
+
+@needs_no_cuda
+def test_stage_cli_refuses_cuda_without_cuda_before_writing(tmp_path):
+    out = tmp_path / "data"
+    res = _cli("make-data", "--settings", json.dumps({"corpus": {"n_train_docs": 10}}),
+               "--runtime", json.dumps({"device": "cuda"}), "--out", str(out))
+    assert res.returncode != 0 and "device = 'cuda'" in res.stderr, res.stderr[-2000:]
+    assert "Traceback" not in res.stderr and not out.exists()
+    bad = _cli("make-data", "--settings", "{}", "--runtime", json.dumps({"seed": 1}),
+               "--out", str(out))
+    assert bad.returncode != 0 and "--runtime" in bad.stderr and "seed" in bad.stderr
+
+
+@pytest.mark.parametrize("over, keys", [
+    ({"methods": {"rtn": {"label": "FAIR-Calib"}}}, ("methods.rtn.label", "methods.fair-calib.label")),
+    ({"models": {"tiny-dream": {"label": "Tiny-LLaDA"}}}, ("models.tiny-llada.label", "models.tiny-dream.label")),
+    ({"tasks": {"synth_gen": {"label": "synth_mc"}, "synth_mc": {"label": None}}},
+     ("tasks.synth_mc.label", "tasks.synth_gen.label")),
+])
+def test_two_entries_with_one_label_are_refused_naming_both(over, keys):
+    from fair_calib.references import check_config
+
+    cfg = _merge(_default(), over)
+    if cfg["tasks"]["synth_mc"].get("label", 0) is None:
+        del cfg["tasks"]["synth_mc"]["label"]            # its label is then its name
+    C.validate_config(cfg)
+    with pytest.raises(C.ConfigError) as err:
+        check_config(cfg)
+    msg = str(err.value)
+    assert all(k in msg for k in keys) and "\n" not in msg, msg
+
+
+def test_duplicate_label_fails_the_workflow_before_any_job(ws):
+    res = _plan(ws, {"methods": {"rtn": {"label": "FAIR-Calib"}}})
+    assert res.returncode != 0
+    assert "methods.rtn.label and methods.fair-calib.label" in res.out, res.out[-2000:]
+
+
+def test_bits_name_must_say_its_widths():
+    from fair_calib.references import check_config
+
+    cfg = C.validate_config(_merge(_default(), {"bits": {"w4a4": {"w_bits": 3}}}))
+    with pytest.raises(C.ConfigError, match=r"bits\.w4a4 holds w_bits: 3, a_bits: 4; .* w3a4"):
+        check_config(cfg)
+
+
+# ------------------------------------------------------------------ CLIs: one line, no traceback
+def _one_line_error(res, *needles):
+    assert res.returncode != 0
+    assert "Traceback" not in res.stderr, res.stderr[-3000:]
+    lines = [l for l in res.stderr.splitlines() if l.startswith("error:")]
+    assert len(lines) == 1 and all(n in lines[0] for n in needles), res.stderr[-3000:]
+
+
+def test_cost_validates_the_config_as_the_snakefile_does(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("tasks: {synth_mc: {mc_num: -128}}\n")
+    _one_line_error(_cli("cost", "--configfile", str(bad)), "tasks.synth_mc.mc_num = -128")
+    typo = tmp_path / "typo.yaml"
+    typo.write_text("tables: {main: {tasks: [synth_mcc]}}\n")
+    _one_line_error(_cli("cost", "--configfile", str(typo)), "tables.main.tasks", "synth_mcc")
+    dup = tmp_path / "dup.yaml"
+    dup.write_text("methods: {rtn: {label: FAIR-Calib}}\n")
+    _one_line_error(_cli("cost", "--configfile", str(dup)), "methods.rtn.label")
+
+
+def test_cost_file_errors_are_one_line_and_it_runs_from_any_directory(tmp_path):
+    _one_line_error(_cli("cost", "--configfile", "missing.yaml", cwd=tmp_path),
+                    "missing.yaml: file not found", str(tmp_path))
+    binary = tmp_path / "model.bin"
+    binary.write_bytes(bytes(range(256)))
+    _one_line_error(_cli("cost", "--configfile", str(binary)), str(binary), "not a text file")
+    scalar = tmp_path / "note.yaml"
+    scalar.write_text("just a sentence\n")
+    _one_line_error(_cli("cost", "--configfile", str(scalar)), str(scalar), "keys at the top level")
+    # another directory: the base config is the repository's, not ./config/config.yaml
+    ok = _cli("cost", "--configfile", str(REPO / "config/paper.yaml"), "--json", cwd=tmp_path)
+    assert ok.returncode == 0, ok.stderr[-2000:]
+    assert json.loads(ok.stdout)["total_gpu_hours"] > 0
+
+
+def test_diagnose_file_errors_are_one_line(tmp_path):
+    _one_line_error(_cli("diagnose", "--inputs", "nope.parquet", "--out", "x.parquet", cwd=tmp_path),
+                    "nope.parquet: no such file", str(tmp_path))
+    yml = tmp_path / "config.yaml"
+    yml.write_text("seed: 0\n")
+    _one_line_error(_cli("diagnose", "--inputs", str(yml), "--out", str(tmp_path / "x.parquet")),
+                    str(yml), "corrupt or truncated Parquet")
+    assert not (tmp_path / "x.parquet").exists()
+
+
+def test_lm_eval_unknown_task_is_one_line(monkeypatch, capsys):
+    """lm-eval answers an unknown task with a 21-line traceback ending in this ValueError."""
+    import lm_eval.__main__
+
+    from fair_calib import lm_eval_cli
+
+    def unknown_task():
+        raise ValueError("Tasks not found: piqaa")
+
+    monkeypatch.setattr(lm_eval.__main__, "cli_evaluate", unknown_task)
+    with pytest.raises(SystemExit) as err:
+        lm_eval_cli.forward_to_lm_eval(["--model", "fair_calib_dlm", "--tasks", "piqaa"])
+    msg = str(err.value.code)
+    assert msg.startswith("error: fair-calib lm-eval: --tasks: piqaa not found") and "\n" not in msg
+
+
+def _fake_model(folder: Path, family: str) -> Path:
+    folder.mkdir(parents=True)
+    (folder / "fair_calib.json").write_text(json.dumps({"family": family}))
+    return folder
+
+
+def _fake_calibration(cell: Path, model_name: str, family: str, model_dir: str) -> Path:
+    from fair_calib import io
+    io.write_json(cell / "meta.json", {"provenance": {"config": {
+        "model_dir": model_dir,
+        "settings": {"model": {"name": model_name, "family": family, "source": "train"}}}}})
+    return cell
+
+
+def test_lm_eval_refuses_a_calibration_of_another_model(tmp_path):
+    """The issue's case: tiny-dream's calib_dir on tiny-llada ran and reported 0.125."""
+    from fair_calib.evaluate.lm import CalibrationMismatchError, check_calibration_pairing
+
+    llada = _fake_model(tmp_path / "resources/models/tiny-llada", "tiny-llada")
+    dream = _fake_model(tmp_path / "resources/models/tiny-dream", "tiny-dream")
+    cell = _fake_calibration(tmp_path / "calib/tiny-dream/rtn/w2a4", "tiny-dream", "tiny-dream",
+                             str(dream))
+    with pytest.raises(CalibrationMismatchError) as err:
+        check_calibration_pairing(str(cell), str(llada), "tiny-llada")
+    msg = str(err.value)
+    assert "tiny-dream" in msg and str(llada) in msg and "tiny-llada" in msg and "\n" not in msg
+    check_calibration_pairing(str(cell), str(dream), "tiny-dream")          # its own model
+    # same family, another checkpoint (LLaDA-Base's calibration on LLaDA-Instruct)
+    base = _fake_calibration(tmp_path / "calib/base", "llada-8b-base", "llada", "GSAI-ML/LLaDA-8B-Base")
+    with pytest.raises(CalibrationMismatchError, match="llada-8b-base"):
+        check_calibration_pairing(str(base), "GSAI-ML/LLaDA-8B-Instruct", "llada")
+    check_calibration_pairing(str(base), "GSAI-ML/LLaDA-8B-Base", "llada")
+
+
+def test_lm_eval_family_comes_from_the_checkpoint_config(tmp_path):
+    from fair_calib.evaluate.lm import infer_family
+
+    for model_type, family in (("llada", "llada"), ("Dream", "dream")):
+        folder = tmp_path / model_type
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps({"model_type": model_type}))
+        assert infer_family(str(folder)) == family
+
+
+def test_render_tasks_with_synthetic_dir_alone_writes_the_synthetic_tasks(tmp_path):
+    from fair_calib.evaluate import offline_data
+    from fair_calib.lm_eval_cli import render_tasks
+
+    synth = tmp_path / "data"
+    synth.mkdir()
+    for name in offline_data.SYNTHETIC_TASKS.values():
+        (synth / name).write_text("")
+    out = render_tasks(tmp_path / "tasks", None, synthetic_dir=str(synth))
+    written = {p.stem for p in out.rglob("*.yaml")}
+    assert set(offline_data.SYNTHETIC_TASKS) <= written, written
+
+
+def test_outputs_get_the_permissions_of_the_users_umask(tmp_path):
+    from fair_calib import io
+
+    old = os.umask(0o022)
+    try:
+        io.write_json(tmp_path / "a/meta.json", {"x": 1})
+        with io.atomic_dir(tmp_path / "model") as tmp:
+            (tmp / "config.json").write_text("{}")
+        os.umask(0o002)
+        io.write_text(tmp_path / "b.txt", "x")
+    finally:
+        os.umask(old)
+    assert (tmp_path / "a/meta.json").stat().st_mode & 0o777 == 0o644
+    assert (tmp_path / "model").stat().st_mode & 0o777 == 0o755
+    assert (tmp_path / "b.txt").stat().st_mode & 0o777 == 0o664
+
+
+@pytest.mark.parametrize("name", ["tokenizer.json", "model.safetensors"])
+def test_truncated_model_file_is_named_with_the_rm_to_run(tmp_path, name):
+    import torch
+
+    from fair_calib import io
+    from fair_calib.models.adapters import load_model
+
+    folder = _fake_model(tmp_path / "resources/models/tiny-llada", "tiny-llada")
+    (folder / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    io.save_tensors({"w": torch.ones(64, 64)}, folder / "model.safetensors")
+    (folder / "tokenizer.json").write_text(json.dumps({"version": "1.0", "model": {"vocab": {
+        f"w{i}": i for i in range(400)}}}))
+    _truncate(folder / name)
+    with pytest.raises(io.CorruptFileError) as err:
+        load_model(str(folder), "tiny-llada")
+    msg = str(err.value)
+    assert str(folder / name) in msg and f"rm -r '{folder}'" in msg, msg

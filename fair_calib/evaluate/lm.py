@@ -77,6 +77,18 @@ DECODING_KEYS = ("policy", "steps", "gen_length", "block_length", "temperature",
                  "top_p", "top_k")
 
 
+def _hub_config_file(repo_id: str):
+    """A hub checkpoint's config.json (from the local cache, else the hub), or None."""
+    from pathlib import Path
+
+    try:
+        from huggingface_hub import hf_hub_download
+
+        return Path(hf_hub_download(repo_id, "config.json"))
+    except Exception:  # offline and not cached, or no such repository: the caller says so
+        return None
+
+
 def infer_family(source: str, calib_dir: str | None = None) -> str:
     """The adapter of a checkpoint when ``family=`` is not given: the embedded model's
     ``fair_calib.json``, an adapter's hub id, or the checkpoint config's ``model_type``."""
@@ -92,11 +104,60 @@ def infer_family(source: str, calib_dir: str | None = None) -> str:
         if source in adapter.hub_ids:
             return name
     cfg = Path(source) / "config.json"
+    if not cfg.is_file() and source.count("/") == 1 and not Path(source).exists():
+        cfg = _hub_config_file(source) or cfg           # a hub id: its config.json
     model_type = json.loads(cfg.read_text()).get("model_type", "") if cfg.is_file() else ""
     if model_type.lower() in ADAPTERS:
         return model_type.lower()
     raise ValueError(f"cannot tell the model family of {source!r}; pass family=<one of "
                      f"{sorted(ADAPTERS)}> in --model_args")
+
+
+class CalibrationMismatchError(ValueError):
+    """A ``calib_dir`` made for another model than the checkpoint it is applied to."""
+
+
+def calibrated_model(calib_dir: str) -> dict[str, Any]:
+    """What a calibration's ``meta.json`` says of the model it was made on: ``name``,
+    ``family``, ``model_dir`` (empty where an older meta.json does not say)."""
+    from pathlib import Path
+
+    from fair_calib import io
+
+    meta = io.read_json(Path(calib_dir) / "meta.json")
+    run = (meta.get("provenance") or {}).get("config") or {}
+    model = (run.get("settings") or {}).get("model") or {}
+    return {"name": model.get("name"), "family": model.get("family"),
+            "model_dir": run.get("model_dir")}
+
+
+def _same_checkpoint(a: str, b: str) -> bool | None:
+    """Whether two model sources are one checkpoint; None where this machine cannot tell (a
+    folder recorded on another machine)."""
+    from pathlib import Path
+
+    if Path(a).exists() and Path(b).exists():
+        return Path(a).resolve() == Path(b).resolve()
+    if not Path(a).exists() and not Path(b).exists() and a.count("/") == 1 == b.count("/"):
+        return a == b                                   # two hub ids
+    return None
+
+
+def check_calibration_pairing(calib_dir: str, source: str, family: str) -> None:
+    """Refuse a calibration made on another model (its meta.json names it): a calibration of
+    tiny-dream applied to tiny-llada runs, and reports a meaningless accuracy."""
+    from pathlib import Path
+
+    if not (Path(calib_dir) / "meta.json").is_file():
+        return  # load_quantized names the missing file
+    made = calibrated_model(calib_dir)
+    same = _same_checkpoint(made["model_dir"], source) if made["model_dir"] else None
+    if (made["family"] and made["family"] != family) or same is False:
+        raise CalibrationMismatchError(
+            f"calib_dir={calib_dir} was calibrated on model {made['name']!r} "
+            f"({made['model_dir']}, family {made['family']}), not on pretrained={source} "
+            f"(family {family}); pass the calibration made for this model "
+            "(results/calib/<model>/<method>/<bits>)")
 
 
 def _device(device: str | None) -> str:
@@ -198,8 +259,10 @@ class DiffusionLM(LM):
             raise ValueError("DiffusionLM needs a LoadedModel or pretrained=<hub id or folder>")
         from fair_calib.models.adapters import load_model
 
-        loaded = load_model(source, family or infer_family(str(source), calib_dir),
-                            dtype=dtype, device=device, loader=loader)
+        family = family or infer_family(str(source), calib_dir)
+        if calib_dir is not None:
+            check_calibration_pairing(calib_dir, str(source), family)
+        loaded = load_model(source, family, dtype=dtype, device=device, loader=loader)
         if calib_dir is not None:
             from fair_calib.methods import load_quantized  # lazy: only for quantized runs
 

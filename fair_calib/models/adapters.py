@@ -275,17 +275,51 @@ def load_model(source: str | Path, family: str, dtype: str | torch.dtype = "floa
     if loader not in LOADERS:
         raise ValueError(f"loader {loader!r} is not one of {list(LOADERS)}")
     torch_dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
-    if loader == "remote":
-        model, tokenizer, config_mask = _load_remote(adapter, source, torch_dtype, trust_remote_code)
-        adapter = with_overrides(adapter, **adapter.remote_paths)
-    elif adapter.hub_layout is not None:
-        model, tokenizer, config_mask = _load_hub_native(adapter, source, torch_dtype)
-    else:
-        model, tokenizer, config_mask = _load_plain(source, torch_dtype)
+    try:
+        if loader == "remote":
+            model, tokenizer, config_mask = _load_remote(adapter, source, torch_dtype,
+                                                         trust_remote_code)
+            adapter = with_overrides(adapter, **adapter.remote_paths)
+        elif adapter.hub_layout is not None:
+            model, tokenizer, config_mask = _load_hub_native(adapter, source, torch_dtype)
+        else:
+            model, tokenizer, config_mask = _load_plain(source, torch_dtype)
+    except Exception as err:
+        # transformers / safetensors name no file for a truncated tokenizer.json or weights
+        # file ("JSONDecodeError: ... (char 3000)"); find it and say how to regenerate it
+        broken = corrupt_model_file(source) if local else None
+        if broken is None:
+            raise
+        raise broken_model_error(source, *broken) from err
     model.to(device).eval()
     if hasattr(model.config, "use_cache"):
         model.config.use_cache = False
     return _wrap(model, tokenizer, adapter, config_mask)
+
+
+def corrupt_model_file(folder: str | Path) -> tuple[Path, str] | None:
+    """The first file of a model folder that is truncated or not what its name says
+    (``*.json``: config, tokenizer; ``*.safetensors``: header against the file size), and why."""
+    from fair_calib.preflight import json_problem, safetensors_problem
+
+    folder = Path(folder)
+    if not folder.is_dir():
+        return None
+    for path in sorted(folder.iterdir()):
+        check = {".json": json_problem, ".safetensors": safetensors_problem}.get(path.suffix)
+        why = check(path) if check and path.is_file() else None
+        if why:
+            return path, why
+    return None
+
+
+def broken_model_error(folder: str | Path, path: Path, why: str):
+    from fair_calib.io import CorruptFileError
+
+    return CorruptFileError(
+        f"{path}: corrupt or truncated ({why}). A model folder is one output: delete it whole "
+        f"and run snakemake again to regenerate it (a trained or converted model), or download "
+        f"it again (a hub checkpoint): rm -r {str(folder)!r}")
 
 
 def load_model_entry(source: str | Path, entry: dict, dtype: str | torch.dtype = "float32",
