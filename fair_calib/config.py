@@ -4,8 +4,9 @@
 * :func:`validate_config` checks a whole config against ``workflow/schemas/config.schema.yaml``
   (types, ranges, unknown keys) and each method's settings against the names its type declares
   in :data:`fair_calib.registry.METHOD_SETTINGS`, then fills the schema's defaults. The
-  cross-reference checks (a table naming an unknown model, ...) live in
-  ``workflow/rules/common.smk`` (``check_config``).
+  cross-reference checks (a table naming an unknown model, two entries with one label, ...)
+  live in :mod:`fair_calib.references` (``check_config``), run by the Snakefile and by
+  ``fair-calib cost``.
 * :func:`parse_settings` is what a stage CLI does with its ``--settings`` JSON: it must parse,
   hold the sections the stage reads, and each section must pass the same schema as the config
   entry it came from. A CLI therefore refuses what the Snakefile would refuse, naming the key.

@@ -165,6 +165,57 @@ def test_whole_dag_on_checkpoints_in_the_released_layouts_then_rerun_scope(ws):
         assert f"rule {rule}:" not in planned, rule
     outputs = "".join(l for l in planned.splitlines() if l.strip().startswith("output:"))
     assert "fair-calib" not in outputs and "flatquant" in outputs
+    _display_and_environment_edits_rerun_nothing_expensive(ws, configs)
+    _deleted_intermediate_is_rebuilt_as_documented(ws, configs)
+
+
+def _planned_rules(ws, configs, *extra):
+    import re
+    res = subprocess.run(["snakemake", "-n", "--cores", "2"] + configs + list(extra), cwd=ws,
+                         capture_output=True, text=True)
+    assert res.returncode == 0, (res.stdout + res.stderr)[-3000:]
+    return set(re.findall(r"^rule (\w+):", res.stdout, re.M)), res.stdout + res.stderr
+
+
+def _display_and_environment_edits_rerun_nothing_expensive(ws, configs):
+    """Issue 23 on the finished DAG: a label, group or caption edit re-renders the tables and
+    figures only; an environment edit (device, data_dir, data_source) plans nothing; a model's
+    decoding override (diagnostics only) reruns its trajectories, never its training."""
+    (ws / "labels.yaml").write_text(yaml.safe_dump({
+        "models": {"toy-llada": {"label": "LLaDA (renamed)", "group": "renamed"}},
+        "methods": {"fair-calib": {"label": "Ours"}},
+        "tasks": {"synth_mc": {"label": "MC"}},
+        "tables": {"main": {"caption": "Renamed."}}}))
+    rules, _ = _planned_rules(ws, configs, "labels.yaml")
+    assert rules and rules <= {"table", "figures"}, rules
+    (ws / "env.yaml").write_text(yaml.safe_dump({"device": "cuda", "data_dir": "/elsewhere",
+                                                 "data_source": "hub"}))
+    rules, out = _planned_rules(ws, configs, "env.yaml")
+    assert not rules and "Nothing to be done" in out, out[-3000:]
+    import torch
+    if not torch.cuda.is_available():   # a real run is refused before any output is deleted
+        model = ws / "resources/models/tiny-llada/model.safetensors"
+        before = model.stat().st_mtime_ns
+        run = subprocess.run(["snakemake", "--cores", "2", "--forceall"] + configs + ["env.yaml"],
+                             cwd=ws, capture_output=True, text=True)
+        assert run.returncode != 0 and "device = 'cuda'" in run.stdout + run.stderr
+        assert model.stat().st_mtime_ns == before
+    (ws / "decoding.yaml").write_text(yaml.safe_dump({"models": {"toy-dream": {"decoding": {
+        "steps": 16, "gen_length": 16, "temperature": 0.5}}}}))
+    rules, out = _planned_rules(ws, configs, "decoding.yaml")
+    assert rules == {"trajectories", "diagnose", "figures"}, rules
+    assert "toy-llada" not in "".join(l for l in out.splitlines() if "output:" in l)
+
+
+def _deleted_intermediate_is_rebuilt_as_documented(ws, configs):
+    """results/README.md: deleting an intermediate reruns nothing while what depends on it is
+    up to date; naming it with the final target rebuilds it and what depends on it."""
+    evaluation = "results/eval/toy-llada/rtn/w4a4/synth_gen.parquet"
+    (ws / evaluation).unlink()
+    rules, out = _planned_rules(ws, configs, "results/tables/main.tex")
+    assert not rules and "Nothing to be done" in out
+    rules, _ = _planned_rules(ws, configs, evaluation, "results/tables/main.tex")
+    assert rules == {"gather_eval", "table"}, rules
 
 
 def test_task_settings_resolve_per_family_into_the_jobs(ws):
