@@ -653,6 +653,7 @@ def test_cost_validates_the_config_as_the_snakefile_does(tmp_path):
     dup = tmp_path / "dup.yaml"
     dup.write_text("methods: {rtn: {label: FAIR-Calib}}\n")
     _one_line_error(_cli("cost", "--configfile", str(dup)), "methods.rtn.label")
+    _one_line_error(_cli("check-config", str(dup)), "methods.rtn.label")
 
 
 def test_cost_file_errors_are_one_line_and_it_runs_from_any_directory(tmp_path):
