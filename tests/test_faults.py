@@ -731,7 +731,11 @@ def test_lm_eval_refuses_a_calibration_of_another_model(tmp_path):
     check_calibration_pairing(str(base), "GSAI-ML/LLaDA-8B-Base", "llada")
 
 
-def test_lm_eval_family_comes_from_the_checkpoint_config(tmp_path):
+def test_lm_eval_family_comes_from_the_checkpoint_config(tmp_path, monkeypatch):
+    """`family=` need not be passed where the checkpoint's config.json says it: a local
+    folder's, or a hub id's outside the adapters' list (a fine-tune), from the hub cache."""
+    import huggingface_hub
+
     from fair_calib.evaluate.lm import infer_family
 
     for model_type, family in (("llada", "llada"), ("Dream", "dream")):
@@ -739,6 +743,15 @@ def test_lm_eval_family_comes_from_the_checkpoint_config(tmp_path):
         folder.mkdir()
         (folder / "config.json").write_text(json.dumps({"model_type": model_type}))
         assert infer_family(str(folder)) == family
+    fetched = []
+
+    def cached_config(repo_id, filename, **kw):
+        fetched.append((repo_id, filename))
+        return str(tmp_path / "Dream" / filename)
+
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", cached_config)
+    assert infer_family("someone/Dream-7B-finetune") == "dream"
+    assert fetched == [("someone/Dream-7B-finetune", "config.json")]
 
 
 def test_render_tasks_with_synthetic_dir_alone_writes_the_synthetic_tasks(tmp_path):
