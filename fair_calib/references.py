@@ -109,6 +109,34 @@ def check_config(cfg):
         if name != "default" and name not in RULES_WITH_RESOURCES:
             _fail(f"resources.{name}", name, ("default",) + RULES_WITH_RESOURCES)
     check_labels(cfg)
+    check_shapes(cfg)
+
+
+def _check_window(key, d):
+    """A decoding window splits into whole blocks, and the steps among them."""
+    gen, block, steps = d.get("gen_length"), d.get("block_length"), d.get("steps")
+    if gen and block and gen % block:
+        raise ConfigError(f"config: {key}.block_length = {block} does not divide gen_length = "
+                          f"{gen} (the window is decoded in whole blocks)")
+    if gen and block and steps and steps % (gen // block):
+        raise ConfigError(f"config: {key}.steps = {steps} do not divide among the "
+                          f"{gen // block} blocks of gen_length {gen} / block_length {block}")
+
+
+def check_shapes(cfg):
+    """Settings whose numbers must fit together, which a job would only find at run time."""
+    for name, m in cfg["models"].items():
+        train = m.get("train") or {}
+        if train.get("hidden") and train.get("heads") and train["hidden"] % train["heads"]:
+            raise ConfigError(f"config: models.{name}.train.heads = {train['heads']} does not "
+                              f"divide hidden = {train['hidden']}")
+        if m.get("decoding"):
+            _check_window(f"models.{name}.decoding", m["decoding"])
+    for name, t in cfg["tasks"].items():
+        _check_window(f"tasks.{name}", t)
+        for section in ("by_family", "by_model"):
+            for key, over in (t.get(section) or {}).items():
+                _check_window(f"tasks.{name}.{section}.{key}", {**t, **over})
 
 
 def _label(cfg, section, name):

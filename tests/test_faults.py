@@ -627,6 +627,21 @@ def test_duplicate_label_fails_the_workflow_before_any_job(ws):
     assert "methods.rtn.label and methods.fair-calib.label" in res.out, res.out[-2000:]
 
 
+@pytest.mark.parametrize("over, needle", [
+    ({"models": {"tiny-llada": {"train": {"heads": 3}}}}, "models.tiny-llada.train.heads = 3 does not divide hidden = 128"),
+    ({"tasks": {"synth_gen": {"block_length": 5}}}, "tasks.synth_gen.block_length = 5 does not divide gen_length = 16"),
+    ({"tasks": {"synth_gen": {"by_family": {"tiny-dream": {"steps": 3}}}}},
+     "tasks.synth_gen.by_family.tiny-dream.steps = 3 do not divide among the 2 blocks"),
+])
+def test_numbers_that_must_fit_together_are_checked_before_any_job(over, needle):
+    from fair_calib.references import check_config
+
+    cfg = C.validate_config(_merge(_default(), over))
+    with pytest.raises(C.ConfigError) as err:
+        check_config(cfg)
+    assert needle in str(err.value), err.value
+
+
 def test_bits_name_must_say_its_widths():
     from fair_calib.references import check_config
 
