@@ -174,7 +174,8 @@ def _planned_rules(ws, configs, *extra):
     res = subprocess.run(["snakemake", "-n", "--cores", "2"] + configs + list(extra), cwd=ws,
                          capture_output=True, text=True)
     assert res.returncode == 0, (res.stdout + res.stderr)[-3000:]
-    return set(re.findall(r"^rule (\w+):", res.stdout, re.M)), res.stdout + res.stderr
+    jobs = set(re.findall(r"^(?:local)?rule (\w+):", res.stdout, re.M)) - {"all"}  # a target only
+    return jobs, res.stdout + res.stderr
 
 
 def _display_and_environment_edits_rerun_nothing_expensive(ws, configs):
