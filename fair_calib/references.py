@@ -139,20 +139,23 @@ def check_shapes(cfg):
                 _check_window(f"tasks.{name}.{section}.{key}", {**t, **over})
 
 
-def _label(cfg, section, name):
-    return cfg[section][name].get("label", name)
+def _label(cfg, section, name, key="label"):
+    """What is printed for an entry: its ``label`` (or ``latex_label``, in the tables), else
+    its name."""
+    entry = cfg[section][name]
+    return entry.get(key) or entry.get("label", name)
 
 
-def _first_clash(cfg, section, names, where):
+def _first_clash(cfg, section, names, where, key="label"):
     """Two entries of ``section`` among ``names`` (printed together by ``where``) with one label."""
     seen = {}
     for name in dict.fromkeys(names):
         if name not in cfg.get(section, {}):
             continue
-        label = _label(cfg, section, name)
+        label = _label(cfg, section, name, key)
         if label in seen:
             raise ConfigError(
-                f"config: {section}.{seen[label]}.label and {section}.{name}.label are both "
+                f"config: {section}.{seen[label]}.{key} and {section}.{name}.{key} are both "
                 f"{label!r}; {where} would print two of them under one name. Give them "
                 "different labels.")
         seen[label] = name
@@ -163,10 +166,12 @@ def check_labels(cfg):
     is the entry's name)."""
     for tname, t in cfg["tables"].items():
         where = f"tables.{tname}"
-        _first_clash(cfg, "models", t.get("models", []) + [t[k] for k in ("model",) if k in t], where)
-        _first_clash(cfg, "methods", t.get("methods", []) + [t[k] for k in ("baseline", "method")
-                                                              if k in t], where)
-        _first_clash(cfg, "tasks", t.get("tasks", []), where)
+        for key in ("label", "latex_label"):        # the figures' and the LaTeX tables' names
+            _first_clash(cfg, "models", t.get("models", []) + [t[k] for k in ("model",) if k in t],
+                         where, key)
+            _first_clash(cfg, "methods", t.get("methods", []) + [t[k] for k in ("baseline", "method")
+                                                                  if k in t], where, key)
+            _first_clash(cfg, "tasks", t.get("tasks", []), where, key)
         rows = [row[1] if len(row) > 1 else _label(cfg, "methods", row[0])
                 for row in t.get("rows", []) if row[0] in cfg["methods"]]
         dup = sorted({r for r in rows if rows.count(r) > 1})

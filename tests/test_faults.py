@@ -538,7 +538,8 @@ def _planned_settings(res) -> dict[str, list[dict]]:
 
 
 DISPLAY_EDIT = {"models": {"tiny-llada": {"label": "Tiny-L (new)", "group": "Other"}},
-                "methods": {"fair-calib": {"label": "Ours"}, "rtn": {"label": "Round"}},
+                "methods": {"fair-calib": {"label": "Ours", "latex_label": "\\textbf{Ours}"},
+                            "rtn": {"label": "Round"}},
                 "tasks": {"synth_mc": {"label": "MC (new)"}},
                 "tables": {"main": {"caption": "Another caption."}}}
 ENV_EDIT = {"device": "cuda", "data_dir": "/elsewhere/data", "data_source": "hub"}
@@ -554,7 +555,8 @@ def test_display_environment_and_decoding_keys_leave_the_jobs_settings(ws):
     expensive = ("make-data", "train-tiny", "probe", "prior", "calibrate", "evaluate")
     before = _planned_settings(base)
     assert all(before[s] for s in expensive + ("trajectories",)), before.keys()
-    for key in ('"device"', '"data_dir"', '"data_source"', '"synthetic_dir"', '"label"', '"group"'):
+    for key in ('"device"', '"data_dir"', '"data_source"', '"synthetic_dir"', '"label"',
+                '"latex_label"', '"group"'):
         assert key not in json.dumps({s: before[s] for s in expensive}), key
     assert "--runtime '{\"data_dir\"" in base.out      # the environment reaches the stages
     env = _planned_settings(_plan(ws, ENV_EDIT, "--forceall", target=None))

@@ -201,8 +201,8 @@ def prior_of(method):
 # ---------------------------------------------------------------- settings passed to a stage
 # A job's settings (its `params`, Snakemake's rerun trigger) hold what changes its output and
 # nothing else. Three kinds of keys stay out of them:
-#   display keys (labels, groups, captions): read by the table and figures jobs only, so a
-#     label edit re-renders those and reruns nothing else;
+#   display keys (label, latex_label, group; captions): read by the table and figures jobs
+#     only, so a label edit re-renders those and reruns nothing else;
 #   environment keys (device, data_dir, data_source, synthetic_dir; threads and resources):
 #     where and how fast a job runs, not what it computes. They reach the stage as `--runtime`
 #     in the shell command: Snakemake's code trigger compares the command's template
@@ -210,7 +210,7 @@ def prior_of(method):
 #   a model's `decoding` override: read by the diagnostics' trajectories only.
 COMMON_KEYS = ("seed", "dtype")
 from fair_calib.config import ENV_SETTINGS as ENV_KEYS  # device, data_dir, data_source, synthetic_dir
-DISPLAY_KEYS = ("label", "group")
+DISPLAY_KEYS = ("label", "latex_label", "group")
 
 
 def runtime_env():

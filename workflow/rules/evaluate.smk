@@ -18,7 +18,8 @@ def task_entry(task, model):
     """The task's settings for this model: entry < by_family < by_model (the authors' scripts
     differ per family, task and instruct setup)."""
     resolved = resolve_task(task, config["tasks"][task], model, config["models"][model]["family"])
-    resolved.pop("label", None)  # display only: the table reads it, no evaluation reruns
+    for key in DISPLAY_KEYS:  # display only: the table reads them, no evaluation reruns
+        resolved.pop(key, None)
     return resolved
 
 
