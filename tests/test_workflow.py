@@ -169,10 +169,10 @@ def test_whole_dag_on_checkpoints_in_the_released_layouts_then_rerun_scope(ws):
     _deleted_intermediate_is_rebuilt_as_documented(ws, configs)
 
 
-def _planned_rules(ws, configs, *extra):
+def _planned_rules(ws, configs, *extra, targets=()):
     import re
-    res = subprocess.run(["snakemake", "-n", "--cores", "2"] + configs + list(extra), cwd=ws,
-                         capture_output=True, text=True)
+    res = subprocess.run(["snakemake", "-n", "--cores", "2", *targets] + configs + list(extra),
+                         cwd=ws, capture_output=True, text=True)
     assert res.returncode == 0, (res.stdout + res.stderr)[-3000:]
     jobs = set(re.findall(r"^(?:local)?rule (\w+):", res.stdout, re.M)) - {"all"}  # a target only
     return jobs, res.stdout + res.stderr
@@ -213,9 +213,9 @@ def _deleted_intermediate_is_rebuilt_as_documented(ws, configs):
     up to date; naming it with the final target rebuilds it and what depends on it."""
     evaluation = "results/eval/toy-llada/rtn/w4a4/synth_gen.parquet"
     (ws / evaluation).unlink()
-    rules, out = _planned_rules(ws, configs, "results/tables/main.tex")
+    rules, out = _planned_rules(ws, configs, targets=["results/tables/main.tex"])
     assert not rules and "Nothing to be done" in out
-    rules, _ = _planned_rules(ws, configs, evaluation, "results/tables/main.tex")
+    rules, _ = _planned_rules(ws, configs, targets=[evaluation, "results/tables/main.tex"])
     assert rules == {"gather_eval", "table"}, rules
 
 
