@@ -84,3 +84,4 @@ rule all:
     input:
         expand("results/tables/{table}.tex", table=config["tables"]),
         rules.figures.output if diag_enabled() else [],
+        rules.floor_sweep.output if ablation_enabled() else [],

@@ -97,16 +97,65 @@ def check_config(cfg):
     for name in cfg.get("resources", {}):
         if name != "default" and name not in RULES_WITH_RESOURCES:
             _fail(f"resources.{name}", name, ("default",) + RULES_WITH_RESOURCES)
+    check_prior_ablation(cfg)
+
+
+def check_prior_ablation(cfg):
+    abl = cfg.get("prior_ablation", {})
+    if not (abl.get("enabled", True) and abl.get("models")):
+        return
+    for item in abl["models"]:
+        if item not in cfg["models"]:
+            _fail("prior_ablation.models", item, cfg["models"])
+    for key in ("methods", "floors"):
+        for item in abl.get(key, []):
+            if item not in cfg["methods"]:
+                _fail(f"prior_ablation.{key}", item, cfg["methods"])
+    for item in abl.get("floors", []):
+        if "prior" not in cfg["methods"][item] or cfg["methods"][item].get("weighting") == "uniform":
+            raise ValueError(f"config: prior_ablation.floors: {item} does not weight positions by "
+                             "a prior (it needs a `prior` and weighting: prior)")
+    if abl.get("reference") is not None and abl["reference"] not in cfg["methods"]:
+        _fail("prior_ablation.reference", abl["reference"], cfg["methods"])
+    for key, section in (("bits", "bits"), ("task", "tasks")):
+        if abl.get(key) not in cfg[section]:
+            _fail(f"prior_ablation.{key}", abl.get(key), cfg[section])
 
 
 MEMORY_TABLES = ("calib_memory", "deploy_memory")
 RULES_WITH_RESOURCES = ("make_data", "train_tiny", "convert_hub", "probe_shard", "prior", "calibrate",
                         "evaluate_shard", "gather_eval", "trajectories", "diagnose", "figures",
-                        "table")
+                        "table", "floor_sweep")
 try:
     check_config(config)
 except ValueError as err:  # one line, no traceback: the message names the key
     sys.exit(f"Error: {err}")
+
+
+# ---------------------------------------------------------------- prior ablation (rule all)
+ABLATION = config.get("prior_ablation", {})
+
+
+def ablation_enabled():
+    return ABLATION.get("enabled", True) and bool(ABLATION.get("models"))
+
+
+def ablation_table():
+    """prior_ablation's table, made by the `table` rule like a configured one: FP, then the
+    compared methods, then the floor variants, on the ablation's task."""
+    fp = [m for m in config["methods"] if config["methods"][m]["type"] == "fp"][:1]
+    methods = list(dict.fromkeys(fp + ABLATION.get("methods", []) + ABLATION["floors"]))
+    task = config["tasks"][ABLATION["task"]].get("label", ABLATION["task"])
+    return {"kind": "main", "models": ABLATION["models"], "methods": methods,
+            "bits": ABLATION["bits"], "tasks": [ABLATION["task"]],
+            "caption": f"What FAIR-Calib's position prior does at {ABLATION['bits'].upper()}: "
+                       f"the Stage I prior, uniform position weights, and the prior's floor "
+                       f"(weight of the calibration positions outside the generation window) "
+                       f"swept ({task}, accuracy, %)."}
+
+
+if ablation_enabled():
+    config["tables"]["prior_ablation"] = ablation_table()
 
 
 # ---------------------------------------------------------------- grid

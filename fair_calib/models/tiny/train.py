@@ -41,7 +41,7 @@ from typing import Any
 
 import torch
 
-from fair_calib import io
+from fair_calib import io, numerics
 from fair_calib.models.tiny.tokenizer import BOS, EOS, MASK, PAD, build_tokenizer
 
 FAMILIES = {
@@ -229,6 +229,7 @@ def train_tiny(settings: dict, data_dir: Path, out_dir: Path, progress: bool = T
     dtype = getattr(torch, settings.get("dtype", "float32"))
     if train.get("threads"):
         torch.set_num_threads(int(train["threads"]))
+    numerics.pin_torch(torch, threads=train.get("threads"))
 
     random.seed(seed)
     torch.manual_seed(seed)
@@ -292,10 +293,12 @@ def train_tiny(settings: dict, data_dir: Path, out_dir: Path, progress: bool = T
         "steps": steps, "train_seconds": seconds, "final_loss": sum(tail) / len(tail),
         "train": train, "mask_token": MASK, "mask_id": ids[MASK],
     }
-    prov = io.provenance({"model": mcfg, "train": train}, seed=seed)
+    prov = io.provenance({"model": mcfg, "train": train}, seed=seed, numerics=numerics.describe())
     with io.atomic_dir(out_dir) as tmp:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
+        # the weights' fingerprint: docs/benchmarks.md and .ci/run compare it across machines
+        summary["model_sha256"] = io.file_sha256(tmp / "model.safetensors")
         io.write_json(tmp / "fair_calib.json", {**summary, "provenance": prov})
         import pandas as pd
         io.write_parquet(pd.DataFrame(log), tmp / "train_log.parquet", _log_schema(), prov)
@@ -314,4 +317,4 @@ def run_cli(argv: list[str] | None = None) -> None:
     summary = train_tiny(json.loads(args.settings), Path(args.data), Path(args.out),
                          progress=not args.no_progress)
     print(json.dumps({k: summary[k] for k in ("name", "family", "n_params", "steps",
-                                              "train_seconds", "final_loss")}))
+                                              "train_seconds", "final_loss", "model_sha256")}))
