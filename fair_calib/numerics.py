@@ -74,12 +74,13 @@ def pin_environment() -> str:
     return current
 
 
-def pin_torch(torch, threads: int | None = 1) -> None:
-    """The in-process half of pinned mode: deterministic algorithms, oneDNN off, and (for
-    bit-exact results whatever the machine's core count) a fixed intra-op thread count."""
+def pin_torch(torch, threads: int | None = None) -> None:
+    """The in-process half of pinned mode: deterministic algorithms, oneDNN off, and
+    optionally the intra-op thread count."""
     if mode() != "pinned":
         return
-    torch.use_deterministic_algorithms(True)
+    # warn_only: a CUDA op without a deterministic kernel warns instead of failing a GPU run
+    torch.use_deterministic_algorithms(True, warn_only=True)
     torch.backends.mkldnn.enabled = False
     if threads:
         torch.set_num_threads(int(threads))
@@ -106,19 +107,21 @@ def environment_key() -> dict:
 
 
 def recorded_hashes(record_path, group: str) -> dict[str, str] | None:
-    """The recorded sha256 of each model of ``group`` ("default" or "test") for this
-    environment, or None where none was recorded for it."""
+    """The recorded sha256 values of ``group`` for this environment ("test": per tiny family,
+    tests/models/test_repro.py; "default": per file of the embedded default's run, relative to
+    the repository root), or None where none was recorded for it."""
     import json
 
     env = environment_key()
-    for rec in json.loads(open(record_path).read())["records"]:
-        if rec["environment"] == env:
-            return rec.get(group)
+    with open(record_path) as fh:
+        for rec in json.load(fh)["records"]:
+            if rec["environment"] == env:
+                return rec.get(group)
     return None
 
 
-def check_models(models_dir, record_path, group: str = "default") -> list[str]:
-    """Problems (empty: all match) of ``models_dir/*/model.safetensors`` against the record."""
+def check_files(record_path, group: str = "default", root=".") -> list[str]:
+    """Problems (empty: all match) of the recorded files of ``group`` under ``root``."""
     from pathlib import Path
 
     from fair_calib.io import file_sha256
@@ -126,10 +129,10 @@ def check_models(models_dir, record_path, group: str = "default") -> list[str]:
     want = recorded_hashes(record_path, group)
     if want is None:
         return [f"{record_path} records no {group!r} hashes for this environment "
-                f"{environment_key()}: compare on a recorded one, or record these"]
+                f"{environment_key()}: compare in a recorded one, or record these"]
     problems = []
-    for name, sha in sorted(want.items()):
-        path = Path(models_dir) / name / "model.safetensors"
+    for rel, sha in sorted(want.items()):
+        path = Path(root) / rel
         if not path.exists():
             problems.append(f"{path}: missing")
         elif file_sha256(path) != sha:
@@ -137,10 +140,11 @@ def check_models(models_dir, record_path, group: str = "default") -> list[str]:
     return problems
 
 
-if __name__ == "__main__":  # python -m fair_calib.numerics MODELS_DIR [RECORD]: the CI check
-    problems = check_models(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else RECORD)
+if __name__ == "__main__":  # python -m fair_calib.numerics [ROOT]: .ci/run's check
+    root = sys.argv[1] if len(sys.argv) > 1 else "."
+    problems = check_files(os.path.join(root, RECORD), "default", root)
     for p in problems:
         print(f"error: {p}", file=sys.stderr)
     if not problems:
-        print(f"{sys.argv[1]}: every model.safetensors matches its recorded sha256")
+        print("every recorded model and table of the embedded default matches its sha256")
     sys.exit(1 if problems else 0)

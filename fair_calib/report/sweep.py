@@ -47,10 +47,17 @@ def sweep_points(evals: pd.DataFrame, floors: Mapping[tuple[str, str], float],
     return pd.DataFrame(points), reference
 
 
+def split_seed_frame(path) -> pd.DataFrame:
+    """An eval file's rows, the method's ``@s<k>`` split into method and seed."""
+    from fair_calib.io import read_parquet
+    from fair_calib.report.tables import split_seed
+
+    return split_seed(read_parquet(path)[0])
+
+
 def run_cli(argv: Sequence[str]) -> None:
     from fair_calib.io import read_parquet
     from fair_calib.report.figures import floor_sweep
-    from fair_calib.report.tables import split_seed
 
     ap = argparse.ArgumentParser(prog="fair-calib floor-sweep", description=__doc__.splitlines()[0])
     ap.add_argument("--settings", required=True, help="JSON (module docstring)")
@@ -59,7 +66,7 @@ def run_cli(argv: Sequence[str]) -> None:
     ap.add_argument("--out-dir", required=True)
     a = ap.parse_args(list(argv))
     settings = json.loads(a.settings)
-    evals = pd.concat([split_seed(read_parquet(p)[0]) for p in a.evals], ignore_index=True)
+    evals = pd.concat([split_seed_frame(p) for p in a.evals], ignore_index=True)
     floors = {}
     for p in map(Path, a.priors):
         prov = read_parquet(p)[1]
