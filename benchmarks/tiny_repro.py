@@ -4,7 +4,8 @@ Trains one tiny model (the embedded default's settings, ``--steps`` overridden) 
 pipeline's own CLI, once per variant, each in a fresh process whose environment emulates a
 different CPU: ATen's kernel set (``ATEN_CPU_CAPABILITY`` default/avx2/avx512), MKL's widest
 instruction set (``MKL_ENABLE_INSTRUCTIONS`` AVX2/AVX512) and the thread count. Prints one JSON
-line per variant: sha256 of model.safetensors and the training seconds. In pinned mode every
+line per variant: sha256 of model.safetensors, the training wall seconds and the process's CPU
+seconds (user + system, import included). In pinned mode every
 hash must be the same; in native mode they show what pinning removes.
 
     PYTHONPATH=. python benchmarks/tiny_repro.py --data resources/data --steps 60 \
@@ -16,6 +17,7 @@ import argparse
 import hashlib
 import json
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -30,6 +32,7 @@ VARIANTS = [
     ("avx2 mkl-avx2 1t", {"ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"}, 1),
     ("default mkl-avx2 1t", {"ATEN_CPU_CAPABILITY": "default", "MKL_ENABLE_INSTRUCTIONS": "AVX2"}, 1),
     ("avx512 mkl-avx512 2t", {"ATEN_CPU_CAPABILITY": "avx512", "MKL_ENABLE_INSTRUCTIONS": "AVX512"}, 2),
+    ("default mkl-avx2 2t", {"ATEN_CPU_CAPABILITY": "default", "MKL_ENABLE_INSTRUCTIONS": "AVX2"}, 2),
     # MKL alone: its AVX-512 GEMM path (what it picks on an Intel AVX-512 CPU; on AMD it does
     # not by itself) and its baseline SSE path, with ATen's kernels fixed
     ("avx2 mkl-cbwr-avx512 1t", {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX512"}, 1),
@@ -57,15 +60,21 @@ def train_once(model: str, steps: int | None, data: Path, mode: str, env_extra: 
                PYTHONPATH=str(ROOT))
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / model
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
         res = subprocess.run([sys.executable, "-m", "fair_calib.cli", "train-tiny", "--threads",
                               str(threads), "--no-progress", "--settings", json.dumps(settings),
                               "--data", str(data), "--out", str(out)],
                              env=env, capture_output=True, text=True)
         if res.returncode:
             raise SystemExit(f"train-tiny failed:\n{res.stderr[-2000:]}")
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
         summary = json.loads(res.stdout.strip().splitlines()[-1])
+        # CPU seconds of the whole process (import included): on a shared machine the wall
+        # time measures the other users' load, the CPU time much less so
+        cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
         return {"sha256": sha256(out / "model.safetensors"),
                 "train_seconds": round(summary["train_seconds"], 2),
+                "process_cpu_seconds": round(cpu, 2),
                 "final_loss": summary["final_loss"]}
 
 
@@ -77,9 +86,10 @@ def main() -> None:
     ap.add_argument("--mode", nargs="+", default=["pinned", "native"], choices=["pinned", "native"])
     ap.add_argument("--variants", nargs="+", type=int, default=None,
                     help="indices into VARIANTS (default: all)")
+    ap.add_argument("--repeat", type=int, default=1, help="alternate the modes this many times")
     args = ap.parse_args()
     chosen = [VARIANTS[i] for i in (args.variants or range(len(VARIANTS)))]
-    for mode in args.mode:
+    for mode in [m for _ in range(args.repeat) for m in args.mode]:
         for label, env, threads in chosen:
             row = train_once(args.model, args.steps, args.data.resolve(), mode, env, threads)
             print(json.dumps({"mode": mode, "variant": label, "model": args.model,
