@@ -80,3 +80,21 @@ def test_pinned_training_ignores_the_cpu_kernels_and_threads(data, tmp_path):
                      ATEN_CPU_CAPABILITY=cap) for cap in ("default", "avx2")]
     assert native[1] == a                    # an AVX2 CPU's own kernels are pinned mode's
     assert native[0] != native[1]            # the test can see kernel differences
+
+
+def test_check_files_names_every_mismatch_and_an_unrecorded_environment(tmp_path):
+    (tmp_path / "a.bin").write_bytes(b"weights")
+    (tmp_path / "b.tex").write_text("table")
+    good = file_sha256(tmp_path / "a.bin")
+    record = tmp_path / "record.json"
+    env = numerics.environment_key()
+    record.write_text(json.dumps({"records": [{"environment": env, "default": {
+        "a.bin": good, "b.tex": "0" * 64, "c.tex": good}}]}))
+    problems = numerics.check_files(record, "default", tmp_path)
+    assert len(problems) == 2
+    assert "b.tex: sha256" in problems[0] and "recorded 000" in problems[0]
+    assert "c.tex: missing" in problems[1]
+    record.write_text(json.dumps({"records": [{"environment": {**env, "torch": "0.0"},
+                                               "default": {"a.bin": good}}]}))
+    [problem] = numerics.check_files(record, "default", tmp_path)
+    assert "records no 'default' hashes for this environment" in problem
