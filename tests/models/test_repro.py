@@ -50,15 +50,24 @@ def _train(family: str, data: Path, out: Path, threads: int = 1, **env) -> str:
     return file_sha256(out / "model.safetensors")
 
 
+@pytest.fixture(scope="module")
+def pinned(data, tmp_path_factory) -> dict[str, Path]:
+    """Each family trained once in pinned mode with this machine's own CPU (model folders)."""
+    out = tmp_path_factory.mktemp("pinned")
+    for family in ("tiny-llada", "tiny-dream"):
+        _train(family, data, out / family)
+    return {f: out / f for f in ("tiny-llada", "tiny-dream")}
+
+
 @pytest.mark.parametrize("family", ["tiny-llada", "tiny-dream"])
-def test_tiny_training_reproduces_the_recorded_hash(family, data, tmp_path):
+def test_tiny_training_reproduces_the_recorded_hash(family, pinned):
     if numerics.environment_key()["machine"] not in numerics.X86:
         pytest.skip("hashes are recorded for x86-64 only (ARM: docs/benchmarks.md)")
     want = numerics.recorded_hashes(RECORD, "test")
     if want is None:
         pytest.skip(f"{RECORD.name} records no hashes for {numerics.environment_key()}")
-    sha = _train(family, data, tmp_path / family)
-    meta = json.loads((tmp_path / family / "fair_calib.json").read_text())
+    sha = file_sha256(pinned[family] / "model.safetensors")
+    meta = json.loads((pinned[family] / "fair_calib.json").read_text())
     assert meta["model_sha256"] == sha          # the provenance carries the weights' hash
     assert meta["provenance"]["numerics"]["ATEN_CPU_CAPABILITY"] == "avx2"
     assert sha == want[family], (
@@ -67,19 +76,18 @@ def test_tiny_training_reproduces_the_recorded_hash(family, data, tmp_path):
         f"{RECORD.name} and the default's hashes (docs/benchmarks.md)")
 
 
-def test_pinned_training_ignores_the_cpu_kernels_and_threads(data, tmp_path):
-    """What another CPU would run (AVX-512 or AVX2-only kernels in ATen, MKL capped at AVX2, 2
-    threads) gives the same bits in pinned mode; in native mode ATen's kernels differ."""
+def test_pinned_training_ignores_the_cpu_kernels_and_threads(data, pinned, tmp_path):
+    """What another CPU would run (here AVX-512 kernels; no AVX2 in ATen, MKL capped at AVX2,
+    2 threads) gives the same bits in pinned mode; in native mode those kernels differ."""
     if numerics.environment_key()["machine"] not in numerics.X86:
         pytest.skip("pinned mode fixes x86-64 kernels only")
-    a = _train("tiny-llada", data, tmp_path / "a", ATEN_CPU_CAPABILITY="avx512")
-    b = _train("tiny-llada", data, tmp_path / "b", threads=2, ATEN_CPU_CAPABILITY="default",
-               MKL_ENABLE_INSTRUCTIONS="AVX2")
-    assert a == b
-    native = [_train("tiny-llada", data, tmp_path / f"n{cap}", FAIR_CALIB_CPU_NUMERICS="native",
-                     ATEN_CPU_CAPABILITY=cap) for cap in ("default", "avx2")]
-    assert native[1] == a                    # an AVX2 CPU's own kernels are pinned mode's
-    assert native[0] != native[1]            # the test can see kernel differences
+    here = file_sha256(pinned["tiny-llada"] / "model.safetensors")
+    other = _train("tiny-llada", data, tmp_path / "b", threads=2, ATEN_CPU_CAPABILITY="default",
+                   MKL_ENABLE_INSTRUCTIONS="AVX2")
+    assert other == here
+    native = _train("tiny-llada", data, tmp_path / "n", FAIR_CALIB_CPU_NUMERICS="native",
+                    ATEN_CPU_CAPABILITY="default")
+    assert native != here                    # the test can see kernel differences
 
 
 def test_check_files_names_every_mismatch_and_an_unrecorded_environment(tmp_path):
