@@ -85,3 +85,11 @@ rule all:
         expand("results/tables/{table}.tex", table=config["tables"]),
         rules.figures.output if diag_enabled() else [],
         rules.floor_sweep.output if ablation_enabled() else [],
+
+
+# The end of a successful run: where the tables and figures are, and the main table in plain
+# text (fair_calib/report/summary.py; not in dry runs or cluster job steps).
+onsuccess:
+    from fair_calib.report.summary import print_summary
+
+    print_summary(config)

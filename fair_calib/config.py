@@ -356,6 +356,55 @@ def check_data(cfg: Mapping, probes: Iterable[str], tasks: Iterable[str],
             "Face hub.")
 
 
+def _override_key(task: str, entry: Mapping, model: str, family: str, key: str) -> str:
+    """The config key a resolved task setting came from (by_model, then by_family, then base)."""
+    if key in entry.get("by_model", {}).get(model, {}):
+        return f"tasks.{task}.by_model.{model}.{key}"
+    if key in entry.get("by_family", {}).get(family, {}):
+        return f"tasks.{task}.by_family.{family}.{key}"
+    return f"tasks.{task}.{key}"
+
+
+def offline_task_error(cfg: Mapping, task: str, model: str) -> str | None:
+    """Why ``task`` cannot run offline on ``model`` as configured (None if it can, or runs from
+    the hub): no offline definition of its lm-eval task, or k-shot where the offline copy has no
+    few-shot pool (the `train` split). The evaluation job would refuse it only after loading
+    the model; this finds it from the config alone."""
+    from .evaluate.offline_data import NO_OFFLINE_FEWSHOT_POOL, OFFLINE_TASKS
+    from .evaluate.task_settings import resolve_task
+
+    entry = cfg["tasks"][task]
+    family = cfg["models"][model]["family"]
+    t = resolve_task(task, entry, model, family)
+    if t.get("kind") != "lm_eval":
+        return None
+    offline = t.get("offline")
+    if offline is None:
+        offline = (cfg.get("data_source") or "local") == "local"
+    if not offline:
+        return None
+    name = t.get("lm_eval_task", task)
+    remedy = f"set data_source: hub (or tasks.{task}.offline: false)"
+    if name not in OFFLINE_TASKS:
+        key = _override_key(task, entry, model, family, "lm_eval_task")
+        return (f"config: {key} = {name!r} (model {model}) has no offline definition (offline "
+                f"tasks: {', '.join(OFFLINE_TASKS)}); {remedy}")
+    shots = t.get("num_fewshot") or 0
+    if shots and name in NO_OFFLINE_FEWSHOT_POOL:
+        key = _override_key(task, entry, model, family, "num_fewshot")
+        return (f"config: {key} = {shots} (model {model}) needs {name}'s few-shot pool, the "
+                f"`train` split, which the offline copy lacks; {remedy}, or 0-shot")
+    return None
+
+
+def check_offline_tasks(cfg: Mapping, pairs: Iterable[tuple[str, str]]) -> None:
+    """Every (model, task) evaluation of the run can be honoured offline, before any job."""
+    for model, task in sorted(set(pairs)):
+        err = offline_task_error(cfg, task, model)
+        if err:
+            raise ConfigError(err)
+
+
 # ------------------------------------------------------------------------------ model sources
 def looks_like_local_path(source: str) -> bool:
     """A model ``source`` that is a folder, not a hub id (``org/name``)."""

@@ -112,7 +112,7 @@ def eval_cells(cfg: Mapping[str, Any]) -> list[tuple[str, str, str, str]]:
     for t in cfg["tables"].values():
         if "tasks" not in t:
             continue
-        methods = list(dict.fromkeys(t["methods"] + [m for m, _ in t.get("rows", [])]))
+        methods = list(dict.fromkeys(t["methods"] + [m for m, *_ in t.get("rows", [])]))
         for model in t["models"]:
             for method in methods:
                 bits = "fp" if cfg["methods"][method]["type"] == "fp" else t["bits"]
@@ -163,7 +163,7 @@ def calib_seconds(cfg: Mapping[str, Any], model: str, method: str) -> float:
 def probe_cells(cfg: Mapping[str, Any]) -> list[tuple[str, str]]:
     cells = set()
     for t in cfg["tables"].values():
-        for method in t["methods"] + [m for m, _ in t.get("rows", [])]:
+        for method in t["methods"] + [m for m, *_ in t.get("rows", [])]:
             prior = cfg["methods"][method].get("prior")
             if prior:
                 cells.update((m, cfg["priors"][prior]["probe"]) for m in t["models"])

@@ -6,7 +6,8 @@ All metric functions are pure functions over trajectory DataFrames with the sche
 
     sample_id:int64, step:int32 (T..1; T = first, fully-masked step), position:int32,
     committed:bool (committed at this step), token:int64 (token committed, -1 if not),
-    top1:int64, p_commit:float64, p_ref:float64, margin:float64, entropy:float64
+    top1:int64, p_commit:float64, p_ref:float64, margin:float64, entropy:float64,
+    p_alt:float64
 
 One row per (sample_id, step, position) of the generation window. ``top1`` / ``p_*`` /
 ``margin`` / ``entropy`` are the model's prediction from the state *before* the commit of that
@@ -44,13 +45,13 @@ import pandas as pd
 import pyarrow as pa
 
 TRAJ_COLUMNS = ("sample_id", "step", "position", "committed", "token", "top1", "p_commit",
-                "p_ref", "margin", "entropy")
+                "p_ref", "margin", "entropy", "p_alt")
 
 TRAJECTORY_SCHEMA = pa.schema([
     ("sample_id", pa.int64()), ("step", pa.int32()), ("position", pa.int32()),
     ("committed", pa.bool_()), ("token", pa.int64()), ("top1", pa.int64()),
     ("p_commit", pa.float64()), ("p_ref", pa.float64()), ("margin", pa.float64()),
-    ("entropy", pa.float64()), ("mode", pa.string()),
+    ("entropy", pa.float64()), ("p_alt", pa.float64()), ("mode", pa.string()),
 ])
 
 DIAGNOSTICS_SCHEMA = pa.schema([
@@ -257,30 +258,27 @@ def frontier_margin(forced: pd.DataFrame, teacher: pd.DataFrame, kind: str = "lo
       the softmax normaliser cancelling;
     * ``kind="prob"``: p(x) - max_{v != x} p(v).
 
-    The frame records ``p_ref`` = p(x) (reference = teacher's final tokens), ``top1`` and
-    ``margin`` = p1 - p2. Where top1 == x the best alternative is the second choice, p2 =
-    p(x) - margin: exact. Where top1 != x the best alternative is top1 with p1 >= p(x) + margin,
-    taken as p(x) + margin: exact when x is the student's second choice, otherwise an upper
-    bound on the (more negative) true margin. A column ``margin_ref`` (same ``kind``), if the
-    frame has one, is used as is. Probabilities are floored at 1e-300 for the logarithm.
+    The frame records ``p_ref`` = p(x) (reference = teacher's final tokens) and ``p_alt`` =
+    max_{v != x} p(v) (``fair_calib.decoding.step_stats``), so the margin is exact wherever x
+    ranks in the student's distribution. A column ``margin_ref`` (same ``kind``), if the frame
+    has one, is used as is. Probabilities are floored at 1e-300 for the logarithm. A frame with
+    neither column (recorded before ``p_alt`` existed) is refused: ``top1``/``margin`` alone
+    give the best alternative only when x is the student's first or second choice.
 
     Returns columns ``sample_id, frontier_margin, n_commits`` (mean over the sample's commits).
     """
     if kind not in ("logit", "prob"):
         raise ValueError(f"kind must be 'logit' or 'prob', not {kind!r}")
-    _check(forced, ("sample_id", "step", "position", "top1", "margin", "p_ref"), "frontier_margin")
+    exact = "margin_ref" if "margin_ref" in forced.columns else "p_alt"
+    _check(forced, ("sample_id", "step", "position", "p_ref", exact), "frontier_margin")
     tc = commits(teacher).rename(columns={"t_commit": "step", "token": "x_fin"})
-    cols = ["sample_id", "step", "position", "top1", "margin", "p_ref"]
-    if "margin_ref" in forced.columns:
-        cols.append("margin_ref")
+    cols = ["sample_id", "step", "position", "p_ref", exact]
     m = tc.merge(forced[cols], on=["sample_id", "step", "position"], how="inner")
-    if "margin_ref" in m.columns:
+    if exact == "margin_ref":
         mr = m["margin_ref"].to_numpy(np.float64)
     else:
         px = m["p_ref"].to_numpy(np.float64)
-        mg = m["margin"].to_numpy(np.float64)
-        is_top = (m["top1"] == m["x_fin"]).to_numpy()
-        other = np.where(is_top, px - mg, px + mg)
+        other = m["p_alt"].to_numpy(np.float64)
         if kind == "prob":
             mr = px - other
         else:

@@ -24,8 +24,35 @@ import sys
 from pathlib import Path
 
 
+def offline_fewshot_refusal(argv: list[str]) -> str | None:
+    """The refusal lm-eval's run would reach only after loading the model: k-shot of a task
+    rendered here offline (``render-tasks``: its folder holds ``fc_task_utils.py``) whose copy
+    has no few-shot pool. None when the arguments can run."""
+    from fair_calib.evaluate.offline_data import NO_OFFLINE_FEWSHOT_POOL
+
+    ap = argparse.ArgumentParser(add_help=False)
+    ap.add_argument("--tasks", default="")
+    ap.add_argument("--num_fewshot", type=int, default=None)
+    ap.add_argument("--include_path", default=None)
+    args, _ = ap.parse_known_args(argv)
+    if not args.num_fewshot or not args.include_path:
+        return None
+    include = Path(args.include_path)
+    if not (include / "fc_task_utils.py").is_file():
+        return None
+    for task in args.tasks.split(","):
+        if task in NO_OFFLINE_FEWSHOT_POOL and (include / f"{task}.yaml").is_file():
+            return (f"--tasks {task} --num_fewshot {args.num_fewshot}: the offline {task} in "
+                    f"{include} has no few-shot pool (the `train` split); use lm-eval's own "
+                    f"task (no --include_path) or --num_fewshot 0")
+    return None
+
+
 def forward_to_lm_eval(argv: list[str]) -> None:
     """Run lm-eval's CLI on ``argv`` with ``fair_calib_dlm`` registered."""
+    refusal = offline_fewshot_refusal(argv)
+    if refusal:
+        sys.exit(f"Error: {refusal}")
     import fair_calib.evaluate.lm  # noqa: F401  (registers the model)
     from lm_eval.__main__ import cli_evaluate
 

@@ -14,7 +14,9 @@ with ``lambda0(t)`` one of
 
 Each sample's ``w`` is divided by its maximum, the curves of the first ``n_probe`` samples (by
 sample id; all when ``n_probe`` is null) are averaged, and the mean curve is divided by its
-maximum, so ``w_bar`` lies in (0, 1] with maximum exactly 1. The ``floor`` (weight of positions
+maximum, so ``w_bar`` lies in (0, 1] with maximum exactly 1. ``w_std`` is the standard
+deviation (ddof 0) of the per-sample curves over the same samples, divided by the same maximum:
+the across-sample variability the cross-corpus figure draws as a band. The ``floor`` (weight of positions
 outside the window in calibration) is therefore relative to the most important window position.
 """
 from __future__ import annotations
@@ -33,7 +35,10 @@ from fair_calib.registry import PRIOR_COMPONENTS, PRIOR_SCHEDULES, SHARPNESS_SCO
 
 log = logging.getLogger(__name__)
 
-PRIOR_SCHEMA = pa.schema([("position", pa.int32()), ("w_bar", pa.float64())])
+# w_std: the across-sample spread of the per-sample curves (the figures' variability bands);
+# calibration reads only w_bar
+PRIOR_SCHEMA = pa.schema([("position", pa.int32()), ("w_bar", pa.float64()),
+                          ("w_std", pa.float64())])
 
 PRIOR_DEFAULTS: dict[str, Any] = {"components": ["hit", "rel"], "schedule": "early_boost",
                                   "lambda0": 1.0, "alpha": 1.5, "rho": 0.1, "lambda1": 1.0,
@@ -153,9 +158,11 @@ def aggregate_prior(shard_paths: Sequence[str | Path], prior_settings: Mapping[s
         raise ValueError(f"prior.n_probe={n_probe} but the probe holds only {len(ids)} samples")
     use = df[df["sample_id"].isin(ids[:n_probe])]
     w = sample_weights(use, pr, T)
-    mean = w.groupby("position")["w"].mean().reindex(range(K)).to_numpy()
-    w_bar = mean / mean.max()
-    out = pd.DataFrame({"position": np.arange(K, dtype=np.int32), "w_bar": w_bar})
+    by_pos = w.groupby("position")["w"]
+    mean = by_pos.mean().reindex(range(K)).to_numpy()
+    std = by_pos.std(ddof=0).reindex(range(K)).to_numpy()
+    out = pd.DataFrame({"position": np.arange(K, dtype=np.int32), "w_bar": mean / mean.max(),
+                        "w_std": std / mean.max()})
     out.attrs.update({"floor": float(pr["floor"]), "K": K, "T": T, "n_probe": n_probe, "prior": pr})
     return out
 

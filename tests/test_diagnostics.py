@@ -19,6 +19,7 @@ def frame(rows):
     df = pd.DataFrame(rows, columns=["sample_id", "step", "position", "committed", "token",
                                      "top1", "p_commit", "p_ref", "margin"])
     df["entropy"] = 0.5
+    df["p_alt"] = np.nan
     return df
 
 
@@ -72,15 +73,17 @@ STUDENT = frame([
 ])
 
 # Teacher-forced student frame on the teacher's states: only rows at teacher commits matter.
-# Sample 0: at (4,0) top1 7 (ok, margin +0.3), at (2,1) top1 4 (flip, margin -0.2 -> -0.2)
-# Sample 1: at (3,0) top1 1 (flip, margin -0.1), at (1,1) top1 1 (flip, margin -0.05)
+# p_alt = the best probability of a token other than the teacher's.
+# Sample 0: at (4,0) top1 7 (ok, p_alt 0.3), at (2,1) top1 4 (flip, p_alt 0.5)
+# Sample 1: at (3,0) top1 1 (flip, p_alt 0.3), at (1,1) top1 1 with 0.45 while the teacher's
+#   token 6 (0.2) is only third (margin p1 - p2 = 0.05: p2 is another token's 0.4)
 FORCED = frame([
     (0, 4, 0, True, 7, 7, 0.6, 0.6, 0.3),
     (0, 4, 1, False, -1, 3, 0.2, 0.2, 0.1),
     (0, 2, 1, True, 9, 4, 0.3, 0.3, 0.2),
     (1, 3, 0, True, 5, 1, 0.2, 0.2, 0.1),
     (1, 1, 1, True, 6, 1, 0.2, 0.2, 0.05),
-])
+]).assign(p_alt=[0.3, 0.8, 0.5, 0.3, 0.45])
 
 
 def test_stability_lag_values():
@@ -130,15 +133,53 @@ def test_post_commit_mismatch():
 def test_frontier_margin():
     fm = D.frontier_margin(FORCED, TEACHER, kind="prob").set_index("sample_id")["frontier_margin"]
     assert fm.loc[0] == pytest.approx((0.3 - 0.2) / 2)
-    assert fm.loc[1] == pytest.approx((-0.1 - 0.05) / 2)
-    # logit margin: log p(x) - log p(best other); other = p(x) - margin if x is top1,
-    # else p(x) + margin
+    assert fm.loc[1] == pytest.approx((-0.1 - 0.25) / 2)
+    # logit margin: log p(x) - log p(best other token)
     fm = D.frontier_margin(FORCED, TEACHER).set_index("sample_id")["frontier_margin"]
     assert fm.loc[0] == pytest.approx((math.log(0.6 / 0.3) + math.log(0.3 / 0.5)) / 2)
-    assert fm.loc[1] == pytest.approx((math.log(0.2 / 0.3) + math.log(0.2 / 0.25)) / 2)
+    assert fm.loc[1] == pytest.approx((math.log(0.2 / 0.3) + math.log(0.2 / 0.45)) / 2)
     exact = FORCED.assign(margin_ref=[1.0, 0.0, -1.0, -2.0, -4.0])
     fm2 = D.frontier_margin(exact, TEACHER).set_index("sample_id")["frontier_margin"]
     assert fm2.loc[0] == pytest.approx(0.0) and fm2.loc[1] == pytest.approx(-3.0)
+    with pytest.raises(ValueError, match="lacks columns \\['p_alt'\\]"):
+        D.frontier_margin(FORCED.drop(columns="p_alt"), TEACHER)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_frontier_margin_is_exact_whatever_the_teachers_rank(seed):
+    """Brute force: the paper's margin logit(x) - max_{v != x} logit(v) (and the probability
+    version) from the full logits, with the teacher's token at ranks 0, 1, 2, 5 and 11."""
+    import torch
+
+    from fair_calib.decoding import step_stats
+
+    g = torch.Generator().manual_seed(seed)
+    ranks = [0, 1, 2, 5, 11]
+    logits = 3 * torch.randn(1, len(ranks), 12, generator=g)
+    order = logits[0].argsort(-1, descending=True)
+    x = torch.stack([order[i, r] for i, r in enumerate(ranks)]).unsqueeze(0)
+    st = step_stats(logits, x, alternative_to=x)
+    steps = list(range(len(ranks), 0, -1))        # position i committed at step T - i
+    teacher = frame([(0, t, i, True, int(x[0, i]), int(x[0, i]), 1.0, 1.0, 0.0)
+                     for i, t in enumerate(steps)])
+    forced = frame([(0, t, i, True, int(x[0, i]), int(st["top1"][0, i]), 0.0,
+                     float(st["probs"][0][0, i]), float(st["margin"][0, i]))
+                    for i, t in enumerate(steps)]).assign(p_alt=st["p_alt"][0].numpy())
+    want_logit, want_prob = [], []
+    for i in range(len(ranks)):
+        xi = int(x[0, i])
+        row = logits[0, i].double()
+        p = torch.softmax(row, -1)
+        want_logit.append(float(row[xi] - max(row[v] for v in range(12) if v != xi)))
+        want_prob.append(float(p[xi] - max(p[v] for v in range(12) if v != xi)))
+    got = D.frontier_margin(forced, teacher)["frontier_margin"].iloc[0]
+    assert got == pytest.approx(np.mean(want_logit), abs=1e-9)
+    got = D.frontier_margin(forced, teacher, kind="prob")["frontier_margin"].iloc[0]
+    assert got == pytest.approx(np.mean(want_prob), abs=1e-12)
+    # the old approximation p(x) + margin for the best alternative misses at ranks >= 2
+    px = forced.p_ref.to_numpy()
+    approx = np.where(forced.top1 == forced.token, px - forced.margin, px + forced.margin)
+    assert not np.allclose(px - approx, want_prob, atol=1e-6)
 
 
 def test_curve_correlation():

@@ -32,7 +32,7 @@ LATEX = {"begin", "end", "centering", "caption", "label", "textbf", "textit", "e
          "star", "bullet", "circ", "checkmark", "cline", "vline", "relax", "phantom", "null",
          "N", "textsc", "textrm", "texttt", "rightarrow", "leftarrow", "to", "mid", "lvert",
          "rvert", "vert", "colon", "tablenotes", "noalign", "smallskip", "medskip", "bigskip",
-         "sqrt", "sigma", "frac"}
+         "sqrt", "sigma", "frac", "textbackslash", "textasciitilde", "textasciicircum"}
 BOOKTABS = {"toprule", "midrule", "bottomrule", "cmidrule", "addlinespace", "specialrule"}
 MULTIROW = {"multirow"}
 XCOLOR = {"rowcolor", "cellcolor", "color", "textcolor", "definecolor", "colorbox"}
@@ -55,8 +55,9 @@ def _tables() -> dict[str, str]:
     labels = {"models": {"m1": {"label": "M-One", "family": "A"},
                          "m2": {"label": "M-Two", "family": "B"}},
               "methods": {"fp": {"label": "FP"}, "rtn": {"label": "RTN"},
-                          "fair": {"label": "\\textbf{FAIR-Calib}"}},
-              "tasks": {"t1": {"label": "T1"}, "t2": {"label": "T2 (\\%)"}}}
+                          "fair": {"label": "FAIR-Calib", "latex_label": "\\textbf{FAIR-Calib}"}},
+              # plain-text labels: every LaTeX special is escaped (issue 23)
+              "tasks": {"t1": {"label": "T1"}, "t2": {"label": "T2 (%) a_b #1 & $x$ {~^\\}"}}}
     stats = pd.DataFrame({"model": ["m1", "m1"], "method": ["rtn", "fair"], "bits": ["w4a4"] * 2,
                           "peak_mem_mb": [1000.0, 1200.0], "peak_mem_kind": ["cpu_rss_added"] * 2})
     mem = pd.DataFrame({"model": ["m1"], "method": ["fair"], "bits": ["w4a4"],
@@ -97,7 +98,8 @@ def structural_errors(tex: str) -> list[str]:
         errors.append(f"{depth} unclosed '{{'")
     for cmd in sorted(set(re.findall(r"\\([A-Za-z]+)\*?", body)) - ALLOWED):
         errors.append(f"\\{cmd} is not a command of LaTeX, booktabs, multirow or xcolor")
-    for m in re.finditer(r"(?<!\\)[_^#&$%]", re.sub(r"\$[^$]*\$", "", body)):
+    text = re.sub(r"\\label\{[^}]*\}", "", body)       # a key may hold _ (tab:main_llada)
+    for m in re.finditer(r"(?<!\\)[_^#&$%]", re.sub(r"\$[^$]*\$", "", text)):
         if m.group() in "_^#":
             errors.append(f"unescaped {m.group()!r} outside math")
     return errors
@@ -125,3 +127,44 @@ def test_tables_compile_with_the_documented_preamble(tmp_path):
     res = subprocess.run(["pdflatex", "-interaction=nonstopmode", "-halt-on-error", "t.tex"],
                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stdout[-3000:]
+
+
+def _paper_tables() -> dict[str, str]:
+    """Every table of config/paper.yaml, with the settings the workflow's table rule passes
+    (fair_calib.report.labels) and a value in every cell it asks for."""
+    import itertools
+    from pathlib import Path
+
+    import yaml
+
+    from fair_calib.report.labels import display_labels
+
+    cfg = yaml.safe_load((Path(__file__).parents[1] / "config/paper.yaml").read_text())
+    cfg["bits"] = sorted({t["bits"] for t in cfg["tables"].values()})   # paper.yaml merges over config.yaml's
+    rows = [(m, x, "fp" if x == "fp" else b, t, 0.5)
+            for m, x, b, t in itertools.product(cfg["models"], cfg["methods"], cfg["bits"],
+                                                cfg["tasks"])]
+    ev = pd.DataFrame(rows, columns=["model", "method", "bits", "task", "value"])
+    ev = ev.drop_duplicates(["model", "method", "bits", "task"])
+    ev["metric"], ev["stderr"], ev["n"], ev["chance"] = "acc", 0.01, 100, 0.25
+    keys = pd.DataFrame(list(itertools.product(cfg["models"], cfg["methods"], cfg["bits"])),
+                        columns=["model", "method", "bits"])
+    data = {"eval": ev,
+            "stats": keys.assign(peak_mem_mb=1000.0, peak_mem_kind="cuda_max_allocated"),
+            "memory": keys.assign(export_bytes=4.9e9, fp_bytes=15.9e9)}
+    return {name: T.build_table(None,
+                                {"table": {"name": name, **t}, "labels": display_labels(cfg),
+                                 "fp_method": "fp"}, data)
+            for name, t in cfg["tables"].items()}
+
+
+def test_paper_tables_pass_the_strict_check_and_look_like_the_paper():
+    """paper.yaml's labels and captions (issue 23: `\\textbf{FAIR-Calib}` and `w/o $\\lambda_0$`
+    are latex_label now; `N_probe` in a caption broke LaTeX)."""
+    tables = _paper_tables()
+    for name, tex in tables.items():
+        assert structural_errors(tex) == [], (name, structural_errors(tex))
+    assert "& \\textbf{FAIR-Calib} & " in tables["main"]
+    assert "\nw/o $\\lambda_0$ & " in tables["schedule"]
+    assert "\nearly-boost & " in tables["schedule"]
+    assert "\nFAIR-Calib & " in tables["components"]

@@ -143,3 +143,17 @@ def test_cross_corpus():
     assert r["pearson"] == pytest.approx(-0.04 / 0.38)
     with pytest.raises(ValueError, match="same length"):
         cross_corpus(a, a[:3])
+
+
+def test_prior_carries_the_across_sample_spread(tmp_path):
+    """w_std: the std (ddof 0) over samples of the per-sample curves, on w_bar's scale (the
+    cross-corpus figure's variability bands, issue 23)."""
+    a = write_shard(tmp_path / "a.parquet", ROWS)
+    df = aggregate_prior([a], {"prior": {}, "probe": {"steps": T}})
+    curves = []
+    for sid in (0, 1):
+        w = np.array([early(r[2]) + r[3] for r in ROWS if r[0] == sid])
+        curves.append(w / w.max())
+    mean = np.mean(curves, axis=0)
+    assert np.allclose(df.w_std.to_numpy(), np.std(curves, axis=0) / mean.max())
+    assert np.allclose(df.w_bar.to_numpy(), mean / mean.max())

@@ -190,6 +190,75 @@ def test_task_settings_resolve_per_family_into_the_jobs(ws):
     dream = job_task("dream-7b-base", "winogrande")           # eval_dream_mc.sh
     assert (dream["batch_size"], dream["num_fewshot"], dream["add_bos_token"]) == (32, 5, True)
     assert "by_family" not in dream and "cfg_scale" not in dream
+    assert dream["exact_below"] == 2                 # one-token choices: the exact expectation
+
+
+def test_components_baseline_is_fair_calib_with_uniform_weights(ws):
+    """paper.yaml's components table: its baseline row is the FAIR-Calib pipeline with uniform
+    position weights; the planned calibration jobs differ from FAIR-Calib's in nothing else."""
+    import json
+    import re
+    import shlex
+
+    from fair_calib.methods import make_method
+
+    res = subprocess.run(["snakemake", "results/tables/components.tex", "-n", "-p", "--cores", "1",
+                          "--configfile", "config/paper.yaml"], cwd=ws, capture_output=True,
+                         text=True)
+    assert res.returncode == 0, (res.stdout + res.stderr)[-3000:]
+    jobs = {}
+    for line in res.stdout.splitlines():
+        if "calibrate --settings" in line:
+            s = json.loads(shlex.split(re.search(r"--settings (.*?) --model-dir", line).group(1))[0])
+            jobs[s["method"]["name"]] = (s, "--prior " in line)
+    table = yaml.safe_load((ws / "config/paper.yaml").read_text())["tables"]["components"]
+    baseline = next(m for m, label in table["rows"] if label == "baseline")
+    (base, base_prior), (fc, fc_prior) = jobs[baseline], jobs["fair-calib"]
+    assert base["method"]["weighting"] == "uniform" and not base_prior and fc_prior
+    per_method = ("name", "label", "latex_label", "prior", "weighting")   # display, prior
+    strip = lambda m: {k: v for k, v in m.items() if k not in per_method}  # noqa: E731
+    assert strip(base["method"]) == strip(fc["method"])
+    assert {k: v for k, v in base.items() if k != "method"} == {k: v for k, v in fc.items() if k != "method"}
+    resolved = [make_method(s["method"], 4, 4) for s in (base, fc)]
+    assert [m.weighting for m in resolved] == ["uniform", "prior"]
+    assert resolved[0].training_settings() == resolved[1].training_settings()   # teacher, 1024 ...
+    assert resolved[0].training_settings()["propagate"] == "teacher"
+    assert base["calibration"]["seq_len"] == fc["calibration"]["seq_len"] == 1024
+
+
+def test_offline_setting_a_task_cannot_honour_fails_the_plan(ws):
+    """WinoGrande 5-shot with offline data (no `train` split): refused while planning, before
+    the data files are even looked at, not in the job after the model is loaded."""
+    res = subprocess.run(["snakemake", "-n", "--cores", "1", "--configfile", "config/paper.yaml",
+                          "--config", "data_source=local", "data_dir=/nonexistent/data"],
+                         cwd=ws, capture_output=True, text=True)
+    out = res.stdout + res.stderr
+    assert res.returncode != 0
+    line = next(l for l in out.splitlines() if l.startswith("Error: config:"))
+    assert "tasks.winogrande.num_fewshot = 5" in line and "`train` split" in line
+    assert "rule " not in out
+
+
+def test_dream_humaneval_jobs_run_the_authors_stop_handling_and_postprocess(ws):
+    """[DG] eval_dream_gen.sh: escape_until=true and postprocess_code.py for Dream-Base; the
+    instruct model's harness (eval_instruct) applies the stop strings and no post-processing."""
+    import json
+    import re
+    import shlex
+
+    def job_task(model):
+        target = f"results/eval/{model}/fp/fp/humaneval/shard-0.parquet"
+        res = subprocess.run(["snakemake", target, "-n", "-p", "--cores", "1", "--configfile",
+                              "config/paper.yaml"], cwd=ws, capture_output=True, text=True)
+        assert res.returncode == 0, (res.stdout + res.stderr)[-3000:]
+        line = next(l for l in res.stdout.splitlines() if "evaluate --settings" in l)
+        return json.loads(shlex.split(re.search(r"--settings (.*?) --model-dir", line).group(1))[0])["task"]
+
+    base = job_task("dream-7b-base")
+    assert (base["escape_until"], base["code_postprocess"]) == (True, "dream")
+    inst = job_task("dream-7b-instruct")
+    assert (inst["escape_until"], inst["code_postprocess"]) == (False, "none")
+    assert "code_postprocess" not in job_task("llada-8b-base")
 
 
 def test_prior_ablation_is_in_rule_all_only_and_off_in_merged_configs(ws):

@@ -10,7 +10,9 @@ Per (sample, step, window position) the recorded columns are (see ``TRAJECTORY_S
 ``committed`` (committed at this step), ``token`` (the token committed at this step, -1 if
 not), ``top1`` (the model's argmax), ``p_commit`` (probability of the position's token in the
 trajectory's final output), ``p_ref`` (probability of the reference token, e.g. the teacher's
-final token), ``margin`` (top-1 minus top-2 probability) and ``entropy`` (nats). Probabilities
+final token), ``margin`` (top-1 minus top-2 probability), ``entropy`` (nats) and ``p_alt`` (the
+largest probability of any token other than the reference token: the reference's strongest
+alternative, exact whatever the reference's rank; NaN without a reference). Probabilities
 are ``softmax`` of the logits the commit decision saw (after classifier-free guidance, before
 any temperature).
 """
@@ -40,14 +42,18 @@ TRAJECTORY_SCHEMA = pa.schema([
     ("p_ref", pa.float64()),
     ("margin", pa.float64()),
     ("entropy", pa.float64()),
+    ("p_alt", pa.float64()),
 ])
 
 
-def step_stats(logits: torch.Tensor, *token_sets: torch.Tensor | None) -> dict[str, torch.Tensor]:
+def step_stats(logits: torch.Tensor, *token_sets: torch.Tensor | None,
+               alternative_to: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
     """Per-position statistics of ``logits [B, K, V]``: top1, top-1 probability, margin (top-1
-    minus top-2 probability), entropy, and under ``probs`` the probability of each given
-    ``[B, K]`` token tensor (``None`` or a negative id -> NaN). Computed in float64, one row at
-    a time so that no ``[B, K, V]`` float64 tensor is ever held."""
+    minus top-2 probability), entropy, under ``probs`` the probability of each given
+    ``[B, K]`` token tensor (``None`` or a negative id -> NaN), and under ``p_alt`` the largest
+    probability of a token other than ``alternative_to``'s (NaN where that is ``None`` or
+    negative). Computed in float64, one row at a time so that no ``[B, K, V]`` float64 tensor
+    is ever held."""
     rows: list[dict[str, Any]] = []
     for r in range(logits.shape[0]):
         logp = torch.log_softmax(logits[r].double(), dim=-1)
@@ -64,10 +70,21 @@ def step_stats(logits: torch.Tensor, *token_sets: torch.Tensor | None) -> dict[s
                 t = toks[r]
                 g = p.gather(-1, t.clamp(min=0)[..., None]).squeeze(-1)
                 rec["probs"].append(torch.where(t >= 0, g, torch.full_like(g, float("nan"))))
+        rec["p_alt"] = _best_alternative(p, None if alternative_to is None else alternative_to[r])
         rows.append(rec)
-    out = {key: torch.stack([rec[key] for rec in rows]) for key in ("top1", "p_top1", "margin", "entropy")}
+    keys = ("top1", "p_top1", "margin", "entropy", "p_alt")
+    out = {key: torch.stack([rec[key] for rec in rows]) for key in keys}
     out["probs"] = [torch.stack([rec["probs"][j] for rec in rows]) for j in range(len(token_sets))]
     return out
+
+
+def _best_alternative(p: torch.Tensor, toks: torch.Tensor | None) -> torch.Tensor:
+    """max_{v != toks[k]} p[k, v] for ``p [K, V]`` (NaN where ``toks`` is None or negative)."""
+    nan = torch.full(p.shape[:-1], float("nan"), dtype=p.dtype, device=p.device)
+    if toks is None:
+        return nan
+    others = p.scatter(-1, toks.clamp(min=0)[..., None], float("-inf"))
+    return torch.where(toks >= 0, others.max(-1).values, nan)
 
 
 class CommitRecorder:
@@ -117,7 +134,7 @@ class TrajectoryRecorder(CommitRecorder):
             final = self.final_tokens.to(dev)
         else:   # tokens known so far: committed now or before; -1 where still masked
             final = torch.where(masked & ~committed, torch.full_like(window, -1), window)
-        st = step_stats(logits, final, ref)
+        st = step_stats(logits, final, ref, alternative_to=ref)
         p_commit, p_ref = st["probs"]
         token = torch.where(committed, window, torch.full_like(window, -1))
         self._rows.append({
@@ -129,6 +146,7 @@ class TrajectoryRecorder(CommitRecorder):
             "p_ref": p_ref.cpu().numpy(),
             "margin": st["margin"].cpu().numpy(),
             "entropy": st["entropy"].cpu().numpy(),
+            "p_alt": st["p_alt"].cpu().numpy(),
         })
 
     def frame(self) -> pd.DataFrame:
@@ -148,7 +166,7 @@ class TrajectoryRecorder(CommitRecorder):
             "step": cols["step"].reshape(-1).astype(np.int32),
             "position": np.tile(np.arange(k, dtype=np.int32), b * n_steps),
         }
-        for key in ("committed", "token", "top1", "p_commit", "p_ref", "margin", "entropy"):
+        for key in ("committed", "token", "top1", "p_commit", "p_ref", "margin", "entropy", "p_alt"):
             data[key] = cols[key].reshape(-1)
         return pd.DataFrame(data)[[f.name for f in TRAJECTORY_SCHEMA]]
 

@@ -35,7 +35,11 @@ class LikelihoodSettings:
     batch_size: int
     cfg_scale: float = 0.0
     eps: float = 1e-3
-    append_eos: bool = True      # dream: EOS appended to the continuation (visible, never scored)
+    # dream: EOS appended to the continuation (visible, never scored). The authors' eval.py
+    # always appends it and never masks the sequence's last position; without it the last
+    # continuation token would never be scored (a one-token choice would score 0.0), so
+    # False is refused for the dream estimator.
+    append_eos: bool = True
     exact_below: int = 0
 
     def __post_init__(self) -> None:
@@ -50,6 +54,12 @@ class LikelihoodSettings:
             raise ValueError("cfg_scale is only defined for the llada estimator")
         if not 0 < self.eps < 1:
             raise ValueError(f"eps must lie in (0, 1), got {self.eps}")
+        if self.estimator == "dream" and not self.append_eos:
+            raise ValueError(
+                "likelihood setting append_eos=False is not supported by the dream estimator: "
+                "the authors' eval.py always appends EOS and never masks the last position, so "
+                "the last continuation token would never be scored (a one-token choice scores "
+                "0.0); drop append_eos (default True)")
         if not 0 <= self.exact_below <= 16:
             raise ValueError(f"exact_below must lie in 0..16 (2^15 patterns), got {self.exact_below}")
 
@@ -130,9 +140,15 @@ def _repeated(loaded: LoadedModel, prefix: Sequence[int], target: Sequence[int],
 
 
 def llada_mask_counts(k: int, L: int, b: int) -> torch.Tensor:
-    """Rows' mask counts for draw ``k``: the authors' stratified linspace, in float32 as in
-    their code (it differs from float64 for row counts that are not powers of two)."""
-    x = torch.round(torch.linspace(float(k), k + (b - 1) * (L / b), steps=b,
+    """Rows' mask counts for draw ``k``: the authors' stratified linspace (``forward_process``
+    of get_log_likelihood.py) with their arithmetic. There ``k`` is the int64 tensor
+    ``torch.randint`` returns, so the end point ``k + (b - 1) * (L / b)`` is a float32 tensor:
+    the Python float ``(b - 1) * (L / b)`` is rounded to float32 and added in float32. Rounding
+    the float64 sum once instead moves a count for b = 6, 12, 14, 18, ... (b = 6, L = 5, k = 5:
+    theirs [5, 1, 2, 2, 3, 4], the float64 end point [5, 1, 2, 3, 3, 4])."""
+    k_t = torch.tensor(int(k), dtype=torch.int64)
+    end = k_t + (b - 1) * (L / b)                    # int64 tensor + float: float32, as theirs
+    x = torch.round(torch.linspace(float(k), end.to(torch.float32), steps=b,
                                    dtype=torch.float32)).long()
     return ((x - 1) % L) + 1
 

@@ -42,7 +42,9 @@ this model registered; lm-eval 0.4.13 registers models on import only).
 default policy (adapter ``decoding``) merged with per-task overrides (``gen_length``, ``steps``,
 ``block_length``, ...). A diffusion LM decodes a fixed window, so the window length is the
 policy's ``gen_length``, not lm-eval's ``max_gen_toks``. Output is cut at the first EOS/pad token
-and then at the earliest ``until`` string. Instruct models get the tokenizer's chat template.
+and then at the earliest ``until`` string; with ``escape_until`` (Dream's HumanEval) the text is
+Dream's ``eval.py``'s, cut at the first EOS only. Instruct models get the tokenizer's chat
+template.
 """
 from __future__ import annotations
 
@@ -135,12 +137,16 @@ class DiffusionLM(LM):
                  gen_batch_size: int | None = None, max_length: int | None = None,
                  compute_greedy: bool = True, add_bos_token: bool = False,
                  batch_size: int | str | None = None, max_batch_size: int | None = None,
-                 loader: str | None = None, **flat: Any) -> None:
+                 loader: str | None = None, escape_until: bool = False, **flat: Any) -> None:
         super().__init__()
         likelihood, decoding = self._split_flat(flat, likelihood, decoding, batch_size)
         if loaded is None:
-            loaded = self._load(model_dir or pretrained, family, dtype, _device(device), calib_dir,
-                                loader)
+            source = model_dir or pretrained
+            if source is not None:      # bad likelihood settings fail before the model loads
+                from fair_calib.models.adapters import get_adapter
+                family = family or infer_family(str(source), calib_dir)
+                likelihood_settings(get_adapter(family).likelihood, likelihood)
+            loaded = self._load(source, family, dtype, _device(device), calib_dir, loader)
         elif calib_dir is not None:
             from fair_calib.methods import load_quantized  # lazy: only for quantized runs
 
@@ -149,6 +155,7 @@ class DiffusionLM(LM):
         self.tokenizer = loaded.tokenizer
         self.instruct = _bool(instruct)
         self.add_bos_token = _bool(add_bos_token)
+        self.escape_until = _bool(escape_until)
         self.seed = int(seed)
         self.lik = likelihood_settings(loaded.adapter.likelihood, likelihood)
         self.decoding_overrides = {k: v for k, v in dict(decoding or {}).items() if v is not None}
@@ -285,7 +292,11 @@ class DiffusionLM(LM):
         return make_policy(self.loaded.adapter.decoding, overrides)
 
     def postprocess(self, ids: Sequence[int], until: Sequence[str]) -> str:
-        """Cut at the first EOS/pad token, decode, then cut at the earliest ``until`` string."""
+        """Cut at the first EOS/pad token, decode, then cut at the earliest ``until`` string.
+        ``escape_until`` (Dream's ``eval/eval.py`` argument): the text is Dream's, the whole
+        window decoded and cut at the first EOS text, and ``until`` is not applied."""
+        if self.escape_until:
+            return self.tokenizer.decode(list(ids)).split(self.tokenizer.eos_token)[0]
         ids = list(ids)
         for i, tok in enumerate(ids):
             if tok in self.stop_ids:

@@ -18,7 +18,7 @@ Settings (JSON): ``{"seed", "device", "dtype", "data_dir", "synthetic_dir", "mod
 "task": {"name", "kind": "synthetic_mc"|"synthetic_gen"|"lm_eval", "lm_eval_task",
 "num_fewshot", "limit", "gen_length", "steps", "block_length", "mc_num", "batch_size",
 "cfg_scale", "eps", "exact_below", "add_bos_token", "decoding": {...}, "offline": bool,
-"allow_code_execution": bool}}``: one task's settings already resolved for the model
+"allow_code_execution": bool, "escape_until": bool, "code_postprocess": "none"|"dream"}}``: one task's settings already resolved for the model
 (``fair_calib.evaluate.task_settings``: entry < ``by_family`` < ``by_model``).
 ``offline`` defaults to ``data_source == "local"`` (the config default); ``data_source: hub``
 uses lm-eval's own task definitions and datasets.
@@ -111,6 +111,14 @@ def build_task_manager(settings: Mapping[str, Any], include_dir: str | os.PathLi
                                          Path(include_dir) / "tasks", [name])
         return TaskManager(include_path=str(Path(include_dir) / "tasks"), include_defaults=False)
     return TaskManager()
+
+
+# lm-eval's default few-shot sampling seed (``simple_evaluate(fewshot_random_seed=1234)``, the
+# CLI's ``--seed`` default), which the authors' evaluation scripts run with: the same k-shot
+# examples as theirs, whatever the config's ``seed`` (that one seeds the MC estimates). lm-eval
+# draws them in document order from one generator per process; a run in N shards draws what an
+# N-process (accelerate) run of lm-eval draws, whose ranks take documents i % N as shards do.
+FEWSHOT_SEED = 1234
 
 
 def shard_indices(n_docs: int, limit: int | float | None, shard: int, num_shards: int) -> list[int]:
@@ -225,7 +233,29 @@ def make_lm(settings: Mapping[str, Any], model_dir: str | os.PathLike,
                        instruct=bool(model.get("instruct", False)), seed=int(settings.get("seed", 0)),
                        likelihood=likelihood, decoding=decoding,
                        add_bos_token=bool(task.get("add_bos_token", False)),
+                       escape_until=bool(task.get("escape_until", False)),
                        gen_batch_size=task.get("batch_size"), compute_greedy=compute_greedy)
+
+
+def use_code_postprocess(leaf_tasks: Mapping[str, Any], name: str | None) -> None:
+    """``task.code_postprocess``: replace a code task's prediction filter by a model authors'
+    post-processing (``dream``: Dream's ``postprocess_code.py``), under the same filter name."""
+    if name in (None, "none"):
+        return
+    from lm_eval.filters import build_filter_ensemble
+
+    from fair_calib.evaluate.code_postprocess import POSTPROCESSORS
+
+    if name not in POSTPROCESSORS:
+        raise ValueError(f"task.code_postprocess = {name!r}; choose one of "
+                         f"{sorted(POSTPROCESSORS) + ['none']}")
+    for t, obj in leaf_tasks.items():
+        filters = getattr(obj, "_filters", None) or []
+        if obj.get_config("output_type") != "generate_until" or len(filters) != 1:
+            raise ValueError(f"task.code_postprocess = {name!r} needs a generation task with one "
+                             f"filter (a code task such as humaneval); {t} is not")
+        filters[0] = build_filter_ensemble(filters[0].name, [["custom", {
+            "filter_fn": POSTPROCESSORS[name]}]])
 
 
 def evaluate(settings: Mapping[str, Any], model_dir: str | os.PathLike | None,
@@ -254,6 +284,7 @@ def evaluate(settings: Mapping[str, Any], model_dir: str | os.PathLike | None,
             raise ImportError(f"loading lm-eval task {name!r} failed ({err}); lm-eval's own "
                               f"definition needs that package: install it, or set "
                               f"task.offline: true to use the local definitions") from err
+        use_code_postprocess(leaf_tasks, task.get("code_postprocess"))
         unsafe = sorted(t for t, obj in leaf_tasks.items() if obj.get_config("unsafe_code"))
         if unsafe and not allow_code:
             raise PermissionError(
@@ -275,7 +306,8 @@ def evaluate(settings: Mapping[str, Any], model_dir: str | os.PathLike | None,
                     model=lm, tasks=[leaf_tasks[t] for t in sorted(samples)],
                     num_fewshot=task.get("num_fewshot"), samples=samples, log_samples=True,
                     bootstrap_iters=0, task_manager=tm, random_seed=seed,
-                    numpy_random_seed=seed, torch_random_seed=seed, fewshot_random_seed=seed,
+                    numpy_random_seed=seed, torch_random_seed=seed,
+                    fewshot_random_seed=FEWSHOT_SEED,
                     confirm_run_unsafe_code=bool(allow_code and unsafe))
             per_doc = per_doc_values(res, leaf_tasks)
             raw = _json_safe({k: v for k, v in res.items() if k != "samples"})

@@ -55,7 +55,7 @@ class QuaRotMethod(QuantMethod):
         dim = embed.weight.shape[1]
         device = embed.weight.device
         gen = torch.Generator().manual_seed(self.seed * 65_537 + 17)
-        Q = KronRotation(dim, gen).matrix(torch.float64).to(device)
+        Q = KronRotation(dim, gen).quarot_matrix().to(device)
         if head.weight is embed.weight or head.weight.data_ptr() == embed.weight.data_ptr():
             head.weight = nn.Parameter(head.weight.detach().clone())
             if hasattr(model.config, "tie_word_embeddings"):

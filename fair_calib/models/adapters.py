@@ -184,8 +184,13 @@ class LoadedModel:
         """Per-position logits aligned so that ``logits[:, i]`` predicts token ``i``.
 
         With left padding, pass the 2-D ``attention_mask``; position ids then count from the
-        first real token, so a padded row gives the same logits as the row alone. Pass ``None``
-        when no row is padded: attention then runs without a mask tensor (the fast kernels).
+        first real token, so a padded row computes the same function as the row alone: in
+        float32 its logits equal the row's to float32 rounding (the batch's shape changes the
+        kernels' reduction order, not the math); in bf16 that rounding is bf16's and GPU
+        kernels chosen by batch shape round differently, so a row's logits, and tokens decoded
+        from near-ties, can depend on its batch (docs/fidelity.md, padded batches). Pass
+        ``None`` when no row is padded: attention then runs without a mask tensor (the fast
+        kernels).
         ``keep_last=K`` returns only the last ``K`` positions' logits, and the LM head runs only
         there when the model supports it (``logits_to_keep``): decoding needs just the window.
         """
@@ -219,7 +224,7 @@ def _first_token_own_logits(shifted: torch.Tensor, own: torch.Tensor,
     """A shifted family reads position i's prediction from i-1; the first token of a sequence
     has no i-1 and reads its own (the authors' ``cat([logits[:, :1], logits[:, :-1]])``). With
     left padding a row's first real token would read the pad before it instead; give it its own
-    logits, so a padded row equals the row alone. In place, without a host sync."""
+    logits, as the row alone does. In place, without a host sync."""
     if attention_mask is None:
         return shifted
     first = attention_mask.long().argmax(-1) - start          # window index of the first token

@@ -12,7 +12,9 @@ one onto the other, in both directions:
 * the hub state-dict key names -> the native key names (prefix templates, ``{i}`` = block).
 
 Loading runs no remote code, gives SDPA attention with a real padding mask and position ids,
-and loads the safetensors shards in the target dtype without a float32 copy. The inverse
+and loads the safetensors shards in the target dtype without a float32 copy. LLaDA's
+``rope_full_precision`` is honoured: q and k rotate in float32 as in the authors' forward. Only
+the transformers versions of :data:`SUPPORTED_TRANSFORMERS` are accepted. The inverse
 direction (:func:`save_hub_layout`) writes a native model in the hub's file layout, config field
 names and key names: the toy real-layout checkpoints of the tests and of ``config/hub_layout.yaml``,
 and the 8B-shaped checkpoint of ``benchmarks/hub_load_gpu.py``.
@@ -34,6 +36,11 @@ class HubConfigError(ValueError):
     """A hub config.json the native mapping cannot reproduce exactly (names the field)."""
 
 
+def rotary_in_model_dtype(cfg: dict) -> bool:
+    """A layout whose authors rotate q and k in the model dtype, as transformers does."""
+    return False
+
+
 @dataclass(frozen=True)
 class HubLayout:
     name: str
@@ -45,6 +52,14 @@ class HubLayout:
     # For folders without tokenizer.json (Dream ships vocab.json + merges.txt and a remote-code
     # tokenizer class): the transformers class that builds the same tokenizer.
     tokenizer_class: str | None = None
+    # hub config.json -> whether the authors' forward rotates q and k in float32 whatever the
+    # model dtype (LLaDA's ``rope_full_precision``); False: rotary in the model dtype, as
+    # transformers' native classes do.
+    rotary_float32: Callable[[dict], bool] = rotary_in_model_dtype
+    # True: the authors compute the rotary frequencies on the GPU the model runs on (LLaDA's
+    # cache is built on ``cuda`` whenever one exists); transformers computes ``inv_freq`` once on
+    # the CPU, and CPU and CUDA ``pow`` differ in the last bit for a few frequencies.
+    rotary_on_device: bool = False
 
     # ------------------------------------------------------------------ key names
     @functools.cached_property
@@ -158,6 +173,13 @@ def llada_to_native(cfg: dict) -> dict:
     )
 
 
+def llada_rotary_float32(cfg: dict) -> bool:
+    """``rope_full_precision`` (default True, as in the released config.json): the authors'
+    ``RotaryEmbedding.forward`` casts q and k to float32, rotates with float32 sin/cos and
+    autocast off, and casts the result back to the model dtype."""
+    return bool(_llada_field(cfg, "rope_full_precision"))
+
+
 def llada_to_hub(native) -> dict:
     """The hub config.json fields of the authors' LLaDA for a native Llama config."""
     theta = (native.rope_parameters or {}).get("rope_theta", 10000.0)
@@ -204,7 +226,8 @@ LLADA_LAYOUT = HubLayout(
         ("model.transformer.blocks.{i}.up_proj.", "model.layers.{i}.mlp.up_proj."),
         ("model.transformer.blocks.{i}.ff_out.", "model.layers.{i}.mlp.down_proj."),
     ),
-    to_native=llada_to_native, to_hub=llada_to_hub,
+    to_native=llada_to_native, to_hub=llada_to_hub, rotary_float32=llada_rotary_float32,
+    rotary_on_device=True,
 )
 
 
@@ -313,18 +336,130 @@ def native_config(layout: HubLayout, hub_cfg: dict, source: str = "config.json")
     return cfg
 
 
+# The transformers versions whose native classes this mapping is written for (pyproject's
+# ``transformers>=5.5,<6``): the config fields it sets (``rope_parameters``), the rotary and
+# attention interfaces it hooks. Under 4.x the native classes read ``rope_theta`` instead and
+# silently run with theta 10000; other majors are unchecked.
+SUPPORTED_TRANSFORMERS = ((5, 5), (6, 0))         # [lowest, first unsupported)
+
+
+class UnsupportedTransformersError(RuntimeError):
+    """The installed transformers is outside the range the native mapping supports."""
+
+
+def supported_transformers_text() -> str:
+    (lo_major, lo_minor), (hi_major, _) = SUPPORTED_TRANSFORMERS
+    return f">={lo_major}.{lo_minor},<{hi_major}"
+
+
+def check_transformers_version(version: str | None = None) -> None:
+    """Refuse, by name, a transformers the native loader does not support."""
+    import transformers
+    from packaging.version import InvalidVersion, Version
+
+    version = transformers.__version__ if version is None else version
+    try:
+        release = Version(version).release[:2]
+    except InvalidVersion:
+        release = None
+    lo, hi = SUPPORTED_TRANSFORMERS
+    if release is None or not lo <= tuple(release) < hi:
+        raise UnsupportedTransformersError(
+            f"transformers {version} is not supported by the native LLaDA/Dream loader "
+            f"(supported: transformers{supported_transformers_text()}, as in pyproject.toml); "
+            f"under 4.x its classes ignore the checkpoints' rotary settings. Install a "
+            f"supported version (loader: remote, the authors' own files, needs 4.x instead)")
+
+
 def load_native_model(layout: HubLayout, source: str, dtype: torch.dtype,
                       hub_cfg: dict | None = None) -> nn.Module:
     """The checkpoint at ``source`` on the native class, every tensor accounted for
     (``hub_cfg``: its config.json when the caller has read it already)."""
+    check_transformers_version()
     hub_cfg = read_hub_config(source) if hub_cfg is None else hub_cfg
     cfg = native_config(layout, hub_cfg, source)
     _, model_cls = _native_classes(layout.native_arch)
+    float32_rotary = layout.rotary_float32(hub_cfg)
+    attention = register_float32_rotary_attention() if float32_rotary else "sdpa"
     model, info = model_cls.from_pretrained(
         source, config=cfg, dtype=dtype, key_mapping=layout.key_mapping(),
-        output_loading_info=True, attn_implementation="sdpa")
+        output_loading_info=True, attn_implementation=attention)
     _check_loading_info(info, source, layout, cfg)
+    if float32_rotary or layout.rotary_on_device:
+        use_authors_rotary(model, float32_rotary, layout.rotary_on_device)
     return model
+
+
+# ---------------------------------------------------------------------------------- the authors' rotary
+# LLaDA's ``RotaryEmbedding``. (1) ``rope_full_precision``: the authors compute
+# ``(q * cos) + (rotate_half(q) * sin)`` on ``q.float()`` with float32 sin/cos and cast the
+# result back (``.type_as(q)``); transformers' rotary module returns sin/cos in the model dtype
+# and rotates in it. Two hooks reproduce the authors' arithmetic exactly, with no copy of
+# transformers' attention code: the rotary module returns float32 sin/cos (so ``q * cos``
+# promotes the bf16 q to float32, as ``q.float()`` does, and the whole rotation runs in float32),
+# and the attention function casts the rotated q and k back to the value dtype before SDPA.
+# (2) The authors build their sin/cos cache on the GPU when there is one
+# (``_non_meta_init_device``): ``inv_freq = 1 / theta ** (arange(0, hd, 2) / hd)`` computed on
+# CUDA differs from the CPU value in the last bit for a few frequencies (2-4 of 64 on an H100),
+# so ``inv_freq`` is recomputed with their formula on the device the model runs on. In float32
+# models on the CPU both are no-ops.
+FLOAT32_ROTARY_ATTENTION = "sdpa_float32_rotary"
+
+
+def register_float32_rotary_attention() -> str:
+    """Register (idempotent) the attention implementation that takes float32-rotated q, k:
+    transformers' SDPA attention and SDPA mask after casting q and k to v's dtype."""
+    from transformers import AttentionInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    def attention(module, query, key, value, *args, **kwargs):
+        return sdpa_attention_forward(module, query.to(value.dtype), key.to(value.dtype), value,
+                                      *args, **kwargs)
+
+    AttentionInterface.register(FLOAT32_ROTARY_ATTENTION, attention)
+    AttentionMaskInterface.register(FLOAT32_ROTARY_ATTENTION, sdpa_mask)
+    return FLOAT32_ROTARY_ATTENTION
+
+
+def authors_inv_freq(theta: float, head_dim: int, device) -> torch.Tensor:
+    """``RotaryEmbedding.get_rotary_embedding``'s frequencies, on ``device``, autocast off."""
+    with torch.autocast(torch.device(device).type, enabled=False):
+        return 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float)
+                                / head_dim))
+
+
+@functools.cache
+def _authors_rotary_class(base: type, float32: bool, on_device: bool) -> type:
+    class AuthorsRotary(base):
+        """``base``'s sin/cos with the authors' frequencies computed on the model's device
+        (``on_device``) and returned in float32 whatever the hidden states' dtype (``float32``:
+        they are computed in float32 already; only the final cast is skipped)."""
+        authors_rotary = True
+
+        def forward(self, x, position_ids, *args, **kwargs):
+            if on_device and getattr(self, "_inv_freq_device", None) != self.inv_freq.device:
+                theta = self.config.rope_parameters["rope_theta"]
+                # In place: the buffer keeps its address (CUDA graphs replay from it).
+                self.inv_freq.copy_(authors_inv_freq(theta, 2 * self.inv_freq.numel(),
+                                                     self.inv_freq.device))
+                self._inv_freq_device = self.inv_freq.device
+            like = x.new_empty(0, dtype=torch.float32) if float32 else x  # device, dtype only
+            return super().forward(like, position_ids, *args, **kwargs)
+
+    AuthorsRotary.__name__ = AuthorsRotary.__qualname__ = f"Authors{base.__name__}"
+    return AuthorsRotary
+
+
+def use_authors_rotary(model: nn.Module, float32: bool, on_device: bool) -> None:
+    """Make a native model compute its rotary as the authors' (see the section comment)."""
+    if float32 and model.config._attn_implementation != FLOAT32_ROTARY_ATTENTION:
+        raise ValueError(f"float32 rotary needs attn_implementation="
+                         f"{FLOAT32_ROTARY_ATTENTION!r}, the model has "
+                         f"{model.config._attn_implementation!r}")
+    rotary = model.model.rotary_emb
+    if not getattr(type(rotary), "authors_rotary", False):
+        rotary.__class__ = _authors_rotary_class(type(rotary), float32, on_device)
 
 
 def _check_loading_info(info: dict, source: str, layout: HubLayout, cfg) -> None:

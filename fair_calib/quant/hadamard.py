@@ -6,21 +6,20 @@ as K x 2^j, a Sylvester transform on the 2^j axis, then H_K on the K axis); s ar
 for the residual rotation (``random_hadamard_matrix``) and all ones for the online rotations.
 
 H_K for K > 1 is a true Hadamard matrix (entries +-1, H H^T = K I), generated here rather than
-copied from a table:
-- Paley I, q prime, q = 3 (mod 4): order q + 1 (12, 20, 44, 60, 108, 140, ...);
-- Paley II, q prime, q = 1 (mod 4): order 2 (q + 1) (28 from q = 13, 36 from 17, 148 from 73);
+copied from a table, and equal entry for entry to QuaRot's table of that order (``get_hadK`` in
+spcl/QuaRot ``fake_quant/hadamard_utils.py``, Apache-2.0; pinned by hashes of its tables in
+``tests/methods/test_quarot_fidelity.py``):
+- Paley I, q prime, q = 3 (mod 4): order q + 1 (12, 20, 60, 108, 140);
+- Paley II, q prime, q = 1 (mod 4): order 2 (q + 1) in the block form of QuaRot's tables
+  (28 from q = 13, 36 from 17);
 - Sylvester doubling [[H, H], [H, -H]] of a smaller one (40 = 2 x 20).
-QuaRot ships tables of orders 12, 20, 28, 36, 40, 52, 60, 108, 140, 156 and 172 (``get_hadK``,
-tried in that file's order). Orders 52, 156 and 172 need constructions not implemented here
-(Williamson-type); no model of the paper grid needs them. Two Hadamard matrices of one order
-may differ by row/column signs and permutations: our orders 12, 20, 40, 60, 108 and 140 equal
-QuaRot's tables entry for entry (checked locally against its ``hadamard_utils.py``); 28 and 36
-(Paley II here) are different Hadamard matrices of the same order (QuaRot's 28 is not a Paley II
-matrix), equally exact (R orthogonal, incoherence sqrt(n) max|R| = 1) but not the same codes.
-QuaRot has no order-148 matrix (its ``get_hadK`` fails for 18944 = 148 x 128, Dream-7B's MLP
-width); we use Paley II with q = 73, so Dream's down_proj rotation is still a true Hadamard.
-Widths with no Hadamard factor at all (an odd part other than 1, e.g. 6 x 2^j, of which no
-Hadamard matrix exists) fall back to a seeded Haar-random orthogonal m x m factor.
+QuaRot also ships orders 52, 156 and 172 (Williamson-type, not constructed here): a width that
+QuaRot would rotate with one of them is refused by :func:`hadamard_split`, never rotated by a
+different matrix. Extensions beyond QuaRot (it asserts on these widths): order 148 = Paley II
+with q = 73 (Dream-7B's MLP width 18944 = 148 x 128, so its down_proj rotation is still a true
+Hadamard), and for any other width that is no power of two times one of these orders (e.g. 26
+or 176 = 11 x 16) a seeded Haar-random orthogonal factor for the odd part. (:func:`hadamard`
+builds further Paley orders, e.g. 44, which rotations do not use.)
 """
 from __future__ import annotations
 
@@ -31,6 +30,8 @@ from .transforms import random_orthogonal
 
 # QuaRot's get_hadK order, then 148 (ours, for Dream's 18944).
 HADAMARD_ORDERS = (172, 156, 140, 108, 60, 52, 36, 28, 40, 20, 12, 148)
+# QuaRot's Williamson-type tables: not constructed here, so their widths are refused.
+QUAROT_ONLY_ORDERS = (172, 156, 52)
 
 
 def is_pow2(n: int) -> bool:
@@ -73,16 +74,17 @@ def paley1(q: int) -> torch.Tensor:
 
 def paley2(q: int) -> torch.Tensor:
     """Order 2 (q + 1) (q prime, q = 1 mod 4): C = [[0, 1^T], [1, Q]] symmetric conference
-    matrix, H = C (x) [[1, -1], [-1, -1]] + I (x) [[1, 1], [1, -1]]."""
+    matrix, H = [[C + I, C - I], [C - I, -C - I]] (the block form of QuaRot's had28 / had36:
+    for q = 13 and 17 this is its table entry for entry)."""
     if not (_is_prime(q) and q % 4 == 1):
         raise ValueError(f"Paley II needs a prime q = 1 (mod 4), got {q}")
     c = torch.zeros(q + 1, q + 1, dtype=torch.float64)
     c[0, 1:] = 1.0
     c[1:, 0] = 1.0
     c[1:, 1:] = _jacobsthal(q)
-    a = torch.tensor([[1.0, -1.0], [-1.0, -1.0]], dtype=torch.float64)
-    b = torch.tensor([[1.0, 1.0], [1.0, -1.0]], dtype=torch.float64)
-    return torch.kron(c, a) + torch.kron(torch.eye(q + 1, dtype=torch.float64), b)
+    a = torch.tensor([[1.0, 1.0], [1.0, -1.0]], dtype=torch.float64)
+    b = torch.tensor([[1.0, -1.0], [-1.0, -1.0]], dtype=torch.float64)
+    return torch.kron(a, c) + torch.kron(b, torch.eye(q + 1, dtype=torch.float64))
 
 
 def hadamard(k: int) -> torch.Tensor:
@@ -105,15 +107,15 @@ def hadamard(k: int) -> torch.Tensor:
 
 def hadamard_split(n: int) -> tuple[int, int, bool]:
     """(K, 2^j, exact) with n = K * 2^j: K from QuaRot's orders (then 148), else the odd part
-    of n with ``exact`` False (no Hadamard matrix: random orthogonal factor)."""
+    of n with ``exact`` False (no Hadamard matrix: random orthogonal factor). ValueError where
+    QuaRot would use one of its Williamson tables (52, 156, 172), which are not built here."""
     if is_pow2(n):
         return 1, n, True
     for k in HADAMARD_ORDERS:
         if n % k == 0 and is_pow2(n // k):
-            try:
-                hadamard(k)
-            except ValueError:
-                continue
+            if k in QUAROT_ONLY_ORDERS:
+                raise ValueError(f"width {n} = {k} x {n // k}: QuaRot rotates it with its "
+                                 f"order-{k} table, which is not reproduced here")
             return k, n // k, True
     p = n & -n
     return n // p, p, False
@@ -165,6 +167,17 @@ class KronRotation(nn.Module):
 
     def matrix(self, dtype: torch.dtype = torch.float64) -> torch.Tensor:
         return self.rotate(torch.eye(self.n, dtype=dtype))
+
+    def quarot_matrix(self) -> torch.Tensor:
+        """R in float64 as QuaRot's ``random_hadamard_matrix`` computes it (``matmul_hadU`` of
+        diag(s)): the +-1 product diag(s) (H_K^T (x) H_p), exact, divided by sqrt(n) taken in
+        float32 (``torch.tensor(n).sqrt()``), so the residual rotation is bit-identical to
+        theirs for the same signs. Cross-head or non-Hadamard rotations: :meth:`matrix`."""
+        if not (self.exact and self.right):
+            return self.matrix(torch.float64)
+        hk = hadamard(self.m).T.contiguous() if self.m > 1 else torch.ones(1, 1, dtype=torch.float64)
+        signed = self.s.double().unsqueeze(1) * torch.kron(hk, sylvester_hadamard(self.p))
+        return signed / torch.tensor(self.n).sqrt().double()
 
     def _apply(self, fn, recurse=True):  # buffers follow the device, stay float32
         super()._apply(fn, recurse)

@@ -1,8 +1,13 @@
-"""LaTeX tables, generated from result files alone (eval Parquet, calibration stats, meta.json).
+r"""LaTeX tables, generated from result files alone (eval Parquet, calibration stats, meta.json).
 
 Every table follows the paper's layout (booktabs). A result that should be in a table but is
 not found shows as ``--`` and is listed in a footnote under the table; nothing is dropped
-silently. Accuracies are stored as fractions and printed as percentages with two decimals.
+silently. Accuracies are stored as fractions and printed as percentages with one decimal, the
+precision of their ``±`` (:data:`DIGITS`; one rule for every accuracy cell, Chance included).
+
+Labels: a ``label`` is plain text, printed as written (LaTeX specials ``% _ # & $ { } ~ ^ \``
+escaped, :func:`latex_escape`); a ``latex_label`` is LaTeX, printed verbatim in its place
+(``\textbf{FAIR-Calib}``, ``w/o $\lambda_0$``). Captions are LaTeX (a bare ``%`` is escaped).
 
 Uncertainty: every accuracy cell carries a ``±`` (printed small, one decimal): lm-eval's
 standard error of the mean over the evaluated items (the eval Parquet's ``stderr``), or, where a
@@ -21,7 +26,8 @@ Settings (JSON; every list keeps its order in the table)::
 
     {"models":  {"tiny-llada": {"label": "Tiny-LLaDA", "family": "LLaDA"}, ...}
                  (or a list of {"name", "label", "family"}),
-     "methods": {"fp": {"label": "FP"}, "fair-calib": {"label": "\\textbf{FAIR-Calib}"}, ...},
+     "methods": {"fp": {"label": "FP"},
+                 "fair-calib": {"label": "FAIR-Calib", "latex_label": "\\textbf{FAIR-Calib}"}, ...},
      "tasks":   {"synth_mc": {"label": "SynthMC", "metric": "acc"}, ...},
      "bits": "w4a4",                 # the quantized setting of the main table
      "fp_method": "fp",              # default "fp"
@@ -35,7 +41,7 @@ is ``table.kind`` / ``table.layout`` (``family`` -> main, ``average`` -> ablatio
 W3A4/QDrop layout) / ``table.name`` when one of ``TABLES``, else ``main``.
 
 ``table`` options: ``model`` (ablation / w3a4 / qdrop tables: the one model), ``rows`` (list of
-[method, label] for ablation tables), ``methods`` (list of methods for w3a4 / qdrop),
+[method, plain-text label], or [method] for the method's own label, for ablation tables), ``methods`` (list of methods for w3a4 / qdrop),
 ``bits``, ``baseline`` and ``method`` (memory tables), ``caption``, ``label``, ``fp_label``.
 """
 from __future__ import annotations
@@ -62,13 +68,19 @@ CONVENTION = (r"Cells: value{\scriptsize$\pm$s}, s = standard error over the eva
               r" Avg.\ combines them as independent. Bold: best quantized method of a column,"
               r" only where it beats every other quantized method by more than"
               rf" ${Z}\sqrt{{s_1^2+s_2^2}}$.")
+DIGITS = 1  # decimals of every accuracy cell and of its ± (percent; SEs here are >= ~0.3 points)
+CHANCE_NOTE = (r"Chance: the score of answering without reading the question; on a multiple-choice"
+               r" task, picking an option uniformly at random (the mean of 1/options over the"
+               r" items); on an exact-match task, always giving the task's most frequent answer"
+               r" where the task has a closed answer set (the embedded tasks), else 0.")
 CELL_COLUMNS = ("table", "model", "method", "bits", "column", "value", "err", "err_kind",
                 "n_seeds", "n_items", "bold")
 
 
 # ----------------------------------------------------------------------------- helpers
 def latex_escape(text: str) -> str:
-    """Escape LaTeX specials in plain names (labels from settings are used verbatim)."""
+    """Plain text -> LaTeX that prints it: ``% _ # & $ { } ~ ^ \\`` escaped (a ``%`` would
+    comment out the rest of a row, ``&`` start a new cell)."""
     out = str(text).replace("\\", "\x00")
     for a, b in (("&", r"\&"), ("%", r"\%"), ("$", r"\$"), ("#", r"\#"), ("_", r"\_"),
                  ("{", r"\{"), ("}", r"\}"), ("~", r"\textasciitilde{}"),
@@ -78,10 +90,14 @@ def latex_escape(text: str) -> str:
 
 
 def _label(labels: Mapping[str, Any], kind: str, name: str) -> str:
+    """The LaTeX of a name's label: its ``latex_label`` verbatim, else its plain ``label`` (else
+    the name) escaped."""
     entry = (labels.get(kind) or {}).get(name)
     if isinstance(entry, Mapping):
+        if entry.get("latex_label"):
+            return str(entry["latex_label"])
         entry = entry.get("label")
-    return str(entry) if entry else latex_escape(name)
+    return latex_escape(str(entry) if entry else name)
 
 
 def _is_nan(x: Any) -> bool:
@@ -180,7 +196,7 @@ class _Cells:
         self.missing.append(" / ".join(parts))
 
 
-def _fmt(v: float | None, bold: bool = False, shade: bool = False, digits: int = 2) -> str:
+def _fmt(v: float | None, bold: bool = False, shade: bool = False, digits: int = DIGITS) -> str:
     s = MISSING if v is None else f"{v:.{digits}f}"
     if bold and v is not None:
         s = rf"\textbf{{{s}}}"
@@ -188,10 +204,11 @@ def _fmt(v: float | None, bold: bool = False, shade: bool = False, digits: int =
 
 
 def _fmt_cell(c: Cell, bold: bool = False, shade: bool = False) -> str:
-    r"""``70.00{\scriptsize$\pm$1.2}``; the ± is left out where no noise estimate exists."""
+    r"""``70.0{\scriptsize$\pm$1.2}``, value and ± with :data:`DIGITS` decimals; the ± is left
+    out where no noise estimate exists."""
     s = _fmt(c.value, bold=bold, shade=shade)
     if c.value is not None and c.err is not None:
-        s += rf"{{\scriptsize$\pm${c.err:.1f}}}"
+        s += rf"{{\scriptsize$\pm${c.err:.{DIGITS}f}}}"
     return s
 
 
@@ -324,7 +341,8 @@ def main_table(eval_df: pd.DataFrame, models: Sequence[str], methods: Sequence[s
             records += _records(name, model, m, bits, columns, qvals[i], bold)
     lines += ["\\bottomrule", "\\end{tabular}}"]
     body = "\n".join(lines) + "\n" + _footnote(cells.missing)
-    return _wrap(body, _with_convention(caption), label, env)
+    full = _with_convention(caption) + (" " + CHANCE_NOTE if show_chance else "")
+    return _wrap(body, full, label, env)
 
 
 # ----------------------------------------------------------------------------- ablations
@@ -373,7 +391,7 @@ def flat_table(eval_df: pd.DataFrame, model: str, methods: Sequence[str], tasks:
         return vals + [_avg(vals)]
 
     fp_vals = row_vals(fp_method)
-    lines.append(" & ".join([fp_label] + [_fmt_cell(v) for v in fp_vals]) + " \\\\")
+    lines.append(" & ".join([latex_escape(fp_label)] + [_fmt_cell(v) for v in fp_vals]) + " \\\\")
     records += _records(name, model, fp_method, "fp", columns, fp_vals)
     quant = [m for m in methods if m != fp_method]
     qvals = [row_vals(m) for m in quant]
@@ -479,8 +497,8 @@ def deploy_memory_table(mem_df: pd.DataFrame, models: Sequence[str], method: str
     for model, fp, ex in rows:
         sv = f"{fp / ex:.2f}$\\times$" if fp is not None and ex else MISSING
         lines.append(f"{_label(labels, 'models', model)} & "
-                     f"{_fmt(None if fp is None else fp / scale)} & "
-                     f"{_fmt(None if ex is None else ex / scale)} & {sv} \\\\")
+                     f"{_fmt(None if fp is None else fp / scale, digits=2)} & "
+                     f"{_fmt(None if ex is None else ex / scale, digits=2)} & {sv} \\\\")
     lines += ["\\bottomrule", "\\end{tabular}"]
     return _wrap("\n".join(lines) + "\n" + _footnote(missing), caption, label, env)
 
@@ -532,6 +550,15 @@ def _escape_percent(text: str | None) -> str | None:
     import re
 
     return None if text is None else re.sub(r"(?<!\\)%", r"\\%", str(text))
+
+
+def _row(row: Any, labels: Mapping[str, Any]) -> tuple[str, str]:
+    """An ablation row of the settings: [method, plain-text label] (escaped), or [method] / a
+    bare method name for the method's own label (its ``latex_label`` where it has one)."""
+    if isinstance(row, str) or len(row) == 1:
+        method = row if isinstance(row, str) else row[0]
+        return str(method), _label(labels, "methods", str(method))
+    return str(row[0]), latex_escape(str(row[1]))
 
 
 LAYOUTS = {"family": "main", "average": "components", "flat": "w3a4"}
@@ -643,8 +670,10 @@ def build_table(name: str | None, settings: Mapping[str, Any],
             families.setdefault(str(labels["models"].get(m, {}).get("family", "")), []).append(m)
         parts = []
         for fam, ms in families.items():
-            fcap = (f"{cap} ({fam} family)" if cap and len(families) > 1 else cap) or (f"\\textbf{{{(bits or '').upper()} results on the {fam} family.}} "
-                           "Accuracy (\\%). Higher is better.")
+            efam = latex_escape(fam)
+            fcap = (f"{cap} ({efam} family)" if cap and len(families) > 1 else cap) or (
+                f"\\textbf{{{latex_escape((bits or '').upper())} results on the {efam} family.}} "
+                "Accuracy (\\%). Higher is better.")
             slug = "".join(ch if ch.isalnum() else "_" for ch in fam.lower()) or "all"
             flab = lab or f"tab:main_{slug}"
             if lab and len(families) > 1:
@@ -655,9 +684,10 @@ def build_table(name: str | None, settings: Mapping[str, Any],
         return "\n".join(parts)
     model = opts.get("model") or (models[0] if models else None)
     if name in ("components", "nprobe", "schedule"):
-        header = opts.get("header") or {"components": "Method", "nprobe": "$N_{probe}$",
-                                        "schedule": "$\\lambda_0$ schedule"}[name]
-        rows = [tuple(r) for r in opts.get("rows", [])] or \
+        header = (latex_escape(opts["header"]) if opts.get("header") else
+                  {"components": "Method", "nprobe": "$N_{probe}$",
+                   "schedule": "$\\lambda_0$ schedule"}[name])
+        rows = [_row(r, labels) for r in opts.get("rows", [])] or \
             [(m, _label(labels, "methods", m)) for m in methods if m != fp]
         return average_table(ev, model, rows, tasks, labels, bits=bits, header=header,
                              fp_method=fp, caption=cap, label=lab, records=records, name=tname)

@@ -39,6 +39,11 @@ def test_record_and_replay(tmp_path, llada_tiny, dream_tiny, prompts, family, po
     assert np.allclose(df.p_commit, df.p_ref)
     assert ((df.margin >= 0) & (df.margin <= 1)).all() and (df.entropy >= -1e-12).all()
     assert df.p_commit.notna().all()
+    # p_alt: the best other token; where the reference (final) token is the argmax, the second
+    final = tokens.numpy()[df.sample_id.to_numpy() - 10, df.position.to_numpy()]
+    top = df.top1.to_numpy() == final
+    assert top.any() and np.allclose(df.p_alt[top], (df.p_ref - df.margin)[top], atol=1e-12)
+    assert (df.p_alt[~top] >= df.p_ref[~top]).all()
 
 
 def test_live_recorder_matches_replay(llada_tiny, prompts):
@@ -50,7 +55,7 @@ def test_live_recorder_matches_replay(llada_tiny, prompts):
     b = teacher_force(llada_tiny, prompts, tokens, live.commit_steps, reference=ref, batch_size=2)
     assert a[["sample_id", "step", "position", "committed", "token", "top1"]].equals(
         b[["sample_id", "step", "position", "committed", "token", "top1"]])
-    for col in ("p_ref", "margin", "entropy"):
+    for col in ("p_ref", "margin", "entropy", "p_alt"):
         assert np.allclose(a[col], b[col], atol=1e-6)
     cs = live.commit_steps.numpy()[a.sample_id.to_numpy(), a.position.to_numpy()]
     known = a.step.to_numpy() <= cs        # at and after the commit the live p_commit is exact

@@ -8,8 +8,8 @@ import torch.nn.functional as F
 
 from fair_calib.evaluate.likelihood import (LikelihoodSettings, dream_iteration_losses, dream_noise,
                                             exact_loglikelihoods, greedy_match,
-                                            llada_iteration_losses, mc_loglikelihood,
-                                            request_generator)
+                                            llada_iteration_losses, llada_mask_counts,
+                                            mc_loglikelihood, request_generator)
 
 PREFIX = [4, 5, 6, 7, 8, 9]          # "Question : Answer what is the" in the tiny vocabulary
 TARGET = [12, 20]                    # a two-token continuation
@@ -36,14 +36,20 @@ def exact_llada(loaded, prefix, target, count_probs):
     return total
 
 
+def authors_mask_counts(k, L, b):
+    """``forward_process`` of the authors' get_log_likelihood.py (and eval_llada.py) for draw
+    ``k``: there ``k = torch.randint(1, L + 1, ())``, an int64 0-dim tensor, ``L`` a Python
+    int, and torch.linspace runs in the default float32."""
+    k = torch.tensor(k, dtype=torch.int64)
+    x = torch.round(torch.linspace(float(k), k + (b - 1) * (L / b), steps=b)).long()
+    return ((x - 1) % L) + 1
+
+
 def estimator_count_probs(L, b):
-    """Marginal distribution of a row's mask count under the reference's stratification
-    (eval_llada.py: torch.linspace in the default float32)."""
+    """Marginal distribution of a row's mask count under the reference's stratification."""
     probs = {}
     for k in range(1, L + 1):
-        x = torch.round(torch.linspace(float(k), k + (b - 1) * (L / b), steps=b)).long()
-        x = ((x - 1) % L) + 1
-        for c in x.tolist():
+        for c in authors_mask_counts(k, L, b).tolist():
             probs[c] = probs.get(c, 0.0) + 1.0 / (L * b)
     return probs
 
@@ -88,6 +94,17 @@ def test_llada_estimator_matches_exact_enumeration(tiny_llada, b):
     assert ex == pytest.approx(-exact, rel=1e-5)
     if b == 2:   # linspace(k, k+1, 2): counts exactly uniform, so this is the masked ELBO itself
         assert estimator_count_probs(2, 2) == {1: 0.5, 2: 0.5}
+
+
+def test_llada_mask_counts_are_the_authors_for_every_row_count():
+    """Their end point is a float32 tensor (int64 k + a Python float); b = 6, L = 5, k = 5
+    is one of the cases where a float64 end point would give [5, 1, 2, 3, 3, 4]."""
+    assert llada_mask_counts(5, 5, 6).tolist() == [5, 1, 2, 2, 3, 4]
+    for b in range(1, 65):
+        for L in (1, 2, 3, 5, 7, 8, 13, 32, 100):
+            for k in range(1, L + 1):
+                assert torch.equal(llada_mask_counts(k, L, b), authors_mask_counts(k, L, b)), \
+                    (k, L, b)
 
 
 def test_llada_row_count_changes_the_expectation():
@@ -168,3 +185,28 @@ def test_estimates_are_seeded_and_greedy_is_argmax(tiny_llada):
     assert greedy_match(tiny_llada, PREFIX, argmax)
     other = [(argmax[0] + 1) % 30 + 4, argmax[1]]
     assert not greedy_match(tiny_llada, PREFIX, other)
+
+
+@torch.no_grad()
+def test_dream_one_token_target_exact_is_one_forward_within_the_mc_error():
+    """Dream, one-token choice (EOS appended, never masked): each MC row contributes
+    CE / p when its one token is masked (probability p) and 0 otherwise, so the estimator's
+    expectation is CE itself, from the single forward of [context | MASK | EOS]. Exact mode
+    (``exact_below: 2``, the paper config's Dream setting) returns exactly that, and the
+    authors' sampled estimator lies within its standard error of it."""
+    from tiny_eval_helpers import make_loaded
+    loaded = make_loaded("tiny-dream")
+    token, target = 12, [12, EOS]
+    ids = torch.tensor([PREFIX + [loaded.mask_id, EOS]])
+    analytic = float(torch.log_softmax(loaded.logits(ids)[0, len(PREFIX)].double(), -1)[token])
+    exact_st = LikelihoodSettings("dream", mc_num=128, batch_size=32, exact_below=2)
+    calls = []
+    real = loaded.model.forward
+    loaded.model.forward = lambda *a, **k: calls.append(1) or real(*a, **k)
+    exact = exact_loglikelihoods(loaded, [(PREFIX, target), (PREFIX, [13, EOS])], exact_st)[0]
+    loaded.model.forward = real
+    assert exact == pytest.approx(analytic, rel=1e-6, abs=1e-9)
+    assert len(calls) == 1                       # both choices read the same forward
+    mc_st = LikelihoodSettings("dream", mc_num=32 * 64, batch_size=32, exact_below=0)
+    est, se = mc_loglikelihood(loaded, PREFIX, target, mc_st, request_generator(0, "one-token"))
+    assert se > 0 and abs(est - exact) < se, (est, exact, se)      # 0.42 se here

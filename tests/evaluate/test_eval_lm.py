@@ -24,8 +24,21 @@ def test_dream_family_appends_eos_and_uses_its_estimator():
     scored = target + [loaded.eos_id]
     ref = mc_loglikelihood(loaded, prefix, scored, lm.lik, request_generator(5, prefix, scored))[0]
     assert _ll(lm, "Question : what is", " red")[0] == ref
-    no_eos = DiffusionLM(loaded, likelihood={"mc_num": 8, "batch_size": 4, "append_eos": False}, seed=5)
-    assert _ll(no_eos, "Question : what is", " red")[0] != ref
+
+
+def test_dream_without_appended_eos_is_refused_before_the_model_loads(tmp_path, monkeypatch):
+    """The authors' eval.py always appends EOS (its last position is never masked): without it
+    a one-token choice would never be scored. Refused by name, before any loading."""
+    loaded = make_loaded("tiny-dream")
+    with pytest.raises(ValueError, match="append_eos=False"):
+        DiffusionLM(loaded, likelihood={"mc_num": 8, "batch_size": 4, "append_eos": False})
+    import fair_calib.models.adapters as adapters
+    monkeypatch.setattr(adapters, "load_model", lambda *a, **k: pytest.fail("model loaded"))
+    with pytest.raises(ValueError, match="append_eos=False"):
+        DiffusionLM(pretrained=str(tmp_path), family="tiny-dream", append_eos="False")
+    # the LLaDA estimator appends nothing either way
+    assert likelihood_settings({"estimator": "llada", "mc_num": 4, "batch_size": 4},
+                               {"append_eos": False}).append_eos is False
 
 
 def test_llada_family_scores_continuation_only(tiny_llada):

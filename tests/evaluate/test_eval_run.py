@@ -146,3 +146,51 @@ def test_offline_mode_follows_task_then_data_source():
         run.lm_eval_task_name({"name": "x", "kind": "bogus"})
     assert run.shard_indices(10, 7, 1, 3) == [1, 4]
     assert run.shard_indices(10, None, 0, 4) == [0, 4, 8]
+
+
+def test_fewshot_examples_are_lm_evals_default_draw(tmp_path, synthetic_dir, tiny_llada,
+                                                    monkeypatch):
+    """k-shot examples come from lm-eval's sampler seeded with its default 1234 (what the
+    authors' scripts run with), not the config seed: lm-eval draws ``Random(1234).sample(pool,
+    k)`` per document in document order; a shard draws as a separate process does."""
+    import random
+
+    import lm_eval
+
+    from fair_calib.evaluate.run import FEWSHOT_SEED
+
+    assert FEWSHOT_SEED == 1234
+    import inspect
+    assert inspect.signature(lm_eval.simple_evaluate).parameters["fewshot_random_seed"].default \
+        == FEWSHOT_SEED
+    docs = [{"query": f"Question : what is item {i} ?\nAnswer:",
+             "choices": [" red", " blue", " green", " yellow"], "gold": i % 4} for i in range(8)]
+    (synthetic_dir / "synth_mc.jsonl").write_text("\n".join(json.dumps(d) for d in docs) + "\n")
+    contexts = {}
+    real = lm_eval.simple_evaluate
+
+    def spy(*args, **kwargs):
+        res = real(*args, **kwargs)
+        contexts.update({s["doc_id"]: s["arguments"][0][0] for s in res["samples"]["synth_mc"]})
+        return res
+
+    monkeypatch.setattr(lm_eval, "simple_evaluate", spy)
+
+    def expected(doc_ids, seed):
+        rnd = random.Random(seed)      # lm-eval's ContextSampler: one generator, doc order
+        out = {}
+        for i in doc_ids:
+            shots = rnd.sample(docs, 2)
+            out[i] = "".join(d["query"] + d["choices"][d["gold"]] + "\n\n" for d in shots) + \
+                docs[i]["query"]
+        return out
+
+    task = {**MC_TASK, "num_fewshot": 2}
+    settings = {**base_settings(task, synthetic_dir), "seed": 7}
+    run.evaluate(settings, None, None, tmp_path / "all.parquet", loaded=tiny_llada)
+    assert contexts == expected(range(8), 1234)
+    assert contexts != expected(range(8), 7) and contexts != expected(range(8), 0)
+    contexts.clear()
+    run.evaluate(settings, None, None, tmp_path / "s1.parquet", shard=1, num_shards=2,
+                 loaded=tiny_llada)
+    assert contexts == expected([1, 3, 5, 7], 1234)

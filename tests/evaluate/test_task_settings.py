@@ -27,3 +27,17 @@ def test_bad_overrides_name_the_key(entry, message):
     with pytest.raises(ValueError) as err:
         check_task_overrides(cfg, ["llada", "dream"])
     assert message in str(err.value)
+
+
+def test_paper_config_scores_dreams_one_token_choices_exactly(repo_root):
+    """config/paper.yaml: every likelihood task runs Dream with ``exact_below: 2`` (a one-token
+    choice by the exact expectation of the authors' estimator); LLaDA keeps its adapter's."""
+    import yaml
+    cfg = yaml.safe_load((repo_root / "config" / "paper.yaml").read_text())
+    likelihood = [n for n, e in cfg["tasks"].items()
+                  if "mc_num" in e or "mc_num" in e.get("by_family", {}).get("dream", {})]
+    assert sorted(likelihood) == ["arc_challenge", "arc_easy", "boolq", "hellaswag", "mmlu",
+                                  "piqa", "truthfulqa_mc2", "winogrande"]
+    for name in likelihood:
+        assert resolve_task(name, cfg["tasks"][name], "dream-7b-base", "dream")["exact_below"] == 2
+        assert "exact_below" not in resolve_task(name, cfg["tasks"][name], "llada-8b-base", "llada")

@@ -2,6 +2,7 @@
 online Hadamard across heads on the o_proj input (``online_partial_had``), true Hadamard
 factors (``get_hadK``), sequential GPTQ inside a block (``gptq_fwrd``) with the MSE clip search
 of ``--w_clip`` and the activation clip ratio of the README command (1.0)."""
+import hashlib
 import math
 
 import pytest
@@ -47,10 +48,94 @@ def test_rotations_are_orthogonal_with_entries_one_over_sqrt_n(n, k):
 
 def test_no_factor_width_falls_back_to_random_orthogonal():
     assert hadamard_split(6 * 16) == (12, 8, True)
-    k, p, exact = hadamard_split(43 * 4)          # 172 is not constructed here
-    assert (k, p, exact) == (43, 4, False)
+    assert hadamard_split(13 * 2) == (13, 2, False)     # no Hadamard matrix of order 26
     with pytest.raises(ValueError):
         hadamard(6)
+
+
+@pytest.mark.parametrize("n", [52 * 4, 156 * 2, 11008])   # 11008 = 172 x 64 (Llama-2-7B MLP)
+def test_widths_of_quarots_williamson_tables_are_refused(n):
+    with pytest.raises(ValueError, match=f"width {n} .*QuaRot"):
+        hadamard_split(n)
+
+
+# sha256 of (H > 0) as uint8, row-major, of QuaRot's tables (spcl/QuaRot, fake_quant/
+# hadamard_utils.py, get_had12 ... get_had140 at commit 5008669), computed from that file.
+QUAROT_TABLE_SHA256 = {
+    12: "c1be30fecbc13e7e475b0deabb92352b7210407fe494be276878be3e43ba69bb",
+    20: "cff143e84622972bf8fffa0759340640c046ec5879deeb8d95d038282ef1cdda",
+    28: "90e9b61e93164eb5aede6c0a5f5539ba418b69484589748c7c3119b351cd0d85",
+    36: "147097e41d5a37076143c1be0f028b10754a72ad3f1f7f72c81b5f8aa76342f7",
+    40: "09c4022b9b0bdfd17e93a7e7ec69229985b4e95a9a7100efc987754ee9761bcd",
+    60: "e0d3fe922af47d1e588204a355745f282f46828441471a07ec961431c76d2403",
+    108: "f2515b85a3163765111b92720629458e3f38e241dd83224b10852eed89535b1f",
+    140: "2b20c54cd8c49cdc0a36c9d323380c5c9c95c16538d7c9eeb7e69b23f1ab944d",
+}
+
+
+@pytest.mark.parametrize("k", sorted(QUAROT_TABLE_SHA256))
+def test_hadamard_factors_are_quarots_tables(k):
+    h = hadamard(k)
+    assert h.abs().eq(1).all()
+    digest = hashlib.sha256((h > 0).to(torch.uint8).flatten().numpy().tobytes()).hexdigest()
+    assert digest == QUAROT_TABLE_SHA256[k]
+
+
+# Rotated widths of the paper's models: LLaDA-8B hidden 4096, MLP 12288, 32 heads of 128;
+# Dream-7B (Qwen2.5-7B) hidden 3584, MLP 18944, 28 heads of 128.
+MODEL_WIDTHS = {4096: 1, 12288: 12, 128: 1, 32: 1, 3584: 28, 28: 28, 18944: 148}
+
+
+def quarot_get_hadK_order(n):
+    """get_hadK: the first of its orders dividing n (then n / K must be a power of two)."""
+    for k in (172, 156, 140, 108, 60, 52, 36, 28, 40, 20, 12):
+        if n % k == 0:
+            return k if (n // k) & (n // k - 1) == 0 else None
+    return 1 if n & (n - 1) == 0 else None
+
+
+@pytest.mark.parametrize("n,k", sorted(MODEL_WIDTHS.items()))
+def test_model_widths_use_quarots_order_where_it_has_one(n, k):
+    assert hadamard_split(n) == (k, n // k, True)
+    # QuaRot's choice where it has one; 18944 = 148 x 128 is our extension (get_hadK fails)
+    assert quarot_get_hadK_order(n) == (None if k == 148 else k)
+
+
+def quarot_matmul_hadU(x, had_k):
+    """matmul_hadU's arithmetic: butterflies (a + b, a - b) on adjacent pairs of the viewed
+    (rows, n, 1) tensor until the middle axis has K entries, then had_K @ (K x n/K) per row,
+    divided by sqrt(n) computed as a float32 tensor (torch.tensor(n).sqrt())."""
+    n = x.shape[-1]
+    k = had_k.shape[0]
+    y = x.reshape(-1, n, 1)
+    while y.shape[1] > k:
+        pairs = y.reshape(y.shape[0], y.shape[1] // 2, 2, y.shape[2])
+        y = torch.stack([pairs[:, :, 0] + pairs[:, :, 1], pairs[:, :, 0] - pairs[:, :, 1]], 2)
+        y = y.reshape(pairs.shape[0], pairs.shape[1], -1)
+    if k > 1:
+        y = had_k.to(y) @ y
+    return y.reshape(x.shape) / torch.tensor(n).sqrt()
+
+
+def _had_k(n):
+    k = hadamard_split(n)[0]
+    return hadamard(k) if k > 1 else torch.ones(1, 1, dtype=torch.float64)
+
+
+@pytest.mark.parametrize("n", [3584, 12288, 18944, 4096, 224])
+def test_online_rotation_is_quarots_matmul_hadU(n):
+    x = torch.randn(4, n, dtype=torch.float64, generator=torch.Generator().manual_seed(n))
+    want = quarot_matmul_hadU(x, _had_k(n))
+    got = KronRotation(n, None, signs=False).rotate(x)
+    assert torch.allclose(got, want, rtol=1e-6, atol=1e-9)
+
+
+@pytest.mark.parametrize("n", [28 * 16, 12 * 32, 148 * 4, 256])
+def test_residual_rotation_is_quarots_random_hadamard_matrix_bit_for_bit(n):
+    """random_hadamard_matrix: matmul_hadU(diag(s)) in float64, for our signs s."""
+    rot = KronRotation(n, torch.Generator().manual_seed(3))
+    want = quarot_matmul_hadU(torch.diag(rot.s.double()), _had_k(n))
+    assert torch.equal(rot.quarot_matrix(), want)
 
 
 def _rotated_wrapped(lm, w_bits, a_bits, cfg=None):

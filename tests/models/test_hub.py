@@ -8,10 +8,11 @@ import pytest
 import torch
 import transformers
 
-from fixtures.hub_checkpoints import (dream_checkpoint, llada_checkpoint, llada_config,
-                                      reference_logits)
+from fixtures.hub_checkpoints import (authors_llada_logits, dream_checkpoint, llada_checkpoint,
+                                      llada_config, reference_logits)
 from fair_calib.models.adapters import load_model
-from fair_calib.models.hub import LLADA_LAYOUT, HubConfigError, save_hub_layout
+from fair_calib.models.hub import (LLADA_LAYOUT, HubConfigError, UnsupportedTransformersError,
+                                   save_hub_layout)
 
 CHECKPOINTS = {"llada": llada_checkpoint, "dream": dream_checkpoint}
 
@@ -207,3 +208,69 @@ def test_a_converted_tiny_model_is_the_same_model(tiny, family, tmp_path):
     x = torch.tensor(a.tokenizer(text[:1])["input_ids"])
     with torch.no_grad():
         assert torch.equal(a.logits(x), b.logits(x))
+
+
+@pytest.mark.parametrize("full_precision", [True, False])
+def test_llada_bf16_logits_are_the_authors_bit_for_bit(full_precision, tmp_path):
+    """``rope_full_precision`` (config.json): True (the released value) rotates q and k in
+    float32 as the authors' RotaryEmbedding does, False in bf16; either way the bf16 logits
+    equal the authors' bf16 arithmetic exactly, and the two settings differ."""
+    cfg, state = llada_checkpoint(tmp_path / "m", dtype=torch.bfloat16)
+    cfg = {**cfg, "rope_full_precision": full_precision}
+    (tmp_path / "m" / "config.json").write_text(json.dumps(cfg))
+    lm = load_model(tmp_path / "m", "llada", dtype="bfloat16")
+    sd = {k: v.bfloat16() for k, v in state.items()}
+    ids = _ids()
+    with torch.no_grad():
+        got = lm.logits(ids)
+        want = authors_llada_logits(cfg, sd, ids)
+        other = authors_llada_logits({**cfg, "rope_full_precision": not full_precision}, sd, ids)
+    assert got.dtype == torch.bfloat16
+    assert torch.equal(got, want)
+    assert not torch.equal(got, other)          # the setting changes bf16 logits here
+
+
+def _pretend_transformers(monkeypatch, version: str) -> None:
+    """The installed transformers reports ``version``. Loading a model can replace the module
+    object in ``sys.modules`` (transformers' lazy module), so patch the current entry."""
+    import sys
+    monkeypatch.setattr(sys.modules["transformers"], "__version__", version)
+
+
+@pytest.mark.parametrize("version", ["5.5.0", "5.24.0", "5.99.1", "5.6.0.dev0"])
+def test_supported_transformers_versions_load(version, tmp_path, monkeypatch):
+    llada_checkpoint(tmp_path / "m")
+    _pretend_transformers(monkeypatch, version)
+    assert len(load_model(tmp_path / "m", "llada").blocks) == 2
+
+
+@pytest.mark.parametrize("version", ["4.57.1", "4.46.3", "5.4.2", "6.0.0", "not-a-version"])
+@pytest.mark.parametrize("family", ["llada", "dream"])
+def test_unsupported_transformers_versions_are_refused_by_name(version, family, tmp_path,
+                                                                monkeypatch):
+    """Under 4.57.1 the native classes load but ignore the rotary setting (theta 10000):
+    refused before any weight is read, naming the version and the supported range."""
+    CHECKPOINTS[family](tmp_path / family)
+    _pretend_transformers(monkeypatch, version)
+    with pytest.raises(UnsupportedTransformersError, match=rf"{version}.*>=5\.5,<6"):
+        load_model(tmp_path / family, family)
+
+
+def test_llada_rotary_frequencies_follow_the_model_to_its_device(tmp_path):
+    """The authors build LLaDA's sin/cos on the GPU when there is one; CUDA's ``pow`` differs
+    from the CPU's in the last bit for a few frequencies, so the frequencies are recomputed
+    with their formula on whatever device the buffer moved to (here: a move is simulated by
+    forgetting where they were computed, after spoiling them)."""
+    from fair_calib.models.hub import authors_inv_freq
+    cfg, _ = llada_checkpoint(tmp_path / "m")
+    lm = load_model(tmp_path / "m", "llada")
+    rotary = lm.model.model.rotary_emb
+    want = authors_inv_freq(cfg["rope_theta"], cfg["d_model"] // cfg["n_heads"], "cpu")
+    ids = _ids()
+    with torch.no_grad():
+        before = lm.logits(ids)
+        assert torch.equal(rotary.inv_freq, want)
+        rotary.inv_freq.mul_(1.5)
+        rotary._inv_freq_device = torch.device("meta")    # "computed elsewhere"
+        assert torch.equal(lm.logits(ids), before)
+    assert torch.equal(rotary.inv_freq, want)

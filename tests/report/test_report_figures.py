@@ -2,10 +2,12 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pytest
 
 from fair_calib.diagnostics import DIAGNOSTICS_SCHEMA
 from fair_calib.io import write_parquet
@@ -87,7 +89,8 @@ def test_every_figure_carries_title_units_legend_and_caption(tmp_path, monkeypat
     real_save = F.save
 
     def spy(fig, out_dir, name, caption=""):
-        seen[name] = [(ax.get_title(), ax.get_xlabel(), ax.get_ylabel(), ax.get_legend())
+        seen[name] = [(ax.get_title(), ax.get_xlabel(), ax.get_ylabel(), ax.get_legend(),
+                       [t.get_text() for t in ax.get_xticklabels()] if ax.patches else [])
                       for ax in fig.axes]
         return real_save(fig, out_dir, name, caption)
 
@@ -98,8 +101,10 @@ def test_every_figure_carries_title_units_legend_and_caption(tmp_path, monkeypat
     assert {"commit_flips_llada", "post_commit_mismatch_llada", "stability_lag_ccdf_llada",
             "mse_prob_trace_llada"} <= set(seen)
     for name, axes in seen.items():
-        for title, xlabel, ylabel, legend in axes:
-            assert title and legend is not None, name
+        for title, xlabel, ylabel, legend, bar_names in axes:
+            # a legend names every series; a bar chart's tick labels name its bars, and no
+            # legend repeats them (issue 23)
+            assert title and (legend is not None) != bool(bar_names), name
             assert "(" in ylabel and ")" in ylabel, (name, ylabel)  # a unit
         side = (tmp_path / f"{name}.txt").read_text()
         png = Image.open(tmp_path / f"{name}.png").text
@@ -109,8 +114,7 @@ def test_every_figure_carries_title_units_legend_and_caption(tmp_path, monkeypat
     flips = (tmp_path / "commit_flips_llada.txt").read_text()
     assert "standard error over 4 sequences" in flips
     # RTN and FAIR-Calib both appear as bars; the FP teacher is the reference, not a bar
-    assert [lab.get_text() for lab in seen["commit_flips_llada"][0][3].get_texts()] == \
-        ["RTN (W4A4)", "FAIR-Calib (W4A4)"]
+    assert seen["commit_flips_llada"][0][4] == ["RTN (W4A4)", "FAIR-Calib (W4A4)"]
 
 
 def test_all_zero_ccdf_is_said_not_drawn_as_empty_log_axes():
@@ -205,3 +209,181 @@ def test_a_legend_entry_always_shows_its_series_style():
                        ("RTN", np.arange(4), np.array([0.5, 0.2, 0.05, 0.0]))], "t")
     for handle in fig.axes[0].get_legend().legend_handles:
         assert handle.get_linestyle() not in ("None", "none", "") and handle.get_marker() not in ("None", "none", "")
+
+
+# ----------------------------------------------------------------------------- issue 23
+def _spy_figures(monkeypatch, diag, priors, settings, tmp_path):
+    """Run make_figures and keep each figure (not closed) with its caption, by name."""
+    import matplotlib.pyplot as plt
+
+    plt.close("all")
+    seen = {}
+
+    def spy(fig, out_dir, name, caption=""):
+        seen[name] = (fig, caption)
+        return [Path(out_dir) / f"{name}.png"]
+
+    monkeypatch.setattr(F, "save", spy)
+    F.make_figures(diag, priors, tmp_path, settings)
+    return seen
+
+
+def _three_methods():
+    rows = []
+    for method, bits, scale in (("fp", "fp", 0.5), ("rtn", "w4a4", 3.0),
+                                ("flatquant", "w4a4", 2.0), ("fair-calib", "w4a4", 1.0)):
+        rows += diag_rows("llada", method, bits, scale)
+    return pd.DataFrame(rows, columns=["model", "method", "bits", "metric", "x", "value", "std", "n"])
+
+
+SETTINGS = {"methods": ["rtn", "flatquant", "fair-calib"],
+            "labels": {"methods": {"fp": "FP", "rtn": "RTN $x$", "flatquant": "FlatQuant",
+                                   "fair-calib": "FAIR-Calib"}}}
+
+
+def test_a_method_has_one_colour_marker_and_hatch_in_every_figure(tmp_path, monkeypatch):
+    """Issue 23: RTN was blue, black or grey depending on the figure; FP now always black."""
+    from matplotlib.colors import to_hex
+
+    seen = _spy_figures(monkeypatch, _three_methods(), {}, SETTINGS, tmp_path)
+    styles = F.method_styles(SETTINGS)
+    assert styles["fp"] == F.FP_STYLE and F.FP_STYLE["color"] == "#000000"
+    by_label = {"FP": "fp", "RTN \\$x\\$ (W4A4)": "rtn", "FlatQuant (W4A4)": "flatquant",
+                "FAIR-Calib (W4A4)": "fair-calib"}
+    checked = 0
+    for name in ("stability_lag_ccdf_llada", "mse_prob_trace_llada"):
+        for line in seen[name][0].axes[0].get_lines():
+            m = by_label.get(line.get_label())
+            if m:
+                assert to_hex(line.get_color()) == styles[m]["color"], (name, m)
+                assert line.get_marker() == styles[m]["marker"], (name, m)
+                checked += 1
+    for name in ("commit_flips_llada", "frontier_margin_llada", "post_commit_mismatch_llada"):
+        for ax in seen[name][0].axes:
+            names = [t.get_text() for t in ax.get_xticklabels()]
+            for patch, lab in zip(ax.patches, names):
+                m = by_label[lab]
+                assert to_hex(patch.get_facecolor()[:3]) == styles[m]["color"], (name, m)
+                assert patch.get_hatch() in (styles[m]["hatch"], None) and \
+                    (patch.get_hatch() or "") == styles[m]["hatch"], (name, m)
+                checked += 1
+    assert checked >= 4 + 3 + 3 + 3 + 8
+    assert len({s["color"] for s in styles.values()}) == len(styles)
+
+
+def test_labels_are_plain_text_in_figures(tmp_path, monkeypatch):
+    """A `$` in a label is printed, not mathtext (paper.yaml's \\textbf{...} printed literally
+    was the symptom; labels are plain text and latex_label never reaches the figures)."""
+    seen = _spy_figures(monkeypatch, _three_methods(), {}, SETTINGS, tmp_path)
+    ax = seen["stability_lag_ccdf_llada"][0].axes[0]
+    texts = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert "RTN \\$x\\$ (W4A4)" in texts
+    assert ax.get_legend().get_texts()[texts.index("RTN \\$x\\$ (W4A4)")]._preprocess_math(
+        "RTN \\$x\\$ (W4A4)") == ("RTN $x$ (W4A4)", False)
+
+
+def test_first_false_commit_marker_sits_at_the_mean_step_the_legend_gives(tmp_path, monkeypatch):
+    """Issue 23: markers sat on the nearest recorded step while the legend gave the mean, and
+    the caption spoke of "the red X"."""
+    diag = _three_methods()
+    diag.loc[diag.metric == "first_false_commit_step", "value"] = 4.37
+    seen = _spy_figures(monkeypatch, diag, {}, SETTINGS, tmp_path)
+    fig, caption = seen["mse_prob_trace_llada"]
+    ax = fig.axes[0]
+    marks = [ln for ln in ax.get_lines() if ln.get_marker() == "X"]
+    assert len(marks) == 3
+    for mark in marks:
+        assert mark.get_xdata()[0] == pytest.approx(4.37)
+        assert "mean step 4.4" in mark.get_label()
+        trace = next(ln for ln in ax.get_lines() if ln.get_label() == mark.get_label().split(":")[0])
+        xs, ys = np.asarray(trace.get_xdata()), np.asarray(trace.get_ydata())
+        o = np.argsort(xs)
+        assert mark.get_ydata()[0] == pytest.approx(np.interp(4.37, xs[o], ys[o]))
+        assert mark.get_markerfacecolor() == trace.get_color()
+    assert "the red X" not in caption and "X in the run's colour" in caption
+    diag.loc[diag.metric == "first_false_commit_step", "value"] = np.nan   # none happened
+    caption = _spy_figures(monkeypatch, diag, {}, SETTINGS, tmp_path)["mse_prob_trace_llada"][1]
+    assert "X in the run's colour" not in caption and "no first false commit" in caption
+
+
+def test_bar_value_labels_share_one_precision():
+    import re
+
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots()
+    F.plot_bars(ax, ["A", "B", "C"], [0.004, 0.04123, 1.5], [0.0042, 0.01, 0.2], "rate (x)")
+    decimals = {len(d) for t in ax.texts for d in re.findall(r"\d+\.(\d+)", t.get_text())}
+    assert decimals == {3}
+    assert ax.get_legend() is None       # the tick labels name the bars
+    plt.close(fig)
+
+
+def _prior(shift, std=True):
+    pos = np.arange(8)
+    df = pd.DataFrame({"position": pos, "w_bar": 1.0 / (1 + abs(pos - shift))})
+    if std:
+        df["w_std"] = 0.1
+    df.attrs["n_probe"] = 16
+    return df
+
+
+def test_cross_corpus_panels_share_axes_and_show_bands(tmp_path, monkeypatch):
+    priors = {("dream", k): _prior(i) for i, k in enumerate(("a", "b", "c", "d"))}
+    seen = _spy_figures(monkeypatch, _three_methods().iloc[:0], priors, {
+        "cross_corpus": [{"title": "one", "a": "dream/a", "b": "dream/b", "labels": ["x", "y"]},
+                         {"title": "two", "a": "dream/c", "b": "dream/d", "labels": ["x", "y"]}]},
+        tmp_path)
+    fig, caption = seen["prior_cross_corpus"]
+    a0, a1 = fig.axes
+    assert a0.get_shared_y_axes().joined(a0, a1) and a0.get_shared_x_axes().joined(a0, a1)
+    for ax in (a0, a1):
+        bands = ax.collections
+        assert len(bands) == 2          # one band per curve
+        top = bands[0].get_paths()[0].vertices[:, 1].max()
+        assert top == pytest.approx(1.0 + 0.1)
+    assert "standard deviation" in caption and "16 probed samples" in caption
+    # the same two corpora in both panels: one legend, not two
+    assert a0.get_legend() is not None and a1.get_legend() is None
+    seen = _spy_figures(monkeypatch, _three_methods().iloc[:0],
+                        {("dream", "a"): _prior(0, std=False), ("dream", "b"): _prior(1)},
+                        {"cross_corpus": [{"a": "dream/a", "b": "dream/b"}]}, tmp_path)
+    assert "No bands" in seen["prior_cross_corpus"][1]
+
+
+def test_prior_curve_shows_the_methods_priors_by_label(tmp_path, monkeypatch):
+    """Issue 23: seven overlapping priors hid "default", and the legend said `prior default`."""
+    priors = {("dream", k): _prior(i) for i, k in enumerate(
+        ("default", "cc-a", "cc-b", "cc-c", "cc-d", "cc-e", "cc-f"))}
+    seen = _spy_figures(monkeypatch, _three_methods().iloc[:0], priors, {
+        "priors": ["default"], "labels": {"priors": {"default": "prior of FAIR-Calib"}}},
+        tmp_path)
+    ax = seen["prior_curve_dream"][0].axes[0]
+    assert [ln.get_label() for ln in ax.get_lines()] == ["prior of FAIR-Calib"]
+    # without a `priors` list (the CLI used alone): every prior of the model
+    seen = _spy_figures(monkeypatch, _three_methods().iloc[:0], priors,
+                        {"labels": {"priors": {"default": "prior of FAIR-Calib"}}}, tmp_path)
+    lines = seen["prior_curve_dream"][0].axes[0].get_lines()
+    assert [ln.get_label() for ln in lines][:2] == ["prior of FAIR-Calib", "cc-a"]
+    assert len(lines) == 7
+
+
+def test_figure_settings_name_priors_by_the_methods_that_use_them():
+    from fair_calib.report.labels import plain_labels, prior_labels
+
+    cfg = {"methods": {"fp": {"type": "fp", "label": "FP"},
+                       "fc": {"type": "fair_calib", "label": "FAIR-Calib",
+                              "latex_label": "\\textbf{FAIR-Calib}", "prior": "default"},
+                       "q": {"type": "qdrop", "label": "QDrop", "prior": "default"}}}
+    assert prior_labels(cfg, ["fc", "q"]) == {"default": "prior of FAIR-Calib / QDrop"}
+    assert plain_labels(cfg)["methods"]["fc"] == "FAIR-Calib"
+
+
+@pytest.mark.parametrize("name", ["config.yaml", "paper.yaml", "smoke.yaml"])
+def test_shipped_cross_corpus_pairs_name_their_corpora(name):
+    """Without `labels`, the legend would show config keys (`dream-7b-base/cc-fixed-gsm8k`)."""
+    import yaml
+
+    cfg = yaml.safe_load((Path(__file__).parents[2] / "config" / name).read_text())
+    for pair in (cfg.get("diagnostics") or {}).get("cross_corpus") or []:
+        assert len(pair.get("labels") or []) == 2, pair

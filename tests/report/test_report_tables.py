@@ -44,7 +44,7 @@ def eval_df():
 
 LABELS = {"models": {"m1": {"label": "M-One", "family": "A"}, "m2": {"label": "M-Two", "family": "A"}},
           "methods": {"fp": {"label": "FP"}, "rtn": {"label": "RTN"},
-                      "fair": {"label": "\\textbf{FAIR}"}},
+                      "fair": {"label": "FAIR", "latex_label": "\\textbf{FAIR}"}},
           "tasks": {"t1": {"label": "T1"}, "t2": {"label": "T2"}}}
 
 
@@ -71,20 +71,20 @@ def test_main_table_exact_lines():
             "\\textbf{Avg.} \\\\") in L
     i = L.index("\\multirow{4}{*}{\\textbf{M-One}}")
     # stderr 0.01 -> ±1.0 points; Avg. of two: sqrt(1 + 1) / 2 = 0.7
-    assert L[i + 1] == (f"& {SH}FP & {SH}{c('80.00')} & {SH}{c('60.00')} & "
-                        f"{SH}{c('70.00', '0.7')} \\\\")
-    assert L[i + 2] == "& Chance & 25.00 & 50.00 & 37.50 \\\\"
+    assert L[i + 1] == (f"& {SH}FP & {SH}{c('80.0')} & {SH}{c('60.0')} & "
+                        f"{SH}{c('70.0', '0.7')} \\\\")
+    assert L[i + 2] == "& Chance & 25.0 & 50.0 & 37.5 \\\\"
     # T1: tie -> nobody bold; T2: 58 - 55 = 3 > 1.96 * sqrt(2) -> FAIR bold;
     # Avg.: 64 - 62.5 = 1.5 < 1.96 * sqrt(0.5) * sqrt(2) -> nobody bold. FP (80) never bold.
-    assert L[i + 3] == f"& RTN & {c('70.00')} & {c('55.00')} & {c('62.50', '0.7')} \\\\"
-    assert L[i + 4] == (f"& \\textbf{{FAIR}} & {c('70.00')} & {c('58.00', bold=True)} & "
-                        f"{c('64.00', '0.7')} \\\\")
+    assert L[i + 3] == f"& RTN & {c('70.0')} & {c('55.0')} & {c('62.5', '0.7')} \\\\"
+    assert L[i + 4] == (f"& \\textbf{{FAIR}} & {c('70.0')} & {c('58.0', bold=True)} & "
+                        f"{c('64.0', '0.7')} \\\\")
     j = L.index("\\multirow{4}{*}{\\textbf{M-Two}}")
     assert L[j - 1] == "\\midrule"
-    assert L[j + 1] == f"& {SH}FP & {SH}{c('90.00')} & {SH}-- & {SH}-- \\\\"
+    assert L[j + 1] == f"& {SH}FP & {SH}{c('90.0')} & {SH}-- & {SH}-- \\\\"
     # a column with a single quantized value has nothing to be best against
-    assert L[j + 3] == f"& RTN & {c('50.00')} & {c('50.00')} & {c('50.00', '0.7')} \\\\"
-    assert L[j + 4] == f"& \\textbf{{FAIR}} & -- & {c('60.00', bold=True)} & -- \\\\"
+    assert L[j + 3] == f"& RTN & {c('50.0')} & {c('50.0')} & {c('50.0', '0.7')} \\\\"
+    assert L[j + 4] == f"& \\textbf{{FAIR}} & -- & {c('60.0', bold=True)} & -- \\\\"
     assert T.CONVENTION in tex and "standard error" in tex and "1.96" in tex
     assert ("\\par\\smallskip{\\footnotesize Missing results (shown as --): "
             "m2 / fp / t2; m2 / fair / w4a4 / t1.}") in L
@@ -106,9 +106,9 @@ def test_ambiguous_metric_raises_and_named_metric_used():
     extra = df[df.task == "t1"].assign(metric="f1", value=0.99)
     df2 = pd.concat([df, extra])
     tex = T.main_table(df2, ["m1"], ["fp", "rtn"], ["t1", "t2"], LABELS, bits="w4a4")
-    assert "80.00" in tex and "99.00" not in tex  # acc preferred over unknown f1
+    assert "80.0" in tex and "99.0" not in tex  # acc preferred over unknown f1
     lab = {**LABELS, "tasks": {"t1": {"label": "T1", "metric": "f1"}, "t2": {"label": "T2"}}}
-    assert "99.00" in T.main_table(df2, ["m1"], ["fp"], ["t1", "t2"], lab)
+    assert "99.0" in T.main_table(df2, ["m1"], ["fp"], ["t1", "t2"], lab)
     df3 = pd.concat([df, extra.assign(metric="f1")]).query("metric != 'acc' or task != 't1'")
     df3 = pd.concat([df3, extra.assign(metric="bleu")])
     with pytest.raises(ValueError, match="name one"):
@@ -120,11 +120,11 @@ def test_ablation_table():
                                              ("rel", "reliability only"), ("fair", "FAIR-Calib")],
                           ["t1", "t2"], LABELS, bits="w4a4", header="Method")
     L = lines_of(tex)
-    assert f"baseline & {c('62.50', '0.7')} \\\\" in L
-    assert f"frontier-hit only & {c('63.00', '0.7')} \\\\" in L
+    assert f"baseline & {c('62.5', '0.7')} \\\\" in L
+    assert f"frontier-hit only & {c('63.0', '0.7')} \\\\" in L
     assert "reliability only & -- \\\\" in L
     # 64.00 vs 63.00 / 62.50, each ±0.7: within the noise, so nothing is bold
-    assert f"FAIR-Calib & {c('64.00', '0.7')} \\\\" in L
+    assert f"FAIR-Calib & {c('64.0', '0.7')} \\\\" in L
     assert any(ln.endswith("m1 / rel / w4a4 / t2.}") for ln in L)
 
 
@@ -133,16 +133,16 @@ def test_ablation_bold_is_the_best():
     tex = T.average_table(df, "m1", [("rtn", "baseline"), ("fair", "FAIR-Calib")],
                           ["t1", "t2"], LABELS, bits="w4a4")
     L = lines_of(tex)
-    assert f"baseline & {c('62.50', '0.1')} \\\\" in L
-    assert f"FAIR-Calib & {c('64.00', '0.1', bold=True)} \\\\" in L
+    assert f"baseline & {c('62.5', '0.1')} \\\\" in L
+    assert f"FAIR-Calib & {c('64.0', '0.1', bold=True)} \\\\" in L
     assert "Missing" not in tex
 
 
 def test_flat_table_w3a4():
     tex = T.flat_table(eval_df(), "m1", ["rtn"], ["t1", "t2"], LABELS, bits="w3a4")
     L = lines_of(tex)
-    assert f"Real-valued & {c('80.00')} & {c('60.00')} & {c('70.00', '0.7')} \\\\" in L
-    assert f"RTN & {c('10.00')} & {c('10.00')} & {c('10.00', '0.7')} \\\\" in L
+    assert f"Real-valued & {c('80.0')} & {c('60.0')} & {c('70.0', '0.7')} \\\\" in L
+    assert f"RTN & {c('10.0')} & {c('10.0')} & {c('10.0', '0.7')} \\\\" in L
 
 
 def test_memory_tables():
@@ -204,7 +204,7 @@ def test_report_cli(tmp_path):
     tex = out.read_text()
     assert tex.count("\\begin{table*}") == 2  # one table per family
     assert "\\label{tab:main_a}" in tex and "\\label{tab:main_b}" in tex
-    assert "& Chance & 25.00 & 50.00 & 37.50 \\\\" in tex
+    assert "& Chance & 25.0 & 50.0 & 37.5 \\\\" in tex
     out2 = tmp_path / "mem.tex"
     T.run_cli(["--settings", json.dumps({**settings, "table": {"method": "fair"}}), "--inputs",
                str(meta), "--table", "deploy_memory", "--out", str(out2)])
@@ -213,7 +213,7 @@ def test_report_cli(tmp_path):
     T.run_cli(["--settings", json.dumps({**settings, "table": {
         "model": "m1", "rows": [["rtn", "baseline"], ["fair", "FAIR-Calib"]]}}),
         "--inputs", *paths, "--table", "components", "--out", str(out3)])
-    assert f"FAIR-Calib & {c('64.00', '0.7')} \\\\" in out3.read_text()
+    assert f"FAIR-Calib & {c('64.0', '0.7')} \\\\" in out3.read_text()
 
 
 def test_report_cli_workflow_settings(tmp_path):
@@ -232,14 +232,14 @@ def test_report_cli_workflow_settings(tmp_path):
     T.run_cli(["--settings", json.dumps(settings), "--inputs", str(p), "--out", str(out)])
     L = lines_of(out.read_text())
     assert L[0] == "% generated by fair-calib report (table main); do not edit"
-    assert f"\\caption{{W4A4 results (accuracy, \\%). {T.CONVENTION}}}" in L
+    assert f"\\caption{{W4A4 results (accuracy, \\%). {T.CONVENTION} {T.CHANCE_NOTE}}}" in L
     assert "\\label{tab:main_tiny}" in L
-    assert f"& RTN & {c('70.00')} & {c('55.00')} & {c('62.50', '0.7')} \\\\" in L
+    assert f"& RTN & {c('70.0')} & {c('55.0')} & {c('62.5', '0.7')} \\\\" in L
     assert "\\multirow{4}{*}{\\textbf{M-Two}}" in L
     settings["table"].update(name="abl", layout="average", model="m1", methods=["rtn", "hit"])
     T.run_cli(["--settings", json.dumps(settings), "--inputs", str(p), "--out", str(out)])
     L = lines_of(out.read_text())
-    assert f"RTN & {c('62.50', '0.7')} \\\\" in L and f"hit & {c('63.00', '0.7')} \\\\" in L
+    assert f"RTN & {c('62.5', '0.7')} \\\\" in L and f"hit & {c('63.0', '0.7')} \\\\" in L
 
 
 def test_pick_metric_with_lm_eval_filters():
@@ -270,9 +270,9 @@ def test_seeds_give_mean_and_std_over_seeds():
                        bits="w4a4", records=records)
     L = lines_of(tex)
     # mean of 50/52/54 = 52, std (ddof=1) = 2.0; 70/71/72 -> 71 +- 1.0; not the items' 3.0
-    assert f"& RTN & {c('52.00', '2.0')} & {c('52.00', '2.0')} \\\\" in L
+    assert f"& RTN & {c('52.0', '2.0')} & {c('52.0', '2.0')} \\\\" in L
     # 71 - 52 = 19 > 1.96 * sqrt(4 + 1): bold
-    assert f"& \\textbf{{FAIR}} & {c('71.00', bold=True)} & {c('71.00', bold=True)} \\\\" in L
+    assert f"& \\textbf{{FAIR}} & {c('71.0', bold=True)} & {c('71.0', bold=True)} \\\\" in L
     cells = T.cells_frame(records)
     r = cells[(cells.method == "rtn") & (cells.column == "t1")].iloc[0]
     assert (r.value, r.err, r.err_kind, r.n_seeds, r.n_items) == (52.0, 2.0, "sd", 3, 100)
@@ -305,8 +305,8 @@ def test_missing_stderr_prints_no_pm_and_bolds_on_value():
     df = eval_df().assign(stderr=float("nan"))
     L = lines_of(T.main_table(df, ["m1"], ["fp", "rtn", "fair"], ["t1", "t2"], LABELS,
                               bits="w4a4"))
-    assert "& RTN & 70.00 & 55.00 & 62.50 \\\\" in L
-    assert "& \\textbf{FAIR} & 70.00 & \\textbf{58.00} & \\textbf{64.00} \\\\" in L
+    assert "& RTN & 70.0 & 55.0 & 62.5 \\\\" in L
+    assert "& \\textbf{FAIR} & 70.0 & \\textbf{58.0} & \\textbf{64.0} \\\\" in L
 
 
 def test_report_cli_writes_cells_parquet(tmp_path):
@@ -345,3 +345,71 @@ def test_seeded_runs_from_the_workflow_are_aggregated(tmp_path):
     r = cells[(cells.method == "fair") & (cells.column == "t1")].iloc[0]
     assert r.value == pytest.approx(62.0) and r.err == pytest.approx(2.0 ** 1.5)  # std of 60, 64
     assert (r.err_kind, r.n_seeds) == ("sd", 2)
+
+
+# ----------------------------------------------------------------------------- issue 23
+NASTY = "RTN→ü 量化 50%_#&"
+
+
+def test_plain_labels_are_escaped_in_every_table():
+    """A plain-text label with LaTeX specials neither comments out the row (%) nor adds cells
+    (&): it is escaped in the main, ablation and flat tables' rows and headers."""
+    labels = {"models": {"m1": {"label": "M_1 #1", "family": "F&G"}},
+              "methods": {"fp": {"label": "FP"}, "rtn": {"label": NASTY},
+                          "fair": {"label": "x$^{~}\\y"}},
+              "tasks": {"t1": {"label": "T_1 50%"}, "t2": {"label": "T2"}}}
+    esc = "RTN→ü 量化 50\\%\\_\\#\\&"
+    main = T.main_table(eval_df(), ["m1"], ["fp", "rtn", "fair"], ["t1", "t2"], labels,
+                        bits="w4a4", env=None)
+    L = lines_of(main)
+    assert f"& {esc} & {c('70.0')} & {c('55.0')} & {c('62.5', '0.7')} \\\\" in L
+    assert any(ln.startswith("& x\\$\\textasciicircum{}\\{\\textasciitilde{}\\}"
+                             "\\textbackslash{}y & ") for ln in L), main
+    assert "\\multirow{4}{*}{\\textbf{M\\_1 \\#1}}" in L
+    assert "\\textbf{T\\_1 50\\%}" in main
+    flat = lines_of(T.flat_table(eval_df(), "m1", ["rtn"], ["t1", "t2"], labels, bits="w4a4",
+                                 fp_label="FP 100%"))
+    assert f"{esc} & {c('70.0')} & {c('55.0')} & {c('62.5', '0.7')} \\\\" in flat
+    assert any(ln.startswith("FP 100\\% & ") for ln in flat)
+    abl = lines_of(T.build_table("components", {"table": {
+        "models": ["m1"], "methods": ["rtn", "hit"], "tasks": ["t1", "t2"], "bits": "w4a4",
+        "rows": [["rtn", "base_line 1%"], ["hit", "h"]], "header": "Method_"}, **labels},
+        {"eval": eval_df()}))
+    assert "\\textbf{Method\\_} & \\textbf{Avg.} \\\\" in abl
+    assert f"base\\_line 1\\% & {c('62.5', '0.7')} \\\\" in abl
+    # the family name in the default caption
+    tex = T.build_table("main", {"table": {"models": ["m1"], "methods": ["fp", "rtn"],
+                                           "tasks": ["t1"], "bits": "w4a4"}, **labels},
+                        {"eval": eval_df()})
+    assert "results on the F\\&G family." in tex
+
+
+def test_latex_label_is_printed_verbatim_and_rows_may_name_only_the_method():
+    labels = {"methods": {"fp": {"label": "FP"},
+                          "fair": {"label": "FAIR", "latex_label": "\\textbf{FAIR}"},
+                          "hit": {"label": "w/o lambda", "latex_label": "w/o $\\lambda_0$"}}}
+    settings = {"table": {"kind": "schedule", "models": ["m1"], "methods": ["hit", "fair"],
+                          "tasks": ["t1", "t2"], "bits": "w4a4",
+                          "rows": [["hit"], ["fair", "early_boost"]]}, **labels}
+    L = lines_of(T.build_table(None, settings, {"eval": eval_df()}))
+    assert any(ln.startswith("w/o $\\lambda_0$ & ") for ln in L), L
+    assert any(ln.startswith("early\\_boost & ") for ln in L), L
+
+
+def test_chance_row_is_explained_and_printed_like_every_cell():
+    tex = T.main_table(eval_df(), ["m1"], ["fp", "rtn"], ["t1", "t2"], LABELS, bits="w4a4")
+    assert T.CHANCE_NOTE in tex and "exact-match" in T.CHANCE_NOTE
+    assert "& Chance & 25.0 & 50.0 & 37.5 \\\\" in lines_of(tex)
+    no_chance = T.main_table(eval_df().assign(chance=float("nan")), ["m1"], ["fp", "rtn"],
+                             ["t1", "t2"], LABELS, bits="w4a4")
+    assert T.CHANCE_NOTE not in no_chance
+
+
+def test_value_and_its_pm_have_the_same_decimals():
+    """One rule for every accuracy cell: as many decimals as its ± (issue 23: 2 vs 1)."""
+    import re
+
+    tex = T.main_table(eval_df(), ["m1", "m2"], ["fp", "rtn", "fair"], ["t1", "t2"], LABELS,
+                       bits="w4a4", env=None)
+    cells = re.findall(r"(\d+\.(\d+))\}?\{\\scriptsize\$\\pm\$\d+\.(\d+)\}", tex)
+    assert cells and all(len(v) == len(e) == T.DIGITS for _, v, e in cells), cells

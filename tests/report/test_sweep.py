@@ -37,6 +37,9 @@ def _prior_files(tmp_path):
     for name, floor in (("p0", 0.0), ("p5", 0.05)):
         p = tmp_path / "prior" / "m" / f"{name}.parquet"
         df = pd.DataFrame({"position": np.arange(4, dtype=np.int32), "w_bar": [1.0, .5, .2, .1]})
+        for field in PRIOR_SCHEMA:          # any further columns of the schema (w_std, ...)
+            if field.name not in df:
+                df[field.name] = 0.0
         io.write_parquet(df, p, PRIOR_SCHEMA, {"floor": floor})
         paths.append(p)
     return paths

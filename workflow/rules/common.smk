@@ -45,9 +45,9 @@ def check_config(cfg):
             _fail(f"methods.{name}.type", m["type"], registry.METHOD_TYPES)
         if "prior" in m and m["prior"] not in cfg["priors"]:
             _fail(f"methods.{name}.prior", m["prior"], cfg["priors"])
-        if m["type"] == "fair_calib" and "prior" not in m:
-            raise ValueError(f"config: methods.{name} (type fair_calib) needs a `prior` key; "
-                             f"choose one of {sorted(cfg['priors'])}")
+        if m["type"] == "fair_calib" and "prior" not in m and m.get("weighting") != "uniform":
+            raise ValueError(f"config: methods.{name} (type fair_calib) needs a `prior` key "
+                             f"(or weighting: uniform); choose one of {sorted(cfg['priors'])}")
     for name, p in cfg["priors"].items():
         if p["probe"] not in cfg["probes"]:
             _fail(f"priors.{name}.probe", p["probe"], cfg["probes"])
@@ -64,7 +64,7 @@ def check_config(cfg):
         for key, section in (("model", "models"), ("baseline", "methods"), ("method", "methods")):
             if key in t and t[key] not in cfg[section]:
                 _fail(f"tables.{tname}.{key}", t[key], cfg[section])
-        for method, _ in t.get("rows", []):
+        for method, *_ in t.get("rows", []):
             if method not in cfg["methods"]:
                 _fail(f"tables.{tname}.rows", method, cfg["methods"])
         if t["bits"] not in cfg["bits"]:
@@ -194,7 +194,7 @@ def bits_for(method, bits):
 
 
 def table_methods(t):
-    extra = [t[k] for k in ("baseline", "method") if k in t] + [m for m, _ in t.get("rows", [])]
+    extra = [t[k] for k in ("baseline", "method") if k in t] + [m for m, *_ in t.get("rows", [])]
     return list(dict.fromkeys(t["methods"] + extra))
 
 
@@ -268,16 +268,23 @@ def uses_synthetic_data():
             or any(config["tasks"][t]["kind"].startswith("synthetic") for t in tasks))
 
 
+def evaluated_pairs():
+    """(model, task) of every evaluation some table asks for."""
+    return [(m, t) for tab in config["tables"].values() for t in tab.get("tasks", [])
+            for m in tab.get("models", []) + ([tab["model"]] if tab.get("model") else [])]
+
+
 def check_used_data():
     """The offline files (data_dir) of every probe, calibration set and task the run uses
     exist: a missing folder fails here, before any job, not after minutes of training."""
-    from fair_calib.config import ConfigError, check_data
+    from fair_calib.config import ConfigError, check_data, check_offline_tasks
 
     tasks, methods, probes = used_names()
     calib = {calibration_entry(m)["dataset"] for m in methods if not is_fp(m)}
     calib |= {e.get("dataset") for m in methods if not is_fp(m)
               for e in config["methods"][m].get("calibration_by_family", {}).values()} - {None}
     try:
+        check_offline_tasks(config, evaluated_pairs())
         check_data(config, [p for p in probes if p in config["probes"]], tasks, calib)
     except ConfigError as err:
         sys.exit(f"Error: {err}")
@@ -370,25 +377,17 @@ def calibration_entry(method, model=None):
 
 # ---------------------------------------------------------------- resources from config
 def _res(rule, key, default=None):
-    table = config.get("resources", {})
-    return table.get(rule, {}).get(key, table.get("default", {}).get(key, default))
+    from fair_calib.job_resources import setting
+
+    return setting(config.get("resources", {}), rule, key, default)
 
 
 def resources_for(rule):
-    """Resource table of a rule; memory grows with `attempt` on retry."""
-    base = _res(rule, "mem_mb", 2000)
-    step = _res(rule, "mem_mb_per_attempt", 0)
-    res = {
-        "mem_mb": lambda wc, attempt: base + step * (attempt - 1),
-        "runtime": _res(rule, "runtime", 30),
-    }
-    # passed through as the SLURM executor plugin's resource names
-    for key in ("gpu", "gpu_model", "gres", "cpus_per_gpu", "constraint", "qos",
-                "slurm_partition", "slurm_account", "slurm_extra"):
-        val = _res(rule, key)
-        if val is not None:
-            res[key] = val
-    return res
+    """Resource table of a rule (fair_calib/job_resources.py): memory grows with `attempt` on
+    retry, and a list value (gpu_model, gres, constraint, ...) names one value per attempt."""
+    from fair_calib.job_resources import rule_resources
+
+    return rule_resources(config.get("resources", {}), rule)
 
 
 def threads_for(rule):

@@ -69,11 +69,15 @@ FIGURE_NAMES = ["stability_lag_ccdf", "mse_prob_trace", "commit_flips", "post_co
 
 
 def figure_settings():
+    from fair_calib.report.labels import plain_labels, prior_labels
+
+    methods = DIAG.get("methods", [])
     return json.dumps({
         "fp": fp_method(),
-        "methods": [fp_method()] + DIAG.get("methods", []),
-        "labels": {"models": {k: v.get("label", k) for k, v in config["models"].items()},
-                   "methods": {k: v.get("label", k) for k, v in config["methods"].items()}},
+        "methods": [fp_method()] + methods,
+        "priors": sorted({prior_of(x) for x in methods} - {None}),
+        "labels": {**{k: v for k, v in plain_labels(config).items() if k != "tasks"},
+                   "priors": prior_labels(config, methods)},
         "cross_corpus": DIAG.get("cross_corpus", []),
     }, sort_keys=True)
 

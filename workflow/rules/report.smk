@@ -3,12 +3,10 @@
 
 
 def labels():
-    return {
-        "models": {k: v.get("label", k) for k, v in config["models"].items()},
-        "groups": {k: v.get("group", v.get("label", k)) for k, v in config["models"].items()},
-        "methods": {k: v.get("label", k) for k, v in config["methods"].items()},
-        "tasks": {k: v.get("label", k) for k, v in config["tasks"].items()},
-    }
+    """Display strings (plain `label`, LaTeX `latex_label`) of the config's names."""
+    from fair_calib.report.labels import display_labels
+
+    return display_labels(config)
 
 
 def table_fp_method(table):
