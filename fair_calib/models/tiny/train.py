@@ -229,7 +229,6 @@ def train_tiny(settings: dict, data_dir: Path, out_dir: Path, progress: bool = T
     dtype = getattr(torch, settings.get("dtype", "float32"))
     if train.get("threads"):
         torch.set_num_threads(int(train["threads"]))
-    numerics.pin_torch(torch, threads=train.get("threads"))
 
     random.seed(seed)
     torch.manual_seed(seed)
@@ -314,6 +313,9 @@ def run_cli(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", required=True, help="model folder to write")
     ap.add_argument("--no-progress", action="store_true")
     args = ap.parse_args(argv)
+    # a process of its own (the pipeline's job): deterministic kernels, oneDNN off; in-process
+    # callers (tests) keep their torch settings
+    numerics.pin_torch(torch)
     summary = train_tiny(json.loads(args.settings), Path(args.data), Path(args.out),
                          progress=not args.no_progress)
     print(json.dumps({k: summary[k] for k in ("name", "family", "n_params", "steps",
