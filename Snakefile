@@ -84,6 +84,7 @@ rule all:
     input:
         expand("results/tables/{table}.tex", table=config["tables"]),
         rules.figures.output if diag_enabled() else [],
+        rules.floor_sweep.output if ablation_enabled() else [],
 
 
 # The end of a successful run: where the tables and figures are, and the main table in plain

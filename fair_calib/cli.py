@@ -20,6 +20,7 @@ SUBCOMMANDS = {
     "diagnose": "fair_calib.diagnostics",           # diagnostics from trajectories
     "report": "fair_calib.report.tables",           # LaTeX tables
     "figures": "fair_calib.report.figures",         # PDF/PNG figures
+    "floor-sweep": "fair_calib.report.sweep",       # accuracy vs the prior's floor (figure)
     "lm-eval": "fair_calib.lm_eval_cli",            # lm-eval's own CLI, fair_calib_dlm registered
     "render-tasks": "fair_calib.lm_eval_cli",       # offline / synthetic task YAMLs for it
     "cost": "fair_calib.cost",                      # GPU-hours of a config's DAG
@@ -127,6 +128,11 @@ def main(argv: list[str] | None = None) -> None:
         print(msg)
         return
     stage = argv[0]
+    # before any stage module imports torch: the same kernels, so the same bits, on every
+    # x86-64 machine (fair_calib/numerics.py)
+    from . import numerics
+
+    numerics.pin_environment()
     rest = _checked_settings(stage, argv[1:])
     _take_gpu_slot(rest)
     module = importlib.import_module(SUBCOMMANDS[stage])

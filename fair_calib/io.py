@@ -46,6 +46,15 @@ def config_hash(obj: Any) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
+def file_sha256(path: str | os.PathLike) -> str:
+    """sha256 of a file's bytes (hex), read in 1 MiB chunks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
 def package_versions() -> dict[str, str]:
     """Versions of the packages whose behaviour changes numbers."""
     from importlib import metadata

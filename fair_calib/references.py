@@ -13,7 +13,7 @@ from fair_calib.config import ConfigError, validate_config
 MEMORY_TABLES = ("calib_memory", "deploy_memory")
 RULES_WITH_RESOURCES = ("make_data", "train_tiny", "convert_hub", "probe_shard", "prior", "calibrate",
                         "evaluate_shard", "gather_eval", "trajectories", "diagnose", "figures",
-                        "table")
+                        "table", "floor_sweep")
 
 
 def _fail(key, value, valid):
@@ -110,6 +110,31 @@ def check_config(cfg):
             _fail(f"resources.{name}", name, ("default",) + RULES_WITH_RESOURCES)
     check_labels(cfg)
     check_shapes(cfg)
+    check_prior_ablation(cfg)
+
+
+def check_prior_ablation(cfg):
+    """prior_ablation names known models, methods, bits and a task; its floor variants weight
+    positions by a prior."""
+    abl = cfg.get("prior_ablation", {})
+    if not (abl.get("enabled", True) and abl.get("models")):
+        return
+    for item in abl["models"]:
+        if item not in cfg["models"]:
+            _fail("prior_ablation.models", item, cfg["models"])
+    for key in ("methods", "floors"):
+        for item in abl.get(key, []):
+            if item not in cfg["methods"]:
+                _fail(f"prior_ablation.{key}", item, cfg["methods"])
+    for item in abl.get("floors", []):
+        if "prior" not in cfg["methods"][item] or cfg["methods"][item].get("weighting") == "uniform":
+            raise ConfigError(f"config: prior_ablation.floors: {item} does not weight positions "
+                              "by a prior (it needs a `prior` and weighting: prior)")
+    if abl.get("reference") is not None and abl["reference"] not in cfg["methods"]:
+        _fail("prior_ablation.reference", abl["reference"], cfg["methods"])
+    for key, section in (("bits", "bits"), ("task", "tasks")):
+        if abl.get(key) not in cfg[section]:
+            _fail(f"prior_ablation.{key}", abl.get(key), cfg[section])
 
 
 def _check_window(key, d):

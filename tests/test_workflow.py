@@ -46,6 +46,9 @@ def test_default_config_plans(ws):
     ({"methods": {"mine": {"type": "awq"}}}, "methods.mine.type", "fair_calib"),
     ({"models": {"tiny-llada": {"family": "gpt2"}}}, "models.tiny-llada.family", "tiny-dream"),
     ({"methods": {"fair-calib": {"prior": "nope"}}}, "methods.fair-calib.prior", "default"),
+    ({"prior_ablation": {"floors": ["fair-calib-flor1"]}}, "prior_ablation.floors", "fair-calib-floor1"),
+    ({"prior_ablation": {"floors": ["flatquant"]}}, "prior_ablation.floors", "weighting: prior"),
+    ({"prior_ablation": {"task": "recall"}}, "prior_ablation.task", "synth_gen"),
 ])
 def test_bad_names_fail_before_any_job(ws, overrides, key, valid):
     res = _plan(ws, overrides)
@@ -56,18 +59,19 @@ def test_bad_names_fail_before_any_job(ws, overrides, key, valid):
 def test_calibration_seeds_plan_one_run_per_seed(ws):
     """`seeds` on a method: one calibration and one evaluation per seed (the table averages
     them); the seed reaches the calibration job's settings; other methods are unchanged."""
-    res = _plan(ws, {"methods": {"flatquant": {"seeds": [3, 4]}}})
+    res = _plan(ws, {"methods": {"flatquant-seeds": {"seeds": [3, 4]}}})
     assert res.returncode == 0, res.stderr
-    shown = subprocess.run(["snakemake", "results/calib/tiny-llada/flatquant@s4/w2a4/meta.json",
+    shown = subprocess.run(["snakemake", "results/calib/tiny-llada/flatquant-seeds@s4/w2a4/meta.json",
                             "-n", "-p", "--cores", "1", "--configfile", "override.yaml"],
                            cwd=ws, capture_output=True, text=True).stdout
     assert '"seed": 4' in shown
     for k in (3, 4):
-        assert f"results/calib/tiny-llada/flatquant@s{k}/w2a4/meta.json" in res.stdout
-        assert f"results/eval/tiny-dream/flatquant@s{k}/w2a4/synth_gen.parquet" in res.stdout
-    assert "results/eval/tiny-llada/flatquant/w2a4/synth_gen.parquet" not in res.stdout
-    assert "results/eval/tiny-llada/fair-calib/w2a4/synth_gen.parquet" in res.stdout
-    bad = _plan(ws, {"methods": {"flatquant": {"seeds": [1, 1]}}})
+        assert f"results/calib/tiny-llada/flatquant-seeds@s{k}/w2a4/meta.json" in res.stdout
+        assert f"results/eval/tiny-dream/flatquant-seeds@s{k}/w2a4/synth_gen.parquet" in res.stdout
+    assert "results/eval/tiny-llada/flatquant-seeds@s0/w2a4/synth_gen.parquet" not in res.stdout
+    for k in (0, 1, 2):  # the default's three seeds of the main table's FAIR-Calib
+        assert f"results/eval/tiny-llada/fair-calib-seeds@s{k}/w2a4/synth_gen.parquet" in res.stdout
+    bad = _plan(ws, {"methods": {"flatquant-seeds": {"seeds": [1, 1]}}})
     assert bad.returncode != 0 and "seeds" in bad.stderr
     # the seeds list is not part of a run's settings: adding a seed leaves the others cached
     assert '"seeds"' not in shown
@@ -307,3 +311,21 @@ def test_dream_humaneval_jobs_run_the_authors_stop_handling_and_postprocess(ws):
     inst = job_task("dream-7b-instruct")
     assert (inst["escape_until"], inst["code_postprocess"]) == (False, "none")
     assert "code_postprocess" not in job_task("llada-8b-base")
+
+
+def test_prior_ablation_is_in_rule_all_only_and_off_in_merged_configs(ws):
+    """The default's rule all has the prior ablation's table and floor-sweep figure over every
+    seed of the swept methods (each floor a prior of its own); main.tex's DAG has none of it, and
+    the configs merged over the default switch it off."""
+    res = _plan(ws, target="all")
+    assert res.returncode == 0, res.stderr
+    assert "results/tables/prior_ablation.tex" in res.stdout
+    assert "rule floor_sweep" in res.stdout
+    for k in (0, 1, 2):
+        assert f"results/eval/tiny-dream/fair-calib-floor0@s{k}/w2a4/synth_gen.parquet" in res.stdout
+        assert f"results/eval/tiny-llada/fair-calib-unweighted@s{k}/w2a4/synth_gen.parquet" in res.stdout
+    assert "results/prior/tiny-llada/floor1.parquet" in res.stdout
+    main = _plan(ws)
+    assert "floor" not in main.stdout and "unweighted" not in main.stdout
+    for cfg in ("config/smoke.yaml", "config/paper.yaml", "config/hub_layout.yaml"):
+        assert yaml.safe_load((ws / cfg).read_text())["prior_ablation"] == {"enabled": False}

@@ -597,3 +597,42 @@ def run_cli(argv: Sequence[str]) -> None:
         print(f"wrote {p}")
     for s in skipped:
         print(f"skipped {s}", file=sys.stderr)
+
+
+def floor_sweep(points: pd.DataFrame, out_dir: str | Path, settings: Mapping[str, Any],
+                reference: pd.DataFrame | None = None) -> list[Path]:
+    """``floor_sweep``: accuracy vs the prior's floor, one line per model, error bars = sample
+    std over calibration seeds. ``points``: model, floor, mean, std, n_seeds (percent);
+    ``reference`` (optional): model, mean, std, n_seeds of one unswept method, drawn as a
+    dashed line with a shaded ± std band in the model's colour."""
+    fig, ax = plt.subplots(figsize=(5.2, 3.4))
+    models = list(dict.fromkeys(points["model"]))
+    ref_label = _label(settings, "methods", settings.get("reference") or "")
+    for i, model in enumerate(models):
+        d = points[points["model"] == model].sort_values("floor")
+        style = _style(i)
+        ax.errorbar(d["floor"], d["mean"], yerr=d["std"].fillna(0.0), capsize=3,
+                    label=_label(settings, "models", model), **style)
+        if reference is not None and model in set(reference["model"]):
+            r = reference[reference["model"] == model].iloc[0]
+            ax.axhline(r["mean"], color=style["color"], linestyle="--", linewidth=1,
+                       label=f"{_label(settings, 'models', model)}: {ref_label}")
+            ax.axhspan(r["mean"] - r["std"], r["mean"] + r["std"], color=style["color"],
+                       alpha=0.12, linewidth=0)
+    task = _label(settings, "tasks", settings.get("task", ""))
+    ax.set_xlabel("prior floor (weight of calibration positions outside the window)")
+    ax.set_ylabel(f"{task} accuracy (%)")
+    ax.set_title(f"FAIR-Calib at {str(settings.get('bits', '')).upper()}: accuracy vs the "
+                 "prior's floor", fontsize=10)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    n = int(points["n_seeds"].min()) if len(points) else 0
+    caption = (f"{task} accuracy (%) of FAIR-Calib against the floor of its position prior "
+               f"(the weight the calibration loss gives the positions before the generation "
+               f"window; the window's weights are the prior w_bar, maximum 1), per model. Points: "
+               f"mean over {n} or more calibration seeds; error bars: sample standard deviation "
+               "over the seeds (the spread, not the standard error).")
+    if reference is not None and len(reference):
+        caption += (f" Dashed line and band: {ref_label}, mean ± standard deviation over its "
+                    "seeds.")
+    return save(fig, out_dir, "floor_sweep", caption)

@@ -42,6 +42,32 @@ def check_environment():
 check_environment()
 
 
+# ---------------------------------------------------------------- prior ablation (rule all)
+ABLATION = config.get("prior_ablation", {})
+
+
+def ablation_enabled():
+    return ABLATION.get("enabled", True) and bool(ABLATION.get("models"))
+
+
+def ablation_table():
+    """prior_ablation's table, made by the `table` rule like a configured one: FP, then the
+    compared methods, then the floor variants, on the ablation's task."""
+    fp = [m for m in config["methods"] if config["methods"][m]["type"] == "fp"][:1]
+    methods = list(dict.fromkeys(fp + ABLATION.get("methods", []) + ABLATION["floors"]))
+    task = config["tasks"][ABLATION["task"]].get("label", ABLATION["task"])
+    return {"kind": "main", "models": ABLATION["models"], "methods": methods,
+            "bits": ABLATION["bits"], "tasks": [ABLATION["task"]],
+            "caption": f"What FAIR-Calib's position prior does at {ABLATION['bits'].upper()}: "
+                       f"the Stage I prior, uniform position weights, and the prior's floor "
+                       f"(weight of the calibration positions outside the generation window) "
+                       f"swept ({task}, accuracy, %)."}
+
+
+if ablation_enabled():
+    config["tables"]["prior_ablation"] = ablation_table()
+
+
 # ---------------------------------------------------------------- grid
 SEED_SEP = "@s"  # a method run with calibration seed k is the method wildcard `name@sk`
 

@@ -37,3 +37,37 @@ rule table:
     shell:
         "{PY} report --settings {params.settings:q} --inputs {input} --out {output.tex}"
         " --cells-out {output.cells} > {log} 2>&1"
+
+
+def floor_sweep_inputs(wc=None):
+    """Eval rows of every seed of the swept methods and the reference, and the priors whose
+    provenance gives each swept method's floor."""
+    reference = [ABLATION["reference"]] if ABLATION.get("reference") else []
+    methods = list(dict.fromkeys(ABLATION["floors"] + reference))
+    return {
+        "evals": [f"results/eval/{m}/{run}/{ABLATION['bits']}/{ABLATION['task']}.parquet"
+                  for m in ABLATION["models"] for x in methods for run in method_runs(x)],
+        "priors": sorted({f"results/prior/{m}/{prior_of(x)}.parquet"
+                          for m in ABLATION["models"] for x in ABLATION["floors"]}),
+    }
+
+
+rule floor_sweep:
+    input:
+        unpack(floor_sweep_inputs),
+    output:
+        expand("results/figures/floor_sweep.{ext}", ext=FIGURE_EXTS),
+    params:
+        settings=lambda wc: json.dumps(
+            {"models": ABLATION["models"], "floors": ABLATION["floors"],
+             "reference": ABLATION.get("reference"), "task": ABLATION["task"],
+             "bits": ABLATION["bits"], "priors": {x: prior_of(x) for x in ABLATION["floors"]},
+             "labels": labels()}, sort_keys=True),
+    log:
+        "logs/floor_sweep/floor_sweep.log",
+    threads: threads_for("floor_sweep")
+    resources:
+        **resources_for("floor_sweep"),
+    shell:
+        "{PY} floor-sweep --settings {params.settings:q} --evals {input.evals}"
+        " --priors {input.priors} --out-dir results/figures > {log} 2>&1"

@@ -41,7 +41,7 @@ from typing import Any
 
 import torch
 
-from fair_calib import io
+from fair_calib import io, numerics
 from fair_calib.models.tiny.tokenizer import BOS, EOS, MASK, PAD, build_tokenizer
 
 FAMILIES = {
@@ -292,10 +292,12 @@ def train_tiny(settings: dict, data_dir: Path, out_dir: Path, progress: bool = T
         "steps": steps, "train_seconds": seconds, "final_loss": sum(tail) / len(tail),
         "train": train, "mask_token": MASK, "mask_id": ids[MASK],
     }
-    prov = io.provenance({"model": mcfg, "train": train}, seed=seed)
+    prov = io.provenance({"model": mcfg, "train": train}, seed=seed, numerics=numerics.describe())
     with io.atomic_dir(out_dir) as tmp:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
+        # the weights' fingerprint: docs/benchmarks.md and .ci/run compare it across machines
+        summary["model_sha256"] = io.file_sha256(tmp / "model.safetensors")
         io.write_json(tmp / "fair_calib.json", {**summary, "provenance": prov})
         import pandas as pd
         io.write_parquet(pd.DataFrame(log), tmp / "train_log.parquet", _log_schema(), prov)
@@ -311,7 +313,10 @@ def run_cli(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", required=True, help="model folder to write")
     ap.add_argument("--no-progress", action="store_true")
     args = ap.parse_args(argv)
+    # a process of its own (the pipeline's job): deterministic kernels, oneDNN off; in-process
+    # callers (tests) keep their torch settings
+    numerics.pin_torch(torch)
     summary = train_tiny(json.loads(args.settings), Path(args.data), Path(args.out),
                          progress=not args.no_progress)
     print(json.dumps({k: summary[k] for k in ("name", "family", "n_params", "steps",
-                                              "train_seconds", "final_loss")}))
+                                              "train_seconds", "final_loss", "model_sha256")}))

@@ -1,0 +1,108 @@
+"""Tiny-model training reproduces the recorded weights bit for bit (issue 22).
+
+The recorded sha256 values (tests/recorded_hashes.json) were computed in pinned mode
+(fair_calib/numerics.py) on an AMD EPYC with AVX-512; pinned mode computes the same bits on any
+x86-64 CPU with AVX2 (docs/benchmarks.md: the kernels forced to those of other CPUs gave the same
+hashes). Training runs in a fresh process through the CLI, as in the pipeline: pinning must
+happen before torch is imported, which pytest has already done here.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fair_calib import numerics
+from fair_calib.io import file_sha256
+
+REPO = Path(__file__).resolve().parents[2]
+RECORD = REPO / numerics.RECORD
+# a few seconds per family; the default's shapes (attention, MLP, stratified masking) in small
+TRAIN = {"hidden": 32, "layers": 2, "heads": 2, "intermediate": 64, "steps": 30,
+         "batch_size": 16, "lr": 3e-3, "seq_len": 40, "t_power": 1.0, "loss_norm": "elbo"}
+CORPUS = {"n_train_docs": 1500, "n_calib": 24, "n_probe": 16, "n_facts": 16, "n_mc": 30,
+          "n_gen": 20}
+
+
+def _cli(args: list[str], **env) -> str:
+    res = subprocess.run([sys.executable, "-m", "fair_calib.cli", *args], capture_output=True,
+                         text=True, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO), **env})
+    assert res.returncode == 0, res.stderr[-2000:]
+    return res.stdout
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("repro-data")
+    _cli(["make-data", "--settings", json.dumps({"seed": 0, "corpus": CORPUS}), "--out", str(out)])
+    return out
+
+
+def _train(family: str, data: Path, out: Path, threads: int = 1, **env) -> str:
+    settings = {"seed": 0, "device": "cpu", "dtype": "float32",
+                "model": {"name": family, "family": family, "train": TRAIN}}
+    _cli(["train-tiny", "--threads", str(threads), "--no-progress", "--settings",
+          json.dumps(settings), "--data", str(data), "--out", str(out)], **env)
+    return file_sha256(out / "model.safetensors")
+
+
+@pytest.fixture(scope="module")
+def pinned(data, tmp_path_factory) -> dict[str, Path]:
+    """Each family trained once in pinned mode with this machine's own CPU (model folders)."""
+    out = tmp_path_factory.mktemp("pinned")
+    for family in ("tiny-llada", "tiny-dream"):
+        _train(family, data, out / family)
+    return {f: out / f for f in ("tiny-llada", "tiny-dream")}
+
+
+@pytest.mark.parametrize("family", ["tiny-llada", "tiny-dream"])
+def test_tiny_training_reproduces_the_recorded_hash(family, pinned):
+    if numerics.environment_key()["machine"] not in numerics.X86:
+        pytest.skip("hashes are recorded for x86-64 only (ARM: docs/benchmarks.md)")
+    want = numerics.recorded_hashes(RECORD, "test")
+    if want is None:
+        pytest.skip(f"{RECORD.name} records no hashes for {numerics.environment_key()}")
+    sha = file_sha256(pinned[family] / "model.safetensors")
+    meta = json.loads((pinned[family] / "fair_calib.json").read_text())
+    assert meta["model_sha256"] == sha          # the provenance carries the weights' hash
+    assert meta["provenance"]["numerics"]["ATEN_CPU_CAPABILITY"] == "avx2"
+    assert sha == want[family], (
+        f"{family}: tiny training no longer reproduces the recorded weights ({sha} != "
+        f"{want[family]}); a change in training, data or kernels. If intended, re-record "
+        f"{RECORD.name} and the default's hashes (docs/benchmarks.md)")
+
+
+def test_pinned_training_ignores_the_cpu_kernels_and_threads(data, pinned, tmp_path):
+    """What another CPU would run (here AVX-512 kernels; no AVX2 in ATen, MKL capped at AVX2,
+    2 threads) gives the same bits in pinned mode; in native mode those kernels differ."""
+    if numerics.environment_key()["machine"] not in numerics.X86:
+        pytest.skip("pinned mode fixes x86-64 kernels only")
+    here = file_sha256(pinned["tiny-llada"] / "model.safetensors")
+    other = _train("tiny-llada", data, tmp_path / "b", threads=2, ATEN_CPU_CAPABILITY="default",
+                   MKL_ENABLE_INSTRUCTIONS="AVX2")
+    assert other == here
+    native = _train("tiny-llada", data, tmp_path / "n", FAIR_CALIB_CPU_NUMERICS="native",
+                    ATEN_CPU_CAPABILITY="default")
+    assert native != here                    # the test can see kernel differences
+
+
+def test_check_files_names_every_mismatch_and_an_unrecorded_environment(tmp_path):
+    (tmp_path / "a.bin").write_bytes(b"weights")
+    (tmp_path / "b.tex").write_text("table")
+    good = file_sha256(tmp_path / "a.bin")
+    record = tmp_path / "record.json"
+    env = numerics.environment_key()
+    record.write_text(json.dumps({"records": [{"environment": env, "default": {
+        "a.bin": good, "b.tex": "0" * 64, "c.tex": good}}]}))
+    problems = numerics.check_files(record, "default", tmp_path)
+    assert len(problems) == 2
+    assert "b.tex: sha256" in problems[0] and "recorded 000" in problems[0]
+    assert "c.tex: missing" in problems[1]
+    record.write_text(json.dumps({"records": [{"environment": {**env, "torch": "0.0"},
+                                               "default": {"a.bin": good}}]}))
+    [problem] = numerics.check_files(record, "default", tmp_path)
+    assert "records no 'default' hashes for this environment" in problem
