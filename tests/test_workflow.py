@@ -322,7 +322,7 @@ def test_prior_ablation_is_in_rule_all_only_and_off_in_merged_configs(ws):
     assert "results/tables/prior_ablation.tex" in res.stdout
     assert "rule floor_sweep" in res.stdout
     for k in (0, 1, 2):
-        assert f"results/eval/tiny-dream/fair-calib-floor0@s{k}/w2a4/synth_gen.parquet" in res.stdout
+        assert f"results/eval/tiny-dream/fair-calib-floor0.01@s{k}/w2a4/synth_gen.parquet" in res.stdout
         assert f"results/eval/tiny-llada/fair-calib-unweighted@s{k}/w2a4/synth_gen.parquet" in res.stdout
     assert "results/prior/tiny-llada/floor1.parquet" in res.stdout
     main = _plan(ws)
