@@ -605,7 +605,7 @@ def test_stage_cli_refuses_cuda_without_cuda_before_writing(tmp_path):
 
 
 @pytest.mark.parametrize("over, keys", [
-    ({"methods": {"rtn": {"label": "FAIR-Calib"}}}, ("methods.rtn.label", "methods.fair-calib.label")),
+    ({"methods": {"rtn": {"label": "FAIR-Calib"}}}, ("methods.rtn.label", "methods.fair-calib-seeds.label")),
     ({"models": {"tiny-dream": {"label": "Tiny-LLaDA"}}}, ("models.tiny-llada.label", "models.tiny-dream.label")),
     ({"tasks": {"synth_gen": {"label": "synth_mc"}, "synth_mc": {"label": None}}},
      ("tasks.synth_mc.label", "tasks.synth_gen.label")),
@@ -626,7 +626,7 @@ def test_two_entries_with_one_label_are_refused_naming_both(over, keys):
 def test_duplicate_label_fails_the_workflow_before_any_job(ws):
     res = _plan(ws, {"methods": {"rtn": {"label": "FAIR-Calib"}}})
     assert res.returncode != 0
-    assert "methods.rtn.label and methods.fair-calib.label" in res.out, res.out[-2000:]
+    assert "methods.rtn.label and methods.fair-calib-seeds.label" in res.out, res.out[-2000:]
 
 
 @pytest.mark.parametrize("over, needle", [

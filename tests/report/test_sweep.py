@@ -25,7 +25,8 @@ def _eval_files(tmp_path):
         for seed, v in enumerate(vals):
             df = pd.DataFrame([{"model": "m", "method": f"{method}@s{seed}", "bits": "w2a4",
                                 "task": "gen", "metric": "exact_match", "value": v,
-                                "stderr": 0.03, "n": 200, "chance": 0.19, "settings": "{}"}])
+                                "stderr": 0.03, "n": 200, "chance": 0.19, "settings": "{}",
+                                "decode_steps": 0, "decode_steps_full": 0}])
             p = tmp_path / "eval" / method / f"s{seed}.parquet"
             io.write_parquet(df, p, EVAL_SCHEMA, {})
             paths.append(p)
