@@ -38,6 +38,19 @@ def unpack_int4(packed: torch.Tensor, n: int) -> torch.Tensor:
 
 
 @torch.no_grad()
+def quant_basis_weight(ql: QuantLinear) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(W T^{-1} in float32, the output factor in float32 or None) with the folding's
+    arithmetic (W T^{-1} in float64): what the weight quantizer's row scales are taken from."""
+    w = ql.linear.weight.double()
+    if ql.inq is not None:
+        ql.inq.unfold()
+        w = ql.inq.weight_inverse(w)
+        ql.inq.fold()
+    fac = ql.out_factor(torch.float64)
+    return w.float(), None if fac is None else fac.float()
+
+
+@torch.no_grad()
 def linear_codes(ql: QuantLinear) -> tuple[torch.Tensor, torch.Tensor]:
     """(int8 codes, float32 per-row scale) with codes * scale == the folded quantized weight."""
     if ql.w_folded is None:
@@ -48,13 +61,7 @@ def linear_codes(ql: QuantLinear) -> tuple[torch.Tensor, torch.Tensor]:
         codes, scale = ql._gptq
         return codes.to(torch.int8), scale.float().reshape(-1, 1)
     # the row scales, with the same arithmetic as QuantLinear.fold
-    base = ql.linear.weight.double()
-    if ql.inq is not None:
-        ql.inq.unfold()
-        base = ql.inq.weight_inverse(base)
-        ql.inq.fold()
-    fac = ql.out_factor(torch.float64)
-    scale = ql.wq.row_scale(base.float(), None if fac is None else fac.float()).float().reshape(-1, 1)
+    scale = ql.wq.row_scale(*quant_basis_weight(ql)).float().reshape(-1, 1)
     codes = torch.clamp(torch.round(w / scale), -qmax(bits) - 1, qmax(bits))
     if not torch.allclose(codes * scale, w, atol=1e-6, rtol=1e-5):
         raise RuntimeError("export: folded weight is not on its quantization grid")

@@ -37,7 +37,7 @@ import os
 import torch
 from torch import nn
 
-from .export import pack_int4, unpack_int4
+from .export import pack_int4, quant_basis_weight, unpack_int4
 from .fused import head_rows
 from .qlinear import InputQuant, QuantLinear
 from .quantizers import qmax
@@ -251,14 +251,7 @@ def weight_codes(ql: QuantLinear) -> tuple[torch.Tensor, torch.Tensor]:
         dev = ql.w_quant.device
         return codes.to(torch.int8).to(dev), scale.float().reshape(-1).to(dev)
     ql._require_fp_weight("low-bit weight codes")
-    w = ql.linear.weight.double()
-    if ql.inq is not None:
-        ql.inq.unfold()
-        w = ql.inq.weight_inverse(w)
-        ql.inq.fold()
-    fac = ql.out_factor(torch.float64)
-    fac = None if fac is None else fac.float()
-    w32 = w.float()
+    w32, fac = quant_basis_weight(ql)
     wq = ql.wq(w32, fac)
     scale = ql.wq.row_scale(w32, fac).float().reshape(-1, 1)
     codes = torch.clamp(torch.round(wq / scale), -q - 1, q)
