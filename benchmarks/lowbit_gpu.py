@@ -76,9 +76,21 @@ def quantize_fair_calib(lm, groups, mode="real", bits=4):
 
 
 def fuse(lm):
-    """Each norm read only by one low-bit group into that group's kernel (as load_quantized)."""
-    n = lowbit.fuse_input_norms(lm)
-    emit({"kind": "norms_fused", "n": n, "blocks": len(lm.blocks)})
+    """Each norm read only by one low-bit group, and each SwiGLU product, into the kernel of
+    the group that reads it (as load_quantized)."""
+    n = lowbit.fuse_inputs(lm)
+    emit({"kind": "inputs_fused", **n, "blocks": len(lm.blocks)})
+
+
+def quantize_rtn(lm, groups, mode="real"):
+    """RTN's structure: per-token activation quantization, no transform."""
+    method = make_method({"type": "rtn"}, 4, 4, seed=0)
+    method.prepare_model(lm)
+    for i, block in enumerate(lm.blocks):
+        method.quantize_block(block, groups, None, i)
+        lowbit.attach_block(block, mode)
+    fuse(lm)
+    lm.model.eval()
 
 
 def quantize_quarot(lm, groups, hd, mode="real"):
@@ -119,7 +131,13 @@ def ids_for(shape, batch, seq, dev, seed=1):
     return torch.randint(0, vocab - 2, (batch, seq), generator=torch.Generator().manual_seed(seed)).to(dev)
 
 
+HOST: dict[str, float] = {}     # the last time_forward's host-side numbers (see there)
+
+
 def time_forward(model, ids):
+    """(median s, peak GB) of the forward; HOST gets the median host time to enqueue one
+    forward against its wall time (a forward whose enqueue takes its whole wall time waits on
+    the host, not the GPU)."""
     def fwd():
         with torch.no_grad():
             return model(input_ids=ids).logits
@@ -128,7 +146,19 @@ def time_forward(model, ids):
     torch.cuda.reset_peak_memory_stats()
     # median of about 20 forwards after 0.5 s of warm-up (means of 10 moved by up to 15%)
     t = triton.testing.do_bench(fwd, warmup=500, rep=2500, return_mode="median") / 1e3
-    return t, torch.cuda.max_memory_allocated() / 2**30
+    peak = torch.cuda.max_memory_allocated() / 2**30
+    enq, wall = [], []
+    for _ in range(7):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fwd()
+        t1 = time.perf_counter()
+        torch.cuda.synchronize()
+        enq.append(t1 - t0)
+        wall.append(time.perf_counter() - t0)
+    HOST.clear()
+    HOST.update(enqueue_s=sorted(enq)[3], wall_s=sorted(wall)[3])
+    return t, peak
 
 
 # ------------------------------------------------------------------------- codes and error
@@ -142,12 +172,18 @@ def check_layers(shape, tokens, dev):
             quantize_fair_calib(lm, groups)
         else:
             quantize_quarot(lm, groups, hd)
-        rec = {}
-        hooks = [m.register_forward_hook(lambda m, a, y, n=n: rec.__setitem__(n, a[0]))
+        rec, outs = {}, {}
+
+        def hook(m, a, y, n):
+            rec[n], outs[n] = a[0], y
+        # unfused SwiGLU products: every linear, down_proj included, sees its own input
+        lowbit.set_gated_fusion(lm.model, False)
+        hooks = [m.register_forward_hook(lambda m, a, y, n=n: hook(m, a, y, n))
                  for n, m in lm.model.named_modules() if isinstance(m, QuantLinear)]
         lm.model(input_ids=ids_for(shape, 1, tokens, dev))
         for h in hooks:
             h.remove()
+        check_gated_codes(lm, outs, shape, variant)
         seen = set()
         for n, x in rec.items():
             be = lm.model.get_submodule(n).backend
@@ -182,61 +218,87 @@ def check_layers(shape, tokens, dev):
         torch.cuda.empty_cache()
 
 
+def check_gated_codes(lm, outs, shape, variant):
+    """Each fused SwiGLU MLP's down_proj codes formed in the kernel from gate's and up's
+    outputs against the emulation of torch's product (CUDA SiLU, bf16 product)."""
+    for mname, m in lm.model.named_modules():
+        if not isinstance(m, lowbit._GatedForward):
+            continue
+        gate, up, down = (f"{mname}.{n}" for n in m._gated[0])
+        inp = lm.model.get_submodule(down).backend.inp
+        g2, u2 = (outs[n].reshape(-1, inp.dim) for n in (gate, up))
+        c, sc = inp.quantize(g2, u2)
+        ref_c, ref_s = inp.scales_and_codes(inp.transform(lowbit.silu_mul(g2, u2)))
+        emit({"kind": "codes_gated", "shape": shape, "variant": variant, "group": down,
+              "tokens": g2.shape[0], "dim": inp.dim,
+              "code_mismatch_frac": (c.float() != ref_c).float().mean().item(),
+              "scale_max_rel_diff": ((sc - ref_s).abs() / ref_s).max().item()})
+
+
 # --------------------------------------------------------------------------------- forward
 @torch.no_grad()
-def bench_forward(shape, token_shapes, dev, profile):
+def bench_forward(shape, token_shapes, dev, profile, split_best=None):
+    """bf16 FP forward against the real W4A4 forward of each structure (FAIR-Calib/FlatQuant,
+    QuaRot, RTN), at each token shape; FAIR-Calib also with the SwiGLU products unfused, and
+    with ``split_best`` (split-kernel settings) where given."""
+    from fair_calib.quant import lowbit_triton as lt
     hd = shapes.SHAPES[shape]["hidden_size"] // shapes.SHAPES[shape]["num_attention_heads"]
     res = {f"{b}x{s}": {} for b, s in token_shapes}
+
+    def measure(name, model):
+        for b, s in token_shapes:
+            t, peak = time_forward(model, ids_for(shape, b, s, dev))
+            res[f"{b}x{s}"][name] = (t, peak, dict(HOST))
+
     lm = shapes.build(shape, device=dev)
     groups = block_groups(lm, dev)
-    for b, s in token_shapes:
-        res[f"{b}x{s}"]["bf16"] = time_forward(lm.model, ids_for(shape, b, s, dev))
+    measure("bf16", lm.model)
     t0 = time.perf_counter()
     quantize_fair_calib(lm, groups)
     torch.cuda.synchronize()
     attach_s = time.perf_counter() - t0
-    for b, s in token_shapes:
-        res[f"{b}x{s}"]["w4a4_fair_calib_packed"] = time_forward(lm.model, ids_for(shape, b, s, dev))
+    measure("w4a4_fair_calib", lm.model)
     if profile:
         profile_forward(lm.model, ids_for(shape, *token_shapes[0], dev), shape)
-    lowbit.set_norm_fusion(lm.model, False)
-    for b, s in token_shapes:
-        res[f"{b}x{s}"]["w4a4_fair_calib_packed_unfused"] = time_forward(
-            lm.model, ids_for(shape, b, s, dev))
-    lowbit.set_norm_fusion(lm.model, True)
-    from fair_calib.quant import lowbit_triton
-    lowbit_triton.SPLIT = False
-    for b, s in token_shapes:
-        res[f"{b}x{s}"]["w4a4_fair_calib_packed_padded"] = time_forward(
-            lm.model, ids_for(shape, b, s, dev))
-    lowbit_triton.SPLIT = True
+    lowbit.set_gated_fusion(lm.model, False)
+    measure("w4a4_fair_calib_ungated", lm.model)
+    lowbit.set_gated_fusion(lm.model, True)
+    if split_best:
+        defaults = {k: getattr(lt, k) for k in split_best}
+        for k, v in split_best.items():
+            setattr(lt, k, v)
+        measure("w4a4_fair_calib_split_best", lm.model)
+        for k, v in defaults.items():
+            setattr(lt, k, v)
     if EXTRA:
         to_fp8_storage(lm)
-        for b, s in token_shapes:
-            res[f"{b}x{s}"]["w4a4_fair_calib_fp8w"] = time_forward(lm.model, ids_for(shape, b, s, dev))
+        measure("w4a4_fair_calib_fp8w", lm.model)
     del lm
     torch.cuda.empty_cache()
-    lm = shapes.build(shape, device=dev)
-    quantize_quarot(lm, groups, hd)
-    for b, s in token_shapes:
-        res[f"{b}x{s}"]["w4a4_quarot_packed"] = time_forward(lm.model, ids_for(shape, b, s, dev))
-    del lm
-    torch.cuda.empty_cache()
+    for name, build in (("w4a4_quarot", lambda lm: quantize_quarot(lm, groups, hd)),
+                        ("w4a4_rtn", lambda lm: quantize_rtn(lm, groups))):
+        lm = shapes.build(shape, device=dev)
+        build(lm)
+        measure(name, lm.model)
+        del lm
+        torch.cuda.empty_cache()
     if EXTRA:
         lm = shapes.build(shape, device=dev)
         quantize_fair_calib(lm, groups, bits=8)          # INT8 tensor cores
-        for b, s in token_shapes:
-            res[f"{b}x{s}"]["w8a8_fair_calib_int8"] = time_forward(lm.model, ids_for(shape, b, s, dev))
+        measure("w8a8_fair_calib_int8", lm.model)
         del lm
         torch.cuda.empty_cache()
     for key, r in res.items():
-        fp_t, fp_m = r["bf16"]
-        emit({"kind": "forward", "shape": shape, "tokens": key, "device": torch.cuda.get_device_name(),
+        fp_t, fp_m, fp_h = r["bf16"]
+        emit({"kind": "forward", "shape": shape, "tokens": key,
+              "device": torch.cuda.get_device_name(), "split": split_best,
               "attach_s": attach_s, "bf16_s": fp_t, "bf16_peak_gb": fp_m,
+              "bf16_enqueue_s": fp_h["enqueue_s"], "bf16_wall_s": fp_h["wall_s"],
               **{f"{k}_s": v[0] for k, v in r.items() if k != "bf16"},
               **{f"{k}_ratio": v[0] / fp_t for k, v in r.items() if k != "bf16"},
               **{f"{k}_peak_ratio": v[1] / fp_m for k, v in r.items() if k != "bf16"},
-              **{f"{k}_peak_gb": v[1] for k, v in r.items() if k != "bf16"}})
+              **{f"{k}_enqueue_s": v[2]["enqueue_s"] for k, v in r.items() if k != "bf16"},
+              **{f"{k}_wall_s": v[2]["wall_s"] for k, v in r.items() if k != "bf16"}})
 
 
 def profile_forward(model, ids, shape):
@@ -258,11 +320,9 @@ def sweep_configs(inp):
         out.append((f"loop8_w{w}", {"NUM_WARPS": w, "PROGRAMS_PER_SM": 8}))
     if inp.p1 is not None and max(inp.n1, inp.n2) > 64:
         out.append(("cublas_first", {"WIDE": False, "MAX_FACTOR": 32, "MAX_TILE": 32 * 32}))
-        for br, bc in ((64, 64), (32, 64), (32, 128), (128, 64)):
-            for w in (4, 8):
-                out.append((f"wide_r{br}_c{bc}_w{w}", {"WIDE": True, "MAX_FACTOR": 64,
-                                                       "MAX_TILE": 64 * 64, "WIDE_BR": br,
-                                                       "WIDE_BC": bc, "NUM_WARPS": w}))
+        for st in SPLIT_SETTINGS:
+            out.append((f"split_r{st['SPLIT_BR']}_w{st['SPLIT_WARPS']}_cols{st['SPLIT_COLS']:d}",
+                        {"WIDE": True, "MAX_FACTOR": 64, "MAX_TILE": 64 * 64, **st}))
     return out
 
 
@@ -276,8 +336,8 @@ def time_groups(shape, tokens, dev):
 
     from fair_calib.quant import lowbit_triton
     defaults = {a: getattr(lowbit_triton, a) for a in
-                ("NUM_WARPS", "PROGRAMS_PER_SM", "MAX_FACTOR", "MAX_TILE", "WIDE", "WIDE_BR",
-                 "WIDE_BC")}
+                ("NUM_WARPS", "PROGRAMS_PER_SM", "MAX_FACTOR", "MAX_TILE", "WIDE",
+                 *SPLIT_SETTINGS[0])}
     hd = shapes.SHAPES[shape]["hidden_size"] // shapes.SHAPES[shape]["num_attention_heads"]
     for variant in ("fair_calib", "quarot"):
         lm = shapes.build(shape, layers=1, device=dev)
@@ -317,7 +377,7 @@ def time_groups(shape, tokens, dev):
         torch.cuda.empty_cache()
 
 
-# ------------------------------------------------------------------ split vs padded kernel
+# ----------------------------------------------------------------------- split kernel sweep
 class SyntheticInput:
     """A low-bit input group of random orthogonal Kronecker factors (n1 x n2), diagonal,
     fused RMSNorm and K readers, with :class:`lowbit.LowBitInput`'s own emulation methods."""
@@ -326,7 +386,7 @@ class SyntheticInput:
     transform = lowbit.LowBitInput.transform
     scales_and_codes = lowbit.LowBitInput.scales_and_codes
 
-    def __init__(self, n1, n2, dev, k=2, norm=True, diag=True, p2=True, dtype=torch.bfloat16):
+    def __init__(self, n1, n2, dev, k=1, norm=False, diag=True, p2=True, dtype=torch.bfloat16):
         g = torch.Generator().manual_seed(n1 * 1000 + n2)
         self.dim, self.n1, self.n2, self.bits, self.kind, self.static = n1 * n2, n1, n2, 4, "fp8", False
         q1 = torch.linalg.qr(torch.randn(n1, n1, generator=g))[0]
@@ -344,52 +404,59 @@ class SyntheticInput:
         self.n_readers = k
 
 
+SPLIT_SETTINGS = [
+    {"SPLIT_BR": 64, "SPLIT_WARPS": 4, "SPLIT_COLS": True},
+    {"SPLIT_BR": 64, "SPLIT_WARPS": 4, "SPLIT_COLS": False},
+    {"SPLIT_BR": 128, "SPLIT_WARPS": 8, "SPLIT_COLS": True},
+    {"SPLIT_BR": 128, "SPLIT_WARPS": 4, "SPLIT_COLS": True},
+    {"SPLIT_BR": 64, "SPLIT_WARPS": 8, "SPLIT_COLS": True},
+    {"SPLIT_BR": 32, "SPLIT_WARPS": 4, "SPLIT_COLS": True},
+]
+
+
 @torch.no_grad()
-def split_check(dev, tokens=4096):
-    """The chunked kernel with split sides at a few (rows per chunk, warps) settings against
-    the padded kernel on the same input (fraction of codes that differ: the same products
-    summed in another order) and timed; reports the setting fastest over all cases whose codes
-    agree with the padded kernel's to 1e-5, and leaves the module's defaults in place (on an
-    H100 this synthetic sweep picked 8 warps, which made the model's own down_proj kernels
-    slower: ``docs/benchmarks.md``). Exactness against the emulation is the ``codes`` records
-    (the model's own groups)."""
+def split_sweep(dev, tokens=4096):
+    """The split kernel at a few settings (rows per chunk, warps, right product as column
+    pieces or 64-column chunks) on the down_proj inputs (SwiGLU product formed in the kernel,
+    diagonal, Kronecker factors: Dream's 128 x 148, LLaDA's 96 x 128, Dream QuaRot's 148 x 128):
+    codes against the emulation's (torch's SiLU and product, cuBLAS's transform) and median
+    time. Returns the setting fastest over all cases whose codes agree to 1e-5; the module's
+    defaults stay in place."""
     import triton.testing
 
     from fair_calib.quant import lowbit_triton as lt
-    cases = [(128, 148, {"norm": False}), (96, 128, {"norm": False}),
-             (148, 128, {"norm": False, "diag": False}), (128, 148, {})]
-    settings = [(br, w) for br in (64, 32) for w in (4, 8)]
-    defaults = (lt.SPLIT_BR, lt.SPLIT_WARPS)
-    total = {st: 0.0 for st in settings}
+    cases = [(128, 148, {}), (96, 128, {}), (148, 128, {"diag": False})]
+    defaults = {k: getattr(lt, k) for k in SPLIT_SETTINGS[0]}
+    total = [0.0] * len(SPLIT_SETTINGS)
     for n1, n2, kw in cases:
         inp = SyntheticInput(n1, n2, dev, **kw)
-        x = torch.randn(tokens, n1 * n2, device=dev) * 3
-        x[:, :5] *= 30
-        x = x.to(torch.bfloat16)
-        rec = {"kind": "split_check", "tile": [n1, n2], **kw, "tokens": tokens,
+        x = (torch.randn(tokens, n1 * n2, device=dev) * 3).to(torch.bfloat16)
+        up = torch.randn(tokens, n1 * n2, device=dev).to(torch.bfloat16)
+        up[:, :5] *= 30
+        ref, ref_s = inp.scales_and_codes(inp.transform(lowbit.silu_mul(x, up)))
+        rec = {"kind": "split_sweep", "tile": [n1, n2], **kw, "tokens": tokens,
                "pieces": [lt.split_pow2(n1), lt.split_pow2(n2)]}
-        lt.SPLIT = False
-        ref, _ = lt.quantize_input(inp, x)
-        rec["padded_us"] = triton.testing.do_bench(lambda: lt.quantize_input(inp, x),
-                                                   return_mode="median") * 1e3
-        lt.SPLIT = True
-        for br, w in settings:
-            lt.SPLIT_BR, lt.SPLIT_WARPS = br, w
+        for i, st in enumerate(SPLIT_SETTINGS):
+            for k, v in st.items():
+                setattr(lt, k, v)
+            name = f"br{st['SPLIT_BR']}_w{st['SPLIT_WARPS']}_{'cols' if st['SPLIT_COLS'] else 'c64'}"
             try:
-                c, _ = lt.quantize_input(inp, x)
+                c, sc = lt.quantize_input(inp, x, up)
                 bad = (c.float() != ref.float()).float().mean().item()
-                t = triton.testing.do_bench(lambda: lt.quantize_input(inp, x),
+                srel = ((sc - ref_s).abs() / ref_s).max().item()
+                t = triton.testing.do_bench(lambda: lt.quantize_input(inp, x, up),
                                             return_mode="median") * 1e3
             except Exception as err:  # noqa: BLE001 - e.g. out of resources
-                bad, t = 1.0, float("inf")
-                rec[f"br{br}_w{w}_error"] = repr(err)[:120]
-            rec[f"br{br}_w{w}"] = [round(t, 1), bad]
-            total[(br, w)] += t if bad < 1e-5 else float("inf")
+                bad, srel, t = 1.0, 1.0, float("inf")
+                rec[f"{name}_error"] = repr(err)[:160]
+            rec[name] = [round(t, 1), bad, srel]
+            total[i] += t if bad < 1e-5 else float("inf")
+        for k, v in defaults.items():
+            setattr(lt, k, v)
         emit(rec)
-    best = min(total, key=total.get)
-    lt.SPLIT_BR, lt.SPLIT_WARPS = defaults
-    emit({"kind": "split_choice", "br": best[0], "warps": best[1],
-          "total_us": {f"br{k[0]}_w{k[1]}": v for k, v in total.items()}})
+    best = min(range(len(total)), key=total.__getitem__)
+    emit({"kind": "split_choice", "best": SPLIT_SETTINGS[best], "total_us": total})
+    return SPLIT_SETTINGS[best] if total[best] < float("inf") else None
 
 
 # ------------------------------------------------------------------------ decode batching
@@ -443,9 +510,10 @@ def main(argv=None):
     OUT, EXTRA = args.out, args.extra
     dev = "cuda"
     skip = set(filter(None, args.skip.split(",")))
+    split_best = None
     if "split" not in skip:
         try:
-            split_check(dev)
+            split_best = split_sweep(dev)
         except Exception as err:  # noqa: BLE001 - report and go on
             import traceback
             traceback.print_exc()
@@ -457,7 +525,8 @@ def main(argv=None):
     for shape in args.shapes:
         for stage, fn in (("layers", lambda: check_layers(shape, 2048, dev)),
                           ("kernels", lambda: time_groups(shape, 4096, dev)),
-                          ("forward", lambda: [bench_forward(shape, token_shapes, dev, r == 0)
+                          ("forward", lambda: [bench_forward(shape, token_shapes, dev, r == 0,
+                                                             split_best)
                                                for r in range(args.repeat)]),
                           ("decode", lambda: decode_batch(shape, args.decode_layers, dev))):
             if stage in skip:

@@ -84,7 +84,8 @@ def load_quantized(loaded, calib_dir: str | Path, fold: bool = True, keep_fp: bo
         if fold:
             fold_block(block, drop_fp=not keep_fp)
     if fold and mode != "fake":
-        # each RMSNorm read only by one low-bit group runs inside that group's kernel
-        lowbit_mod.fuse_input_norms(loaded)
+        # each RMSNorm read only by one low-bit group, and each SwiGLU product, is formed
+        # inside the quantizing kernel of the group that reads it
+        lowbit_mod.fuse_inputs(loaded)
     loaded.model.eval()
     return loaded

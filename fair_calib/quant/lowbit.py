@@ -11,7 +11,8 @@ bf16 out); codes of up to 8 bits run on INT8 tensor cores (``torch._int_mm``, W8
 
 Per layer input group (:class:`LowBitInput`, shared by q/k/v or gate/up as the
 :class:`InputQuant` it replaces): the RMSNorm that feeds it where nothing else reads that
-norm's output (:func:`fuse_block_norms`, run by ``load_quantized``), the online transform
+norm's output (:func:`fuse_block_norms`, run by ``load_quantized``), or for a SwiGLU MLP's
+down_proj the product SiLU(gate) * up (:func:`fuse_block_gated`), the online transform
 (FlatQuant's folded Kronecker factors and diagonal, or QuaRot's online Hadamard), the
 per-token (or static, QDrop) scale of every reader and the codes, in one fused Triton kernel
 on CUDA (:mod:`lowbit_triton`; a transform factor wider than 256 goes through cuBLAS first).
@@ -33,8 +34,10 @@ fake-quant forward.
 from __future__ import annotations
 
 import os
+from itertools import permutations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from .export import pack_int4, quant_basis_weight, unpack_int4
@@ -216,22 +219,28 @@ class LowBitInput(nn.Module):
         codes = torch.clamp(torch.round(xf.unsqueeze(0) / s.unsqueeze(-1)), -q - 1, q)
         return codes, s.contiguous()
 
-    def quantize(self, x2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Codes [K, T, dim] (int8 in emulation; FP8 e4m3 or int8 on CUDA) and scales [K, T]."""
+    def quantize(self, x2: torch.Tensor, up: torch.Tensor | None = None
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Codes [K, T, dim] (int8 in emulation; FP8 e4m3 or int8 on CUDA) and scales [K, T]
+        of x2 [T, dim], or with ``up`` [T, dim] of :func:`silu_mul` (x2, up) (x2 the gate)."""
         if self.mode == "real":
             from . import lowbit_triton
-            return lowbit_triton.quantize_input(self, x2)
+            return lowbit_triton.quantize_input(self, x2, up)
+        if up is not None:
+            x2 = silu_mul(x2, up)
         codes, s = self.scales_and_codes(self.transform(x2))
         return codes.to(torch.int8), s
 
-    def forward(self, x: torch.Tensor, user: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """(codes [T, dim], scales [T]) of reader ``user`` for x [..., dim]; readers fed the
-        same tensor object share one computation."""
+    def forward(self, x: torch.Tensor, user: int, up: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(codes [T, dim], scales [T]) of reader ``user`` for x [..., dim] (with ``up``: for
+        SiLU(x) * up); readers fed the same tensor object share one computation."""
         c = self._cache
         if c is not None and c[0] is x and c[2] < self.n_users:
             outs, uses = c[1], c[2] + 1
         else:
-            outs, uses = self.quantize(x.reshape(-1, self.dim)), 1
+            outs, uses = self.quantize(x.reshape(-1, self.dim),
+                                       None if up is None else up.reshape(-1, self.dim)), 1
         self._cache = (x, outs, uses) if uses < self.n_users else None
         k = min(user, self.n_readers - 1)
         return outs[0][k], outs[1][k]
@@ -292,8 +301,10 @@ class LowBitLinear(nn.Module):
             return unpack_int4(self.qweight, self.in_features)
         return self.qweight.float().to(torch.int8)      # int8 or FP8 storage: exact codes
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xc, xs = self.inp(x, self.user)
+    def forward(self, x: torch.Tensor, up: torch.Tensor | None = None) -> torch.Tensor:
+        """y for input x, or with ``up`` for input :func:`silu_mul` (x, up) (a fused SwiGLU
+        MLP's down_proj: the product is formed inside the quantizing kernel)."""
+        xc, xs = self.inp(x, self.user, up)
         if self.mode == "real":
             from . import lowbit_triton
             y = lowbit_triton.gemm(self, xc, xs, x.dtype)
@@ -510,10 +521,120 @@ def _set_child(root: nn.Module, dotted: str, new: nn.Module) -> None:
     setattr(root.get_submodule(parent) if parent else root, leaf, new)
 
 
+# ------------------------------------------------------------------------ SwiGLU fusion
+# A SwiGLU MLP computes down(act(gate(x)) * up(x)). With its three linears on the low-bit
+# backend, the down_proj group's kernel takes gate's and up's outputs and forms the product
+# itself (:func:`silu_mul`'s arithmetic: SiLU in float32 rounded to the model dtype, the
+# product rounded once), so the product never goes through memory and the two elementwise
+# kernels that form it are gone. Which module is such an MLP, which linear is the gate and that
+# the activation is SiLU are found by running the block (the product's bits are compared),
+# never from family names.
+def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """The product a fused down_proj group reads (transformers' SwiGLU: ``ACT2FN["silu"]``)."""
+    return F.silu(gate) * up
+
+
+class _GatedForward:
+    """Mixin of a SwiGLU MLP whose down_proj forms the product in its kernel: under inference
+    (and while active) ``down(gate(x), up=up(x))``, else the MLP's own forward."""
+
+    def forward(self, x):
+        names, active = self._gated
+        if not active or torch.is_grad_enabled():
+            return super().forward(x)
+        gate, up, down = (self.get_submodule(n) for n in names)
+        return down.backend(gate(x), up(x))
+
+
+_GATED_CLASSES: dict[type, type] = {}
+
+
+def _set_gated(mlp: nn.Module, names: tuple[str, str, str] | None, active: bool) -> None:
+    """Give ``mlp`` the fused forward (names: gate, up, down, relative to it), switch it, or
+    (names None) restore its own class. The class swap keeps every parameter's name."""
+    cls = type(mlp)
+    if names is None:
+        if isinstance(mlp, _GatedForward):
+            mlp.__class__ = cls.__bases__[1]
+            del mlp._gated
+        return
+    if not isinstance(mlp, _GatedForward):
+        if cls not in _GATED_CLASSES:
+            _GATED_CLASSES[cls] = type(f"Gated{cls.__name__}", (_GatedForward, cls), {})
+        mlp.__class__ = _GATED_CLASSES[cls]
+    mlp._gated = (names, active)
+
+
+def set_gated_fusion(model: nn.Module, on: bool) -> int:
+    """Switch every fused SwiGLU MLP of ``model`` on or off (benchmarks, tests)."""
+    mlps = [m for m in model.modules() if isinstance(m, _GatedForward)]
+    for m in mlps:
+        _set_gated(m, m._gated[0], on)
+    return len(mlps)
+
+
+def _find_gated(block: nn.Module, qls: dict[str, QuantLinear], run):
+    """(mlp name, gate, up, down) of every module of ``block`` that computes exactly
+    down(silu(gate(x)) * up(x)) with three low-bit linears, down the only reader of its
+    group; found from one run of the block (tensor identity and the product's bits)."""
+    ins: dict[str, torch.Tensor] = {}
+    outs: dict[str, torch.Tensor] = {}
+
+    def record(name):
+        def hook(_m, args, out):
+            ins[name] = args[0] if args else None
+            outs[name] = out
+        return hook
+    hooks = [m.register_forward_hook(record(n)) for n, m in block.named_modules() if n]
+    try:
+        run()
+    finally:
+        for h in hooks:
+            h.remove()
+    found = []
+    for dn, down in qls.items():
+        parent, _, leaf = dn.rpartition(".")
+        if down.backend.inp.n_users != 1 or not parent or dn not in ins:
+            continue
+        sibs = [n for n in qls if n != dn and n.rpartition(".")[0] == parent and n in ins]
+        for gn, un in permutations(sibs, 2):
+            g, u = outs[gn], outs[un]
+            if (ins[gn] is not ins[un] or ins.get(parent) is not ins[gn]
+                    or outs.get(parent) is not outs[dn] or g.shape != ins[dn].shape
+                    or u.shape != g.shape or not torch.equal(silu_mul(g, u), ins[dn])):
+                continue
+            cut = len(parent) + 1
+            found.append((parent, gn[cut:], un[cut:], leaf))
+            break
+    return found
+
+
 @torch.no_grad()
-def fuse_input_norms(loaded, n_tokens: int = 16) -> int:
-    """:func:`fuse_block_norms` for every block of a loaded model whose linears run on a
-    low-bit backend, fed the model's own hidden states of a short probe sequence."""
+def fuse_block_gated(block: nn.Module, run, hidden: torch.Tensor) -> int:
+    """Fuse SiLU(gate) * up into the down_proj kernel of every SwiGLU MLP of ``block`` whose
+    linears all run on the low-bit backend (``run()`` runs the block once on ``hidden`` and
+    returns its output). The block's update must stay within ``FUSE_TOLERANCE`` of the
+    unfused one, else nothing is fused. Returns how many MLPs were fused."""
+    qls = {n: m for n, m in block.named_modules()
+           if isinstance(m, QuantLinear) and isinstance(m.backend, LowBitLinear)}
+    if len(qls) < 3:
+        return 0
+    out0 = run()
+    found = _find_gated(block, qls, run)
+    for parent, gate, up, down in found:
+        _set_gated(block.get_submodule(parent), (gate, up, down), True)
+    if found and _block_update_change(out0, run(), hidden) > FUSE_TOLERANCE:
+        for parent, *_ in found:
+            _set_gated(block.get_submodule(parent), None, False)
+        return 0
+    return len(found)
+
+
+@torch.no_grad()
+def fuse_inputs(loaded, n_tokens: int = 16) -> dict[str, int]:
+    """:func:`fuse_block_norms` and :func:`fuse_block_gated` for every block of a loaded model
+    whose linears run on a low-bit backend, fed the model's own hidden states of a short probe
+    sequence. Returns how many norms and MLPs were fused."""
     from .blockio import call_block, capture_block_inputs
 
     embed = loaded.embed
@@ -522,10 +643,14 @@ def fuse_input_norms(loaded, n_tokens: int = 16) -> int:
     inputs = capture_block_inputs(loaded.model, loaded.blocks[0], ids.to(embed.weight.device),
                                   1, device=embed.weight.device, hidden_dtype=embed.weight.dtype)
     h = inputs.hidden[0]
-    n = 0
+    counts = {"norms": 0, "gated": 0}
     for block in loaded.blocks:
         p = next(block.parameters())
         hid = h.to(p.device, p.dtype)
-        n += fuse_block_norms(block, lambda: call_block(block, inputs, 0, hid), hid)
-        h = call_block(block, inputs, 0, hid)
-    return n
+
+        def run(block=block, hid=hid):
+            return call_block(block, inputs, 0, hid)
+        counts["norms"] += fuse_block_norms(block, run, hid)
+        counts["gated"] += fuse_block_gated(block, run, hid)
+        h = run()
+    return counts

@@ -1,8 +1,10 @@
 """CUDA kernels of the low-bit backend (:mod:`lowbit`); imported only on CUDA, needs Triton.
 
 - :func:`quantize_input`: one fused Triton kernel per input group and call. Each program takes
-  one token's row viewed as [n1, n2]: the group's RMSNorm where it is fused
-  (:func:`lowbit.fuse_block_norms`; the input is then the norm's input), d (bf16 product, as
+  one token's row viewed as [n1, n2]: for a fused SwiGLU down_proj the product SiLU(gate) * up
+  (:func:`lowbit.fuse_block_gated`; the kernel reads gate's and up's outputs), the group's
+  RMSNorm where it is fused (:func:`lowbit.fuse_block_norms`; the input is then the norm's
+  input), d (bf16 product, as
   the fake quant), P1 X P2^T on the
   tensor cores (bf16 operands, float32 accumulation, each product rounded to the model dtype
   as ``kron_last`` rounds it), the token's max/min once, then for every reader the codes (FP8
@@ -10,9 +12,9 @@
   half-to-even (``rint``), as torch's, so the codes are those of
   :meth:`LowBitInput.scales_and_codes` on the same transformed values. Two factors of which
   one is wider than 64 (LLaDA's 96 x 128, Dream's 128 x 148 and 148 x 128) take
-  :func:`_act_quant_split_kernel` (``SPLIT``; :func:`_act_quant_wide_kernel` pads instead),
-  which forms the product in 64 x 64 chunks through a scratch row, each side of the tile split
-  into two power-of-two pieces (148 = 128 + 32); a factor wider than 256 (QuaRot's 1024-wide
+  :func:`_act_quant_split_kernel`, which forms the product 64 rows at a time through a scratch
+  row, each side of the tile split into two power-of-two pieces (148 = 128 + 32) rather than
+  padded to one (256); a factor wider than 256 (QuaRot's 1024-wide
   Hadamard on LLaDA's down_proj input) is applied by cuBLAS first (``kron_last``, the fake
   quant's own operations) and the kernel quantizes. Timings of each choice: ``docs/benchmarks.md``.
 - :func:`gemm`: FP8 codes x FP8 codes on the tensor cores (``torch._scaled_mm``, float32
@@ -35,20 +37,19 @@ NUM_WARPS: int | None = None   # override of the activation kernel's warps (benc
 # programs per multiprocessor of the activation kernel (each loops over tokens); None: one
 # program per token
 PROGRAMS_PER_SM: int | None = None
-# factors wider than one tile (up to WIDE_MAX): the chunked kernel (rows BR x columns BC of
-# the product at a time) instead of cuBLAS products before the quantizing kernel
+# factors wider than one tile (up to WIDE_MAX): the split kernel instead of cuBLAS products
+# before the quantizing kernel
 WIDE = True
 WIDE_MAX = 256
-WIDE_BR = 64
-WIDE_BC = 64
 # two factors of which one is wider than this also take the chunked kernel: measured on an
 # H100 at 4096 tokens, LLaDA's 96 x 128 down_proj input 193 us chunked vs 343 us in one tile
 WIDE_ABOVE = 64
-# the chunked kernel with each side split in two power-of-two pieces (148 = 128 + 32) instead
-# of padded to one (256); False: the padded kernel (benchmark comparison)
-SPLIT = True
 SPLIT_BR = 64          # rows of the product per chunk in the split kernel
 SPLIT_WARPS = 4
+# the right product's columns as the tile's two column pieces (Dream: 128 + 32) instead of
+# chunks of SPLIT_BC (64, 64, 64 for 148)
+SPLIT_COLS = True
+SPLIT_BC = 64
 _SMS: dict[int, int] = {}
 
 
@@ -79,11 +80,11 @@ def _rms_norm(x, nw, eps, n):
 
 
 @triton.jit
-def _act_quant_kernel(x_ptr, nw_ptr, d_ptr, p1_ptr, p2t_ptr, rmax_ptr, rmin_ptr, floor_ptr,
+def _act_quant_kernel(x_ptr, u_ptr, nw_ptr, d_ptr, p1_ptr, p2t_ptr, rmax_ptr, rmin_ptr, floor_ptr,
                       static_ptr, codes_ptr, scales_ptr, T, qmax_f, eps,
                       N1: tl.constexpr, N2: tl.constexpr, B1: tl.constexpr, B2: tl.constexpr,
-                      HAS_NORM: tl.constexpr, HAS_D: tl.constexpr, HAS_P1: tl.constexpr,
-                      HAS_P2: tl.constexpr,
+                      GATED: tl.constexpr, HAS_NORM: tl.constexpr, HAS_D: tl.constexpr,
+                      HAS_P1: tl.constexpr, HAS_P2: tl.constexpr,
                       K: tl.constexpr, QMAX: tl.constexpr, STATIC: tl.constexpr,
                       FP32: tl.constexpr):
     # programs loop over tokens (pid, pid + grid, ...): the factors are read once per program
@@ -104,8 +105,10 @@ def _act_quant_kernel(x_ptr, nw_ptr, d_ptr, p1_ptr, p2t_ptr, rmax_ptr, rmin_ptr,
         p2 = tl.load(p2t_ptr + b[:, None] * N2 + b[None, :],
                      mask=(b[:, None] < N2) & (b[None, :] < N2), other=0.0)
     for tt in range(tl.program_id(0), T, tl.num_programs(0)):
-        t = tt.to(tl.int64)
+        t = tl.cast(tt, tl.int64)
         x = tl.load(x_ptr + t * (N1 * N2) + off, mask=mask, other=0.0)
+        if GATED:
+            x = _silu_mul(x, tl.load(u_ptr + t * (N1 * N2) + off, mask=mask, other=0.0))
         dt = x.dtype
         if HAS_NORM:
             x = _rms_norm(x, nw, eps, N1 * N2)
@@ -140,81 +143,32 @@ def _act_quant_kernel(x_ptr, nw_ptr, d_ptr, p1_ptr, p2t_ptr, rmax_ptr, rmin_ptr,
 
 
 @triton.jit
-def _act_quant_wide_kernel(x_ptr, nw_ptr, d_ptr, p1_ptr, p2t_ptr, rmax_ptr, rmin_ptr,
-                           floor_ptr, static_ptr, z_ptr, codes_ptr, scales_ptr, T, qmax_f, eps,
-                           N1: tl.constexpr, N2: tl.constexpr, B1: tl.constexpr,
-                           B2: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr,
-                           HAS_NORM: tl.constexpr, HAS_D: tl.constexpr, HAS_P2: tl.constexpr,
-                           K: tl.constexpr,
-                           QMAX: tl.constexpr, STATIC: tl.constexpr, CH: tl.constexpr,
-                           NCH: tl.constexpr):
-    """Factors wider than one tile: Z = P1 X P2^T in chunks of BR rows x BC columns (each
-    chunk's products rounded to the model dtype as the whole products are), written to a
-    scratch row ``z`` while the token's max/min accumulate, then quantized from it."""
-    t = tl.program_id(0).to(tl.int64)
-    i = tl.arange(0, B1)[:, None]
-    j = tl.arange(0, B2)[None, :]
-    mask = (i < N1) & (j < N2)
-    x = tl.load(x_ptr + t * (N1 * N2) + i * N2 + j, mask=mask, other=0.0)
-    dt = x.dtype
-    if HAS_NORM:
-        nw = tl.load(nw_ptr + i * N2 + j, mask=mask, other=0.0).to(tl.float32)
-        x = _rms_norm(x, nw, eps, N1 * N2)
-    if HAS_D:
-        d = tl.load(d_ptr + i * N2 + j, mask=mask, other=0.0)
-        x = (x.to(tl.float32) * d.to(tl.float32)).to(dt)
-    hi = tl.zeros([], dtype=tl.float32)
-    lo = tl.zeros([], dtype=tl.float32)
-    kk = tl.arange(0, B1)
-    bb = tl.arange(0, B2)
-    zrow = z_ptr + t * (N1 * N2)
-    for r in tl.static_range(B1 // BR):
-        rr = r * BR + tl.arange(0, BR)
-        p1 = tl.load(p1_ptr + rr[:, None] * N1 + kk[None, :],
-                     mask=(rr[:, None] < N1) & (kk[None, :] < N1), other=0.0)
-        y = tl.dot(p1, x).to(dt)                                   # [BR, B2]
-        if HAS_P2:
-            for c in tl.static_range(B2 // BC):
-                cc = c * BC + tl.arange(0, BC)
-                p2 = tl.load(p2t_ptr + bb[:, None] * N2 + cc[None, :],
-                             mask=(bb[:, None] < N2) & (cc[None, :] < N2), other=0.0)
-                z = tl.dot(y, p2).to(dt)                           # [BR, BC]
-                tl.store(zrow + rr[:, None] * N2 + cc[None, :], z,
-                         mask=(rr[:, None] < N1) & (cc[None, :] < N2))
-                zf = z.to(tl.float32)
-                hi = tl.maximum(hi, tl.max(tl.max(zf, axis=1), axis=0))
-                lo = tl.minimum(lo, tl.min(tl.min(zf, axis=1), axis=0))
-        else:
-            tl.store(zrow + rr[:, None] * N2 + bb[None, :], y,
-                     mask=(rr[:, None] < N1) & (bb[None, :] < N2))
-            yf = y.to(tl.float32)
-            hi = tl.maximum(hi, tl.max(tl.max(yf, axis=1), axis=0))
-            lo = tl.minimum(lo, tl.min(tl.min(yf, axis=1), axis=0))
-    tl.debug_barrier()                 # the scratch row is read back by other threads
-    lo = -lo
-    for k in tl.static_range(K):
-        if STATIC:
-            s = tl.load(static_ptr + k)
-        else:
-            m = tl.maximum(lo * tl.load(rmin_ptr + k), hi * tl.load(rmax_ptr + k))
-            s = tl.maximum(libdevice.div_rn(m, qmax_f), tl.load(floor_ptr + k))
-            s = tl.where(m == 0.0, 1.0, s)
-        tl.store(scales_ptr + k * T + t, s)
-        for ch in tl.static_range(NCH):
-            o = ch * CH + tl.arange(0, CH)
-            zf = tl.load(zrow + o, mask=o < N1 * N2, other=0.0).to(tl.float32)
-            q = libdevice.rint(libdevice.div_rn(zf, s))
-            q = tl.minimum(tl.maximum(q, -QMAX - 1.0), QMAX * 1.0)
-            tl.store(codes_ptr + (k * T + t) * (N1 * N2) + o, q.to(codes_ptr.dtype.element_ty),
-                     mask=o < N1 * N2)
-
-
-@triton.jit
 def _piece(ptr, r0, RP: tl.constexpr, c0, CP: tl.constexpr, N1: tl.constexpr, N2: tl.constexpr):
     """Rows r0..r0+RP x columns c0..c0+CP of a row-major [N1, N2] tile (zero outside)."""
     r = r0 + tl.arange(0, RP)[:, None]
     c = c0 + tl.arange(0, CP)[None, :]
     return tl.load(ptr + r * N2 + c, mask=(r < N1) & (c < N2), other=0.0)
+
+
+@triton.jit
+def _silu_mul(g, u):
+    """:func:`lowbit.silu_mul` as torch computes it on CUDA: SiLU in float32 (IEEE division,
+    the accurate exp) rounded to g's dtype, then the product (exact in float32 for two bf16
+    values) rounded once. Zero padding stays zero."""
+    dt = g.dtype
+    gf = g.to(tl.float32)
+    a = libdevice.div_rn(gf, 1.0 + libdevice.exp(-gf)).to(dt)
+    return (a.to(tl.float32) * u.to(tl.float32)).to(dt)
+
+
+@triton.jit
+def _input_piece(ptr, uptr, r0, RP: tl.constexpr, c0, CP: tl.constexpr, N1: tl.constexpr,
+                 N2: tl.constexpr, GATED: tl.constexpr):
+    """A piece of the token's input: x, or SiLU(gate) * up where the group is GATED."""
+    x = _piece(ptr, r0, RP, c0, CP, N1, N2)
+    if GATED:
+        x = _silu_mul(x, _piece(uptr, r0, RP, c0, CP, N1, N2))
+    return x
 
 
 @triton.jit
@@ -240,32 +194,68 @@ def _prep(x, nw_ptr, d_ptr, rinv, r0, RP: tl.constexpr, c0, CP: tl.constexpr,
 
 
 @triton.jit
-def _act_quant_split_kernel(x_ptr, nw_ptr, d_ptr, p1_ptr, p2t_ptr, rmax_ptr, rmin_ptr,
+def _right_product(ya, yb, p2t_ptr, c0, CP: tl.constexpr, CA: tl.constexpr, CB: tl.constexpr,
+                   SC: tl.constexpr, N2: tl.constexpr):
+    """Columns c0..c0+CP of [ya | yb] P2^T (the row pieces' partial sums added in float32),
+    rounded to the model dtype."""
+    cc = c0 + tl.arange(0, CP)
+    ka = tl.arange(0, CA)
+    p2a = tl.load(p2t_ptr + ka[:, None] * N2 + cc[None, :],
+                  mask=(ka[:, None] < N2) & (cc[None, :] < N2), other=0.0)
+    z = tl.dot(ya, p2a)
+    if SC:
+        kb = CA + tl.arange(0, CB)
+        p2b = tl.load(p2t_ptr + kb[:, None] * N2 + cc[None, :],
+                      mask=(kb[:, None] < N2) & (cc[None, :] < N2), other=0.0)
+        z = tl.dot(yb, p2b, z)
+    return z.to(ya.dtype)
+
+
+@triton.jit
+def _store_tracking(zrow, z, rr, c0, CP: tl.constexpr, N1: tl.constexpr, N2: tl.constexpr,
+                    hi, lo):
+    """Write a [rows, CP] piece of the transformed token to its scratch row; the token's
+    running max and min with it."""
+    cc = c0 + tl.arange(0, CP)
+    tl.store(zrow + rr[:, None] * N2 + cc[None, :], z,
+             mask=(rr[:, None] < N1) & (cc[None, :] < N2))
+    zf = z.to(tl.float32)
+    hi = tl.maximum(hi, tl.max(tl.max(zf, axis=1), axis=0))
+    lo = tl.minimum(lo, tl.min(tl.min(zf, axis=1), axis=0))
+    return hi, lo
+
+
+@triton.jit
+def _act_quant_split_kernel(x_ptr, u_ptr, nw_ptr, d_ptr, p1_ptr, p2t_ptr, rmax_ptr, rmin_ptr,
                             floor_ptr, static_ptr, z_ptr, codes_ptr, scales_ptr, T, qmax_f, eps,
                             N1: tl.constexpr, N2: tl.constexpr, RA: tl.constexpr,
                             RB: tl.constexpr, SR: tl.constexpr, CA: tl.constexpr,
                             CB: tl.constexpr, SC: tl.constexpr, BR: tl.constexpr,
-                            BC: tl.constexpr, HAS_NORM: tl.constexpr, HAS_D: tl.constexpr,
+                            BC: tl.constexpr, COLS: tl.constexpr, GATED: tl.constexpr,
+                            HAS_NORM: tl.constexpr, HAS_D: tl.constexpr,
                             HAS_P2: tl.constexpr, K: tl.constexpr, QMAX: tl.constexpr,
                             STATIC: tl.constexpr, CH: tl.constexpr, NCH: tl.constexpr):
-    """The chunked kernel with each side of the token's [N1, N2] tile split in two power-of-two
-    pieces (RA + RB rows, CA + CB columns; SR / SC: whether there is a second piece) instead
-    of padded to one: Dream's 148 is 128 + 32, not 256, so the products do about half the
-    work. The contractions add the pieces' float32 partial sums before rounding to the model
-    dtype (another summation order, as cuBLAS has its own)."""
+    """Factors wider than one tile: each side of the token's [N1, N2] tile split in two
+    power-of-two pieces (RA + RB rows, CA + CB columns; SR / SC: whether there is a second
+    piece; Dream's 148 is 128 + 32) rather than padded to one, Z = P1 X P2^T formed BR rows at
+    a time (its columns as the two pieces, COLS, or in chunks of BC), each product rounded to
+    the model dtype as the whole products are, written to a scratch row ``z`` while the
+    token's max/min accumulate, then quantized from it. The contractions add the pieces'
+    float32 partial sums before rounding (another summation order, as cuBLAS has its own)."""
     t = tl.program_id(0).to(tl.int64)
     xr = x_ptr + t * (N1 * N2)
-    xaa = _piece(xr, 0, RA, 0, CA, N1, N2)
+    ur = u_ptr + t * (N1 * N2)
+    xaa = _input_piece(xr, ur, 0, RA, 0, CA, N1, N2, GATED)
     dt = xaa.dtype
     ss = _sumsq(xaa)
     if SC:
-        xab = _piece(xr, 0, RA, CA, CB, N1, N2)
+        xab = _input_piece(xr, ur, 0, RA, CA, CB, N1, N2, GATED)
         ss += _sumsq(xab)
     if SR:
-        xba = _piece(xr, RA, RB, 0, CA, N1, N2)
+        xba = _input_piece(xr, ur, RA, RB, 0, CA, N1, N2, GATED)
         ss += _sumsq(xba)
         if SC:
-            xbb = _piece(xr, RA, RB, CA, CB, N1, N2)
+            xbb = _input_piece(xr, ur, RA, RB, CA, CB, N1, N2, GATED)
             ss += _sumsq(xbb)
     rinv = libdevice.rsqrt(libdevice.div_rn(ss, N1 * N2 * 1.0) + eps)
     xaa = _prep(xaa, nw_ptr, d_ptr, rinv, 0, RA, 0, CA, N1, N2, HAS_NORM, HAS_D)
@@ -279,8 +269,6 @@ def _act_quant_split_kernel(x_ptr, nw_ptr, d_ptr, p1_ptr, p2t_ptr, rmax_ptr, rmi
     lo = tl.zeros([], dtype=tl.float32)
     ka = tl.arange(0, RA)
     kb = RA + tl.arange(0, RB)
-    ca = tl.arange(0, CA)
-    cb = CA + tl.arange(0, CB)
     zrow = z_ptr + t * (N1 * N2)
     for r in tl.static_range((N1 + BR - 1) // BR):
         rr = r * BR + tl.arange(0, BR)
@@ -298,34 +286,23 @@ def _act_quant_split_kernel(x_ptr, nw_ptr, d_ptr, p1_ptr, p2t_ptr, rmax_ptr, rmi
         ya = ya.to(dt)
         if SC:
             yb = yb.to(dt)
-        if HAS_P2:
-            for c in tl.static_range((N2 + BC - 1) // BC):
-                cc = c * BC + tl.arange(0, BC)
-                p2a = tl.load(p2t_ptr + ca[:, None] * N2 + cc[None, :],
-                              mask=(ca[:, None] < N2) & (cc[None, :] < N2), other=0.0)
-                z = tl.dot(ya, p2a)
-                if SC:
-                    p2b = tl.load(p2t_ptr + cb[:, None] * N2 + cc[None, :],
-                                  mask=(cb[:, None] < N2) & (cc[None, :] < N2), other=0.0)
-                    z = tl.dot(yb, p2b, z)
-                z = z.to(dt)                                      # [BR, BC]
-                tl.store(zrow + rr[:, None] * N2 + cc[None, :], z,
-                         mask=(rr[:, None] < N1) & (cc[None, :] < N2))
-                zf = z.to(tl.float32)
-                hi = tl.maximum(hi, tl.max(tl.max(zf, axis=1), axis=0))
-                lo = tl.minimum(lo, tl.min(tl.min(zf, axis=1), axis=0))
         else:
-            tl.store(zrow + rr[:, None] * N2 + ca[None, :], ya,
-                     mask=(rr[:, None] < N1) & (ca[None, :] < N2))
-            yf = ya.to(tl.float32)
-            hi = tl.maximum(hi, tl.max(tl.max(yf, axis=1), axis=0))
-            lo = tl.minimum(lo, tl.min(tl.min(yf, axis=1), axis=0))
+            yb = ya                       # unused (SC false): keeps the helper's signature
+        if HAS_P2:
+            if COLS:
+                z = _right_product(ya, yb, p2t_ptr, 0, CA, CA, CB, SC, N2)
+                hi, lo = _store_tracking(zrow, z, rr, 0, CA, N1, N2, hi, lo)
+                if SC:
+                    z = _right_product(ya, yb, p2t_ptr, CA, CB, CA, CB, SC, N2)
+                    hi, lo = _store_tracking(zrow, z, rr, CA, CB, N1, N2, hi, lo)
+            else:
+                for c in tl.static_range((N2 + BC - 1) // BC):
+                    z = _right_product(ya, yb, p2t_ptr, c * BC, BC, CA, CB, SC, N2)
+                    hi, lo = _store_tracking(zrow, z, rr, c * BC, BC, N1, N2, hi, lo)
+        else:
+            hi, lo = _store_tracking(zrow, ya, rr, 0, CA, N1, N2, hi, lo)
             if SC:
-                tl.store(zrow + rr[:, None] * N2 + cb[None, :], yb,
-                         mask=(rr[:, None] < N1) & (cb[None, :] < N2))
-                yf = yb.to(tl.float32)
-                hi = tl.maximum(hi, tl.max(tl.max(yf, axis=1), axis=0))
-                lo = tl.minimum(lo, tl.min(tl.min(yf, axis=1), axis=0))
+                hi, lo = _store_tracking(zrow, yb, rr, CA, CB, N1, N2, hi, lo)
     tl.debug_barrier()                 # the scratch row is read back by other threads
     lo = -lo
     for k in tl.static_range(K):
@@ -345,14 +322,17 @@ def _act_quant_split_kernel(x_ptr, nw_ptr, d_ptr, p1_ptr, p2t_ptr, rmax_ptr, rmi
                      mask=o < N1 * N2)
 
 
-def quantize_input(inp, x2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(codes [K, T, dim], scales [K, T]) of a :class:`lowbit.LowBitInput` for x2 [T, dim]."""
-    from .lowbit import tile_shape
+def quantize_input(inp, x2: torch.Tensor, up: torch.Tensor | None = None
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(codes [K, T, dim], scales [K, T]) of a :class:`lowbit.LowBitInput` for x2 [T, dim],
+    or with ``up`` [T, dim] for :func:`lowbit.silu_mul` (x2, up) formed in the kernel."""
+    from .lowbit import silu_mul, tile_shape
     x2 = x2.contiguous()
+    up = None if up is None else up.contiguous()
     T, dim = x2.shape
     nw, eps = _fused_norm(inp, x2)
     if inp.norm is not None and nw is None:     # a norm the kernel does not take: torch first
-        x2 = inp.apply_norm(x2)
+        x2, up = inp.apply_norm(x2 if up is None else silu_mul(x2, up)), None
     # the kernels index the factors row-major
     d, p1, p2t = (None if v is None else v.contiguous() for v in (inp.d, inp.p1, inp.p2t))
     n1, n2 = inp.n1, inp.n2
@@ -361,37 +341,47 @@ def quantize_input(inp, x2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
                               or (p2t is not None and max(_pow2(n1), _pow2(n2)) > WIDE_ABOVE))
     if big and WIDE and _pow2(n1) <= WIDE_MAX and (p2t is None or _pow2(n2) <= WIDE_MAX) \
             and x2.dtype != torch.float32:
-        return _quantize_wide(inp, x2, nw, eps, d, p1, p2t, n1, n2)
-    if big:
+        return _quantize_split(inp, x2, up, nw, eps, d, p1, p2t, n1, n2)
+    if big:                                     # factors beyond one tile: cuBLAS first
+        x2 = silu_mul(x2, up) if up is not None else x2
         if nw is not None:
-            x2, nw = inp.apply_norm(x2), None
-        x2 = (x2 * d.to(x2.dtype)) if d is not None else x2     # factors beyond one tile: cuBLAS
+            x2 = inp.apply_norm(x2)
+        x2 = (x2 * d.to(x2.dtype)) if d is not None else x2
         x2 = kron_last(x2, p1.to(x2.dtype), None if p2t is None else p2t.to(x2.dtype), n1, n2)
-        d = p1 = p2t = None
+        up = nw = d = p1 = p2t = None
     if p1 is None:
         n1, n2 = tile_shape(dim)
-    K = inp.n_readers
-    code_dtype = torch.float8_e4m3fn if inp.kind == "fp8" else torch.int8
-    codes = torch.empty(K, T, dim, device=x2.device, dtype=code_dtype)
-    scales = torch.empty(K, T, device=x2.device, dtype=torch.float32)
+    codes, scales = _outputs(inp, T, dim, x2.device)
     if T == 0:
         return codes, scales
-    dummy = scales
     B1 = triton.next_power_of_2(n1) if p1 is None else _pow2(n1)
     B2 = triton.next_power_of_2(n2) if p1 is None else _pow2(n2)
     warps = NUM_WARPS or (4 if B1 * B2 <= 4096 else 8)
     _act_quant_kernel[(_grid(T, x2.device),)](
-        x2, nw if nw is not None else dummy, d.to(x2.dtype) if d is not None else dummy,
-        p1.to(x2.dtype) if p1 is not None else dummy,
-        p2t.to(x2.dtype) if p2t is not None else dummy,
-        inp.r_max if not inp.static else dummy, inp.r_min if not inp.static else dummy,
-        inp.floor if not inp.static else dummy, inp.static_scale if inp.static else dummy,
+        x2, *_operands(inp, x2, up, nw, d, p1, p2t, scales),
         codes, scales, T, float(2 ** (inp.bits - 1) - 1), eps,
-        N1=n1, N2=n2, B1=B1, B2=B2, HAS_NORM=nw is not None, HAS_D=d is not None,
-        HAS_P1=p1 is not None,
-        HAS_P2=p2t is not None, K=K, QMAX=2 ** (inp.bits - 1) - 1, STATIC=inp.static,
+        N1=n1, N2=n2, B1=B1, B2=B2, GATED=up is not None, HAS_NORM=nw is not None,
+        HAS_D=d is not None, HAS_P1=p1 is not None, HAS_P2=p2t is not None,
+        K=inp.n_readers, QMAX=2 ** (inp.bits - 1) - 1, STATIC=inp.static,
         FP32=x2.dtype == torch.float32, num_warps=warps)
     return codes, scales
+
+
+def _outputs(inp, T: int, dim: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    code_dtype = torch.float8_e4m3fn if inp.kind == "fp8" else torch.int8
+    return (torch.empty(inp.n_readers, T, dim, device=device, dtype=code_dtype),
+            torch.empty(inp.n_readers, T, device=device, dtype=torch.float32))
+
+
+def _operands(inp, x2, up, nw, d, p1, p2t, dummy) -> tuple:
+    """The kernels' pointer arguments after x: up, norm weight, d, P1, P2^T (in x's dtype),
+    then the readers' clip ratios, floors and static scales (``dummy`` where absent)."""
+    def cast(v):
+        return dummy if v is None else v.to(x2.dtype)
+    dyn = not inp.static
+    return (dummy if up is None else up, dummy if nw is None else nw, cast(d), cast(p1),
+            cast(p2t), inp.r_max if dyn else dummy, inp.r_min if dyn else dummy,
+            inp.floor if dyn else dummy, dummy if dyn else inp.static_scale)
 
 
 def split_pow2(n: int) -> tuple[int, int]:
@@ -409,46 +399,26 @@ def _fused_norm(inp, x2):
     return inp.norm[0].detach().contiguous(), float(inp.norm[1])
 
 
-def _quantize_wide(inp, x2, nw, eps, d, p1, p2t, n1, n2):
+def _quantize_split(inp, x2, up, nw, eps, d, p1, p2t, n1, n2):
     T, dim = x2.shape
-    K = inp.n_readers
-    code_dtype = torch.float8_e4m3fn if inp.kind == "fp8" else torch.int8
-    codes = torch.empty(K, T, dim, device=x2.device, dtype=code_dtype)
-    scales = torch.empty(K, T, device=x2.device, dtype=torch.float32)
+    codes, scales = _outputs(inp, T, dim, x2.device)
     if T == 0:
         return codes, scales
-    z = torch.empty_like(x2)
-    B1, B2 = _pow2(n1), _pow2(n2)
-    if min(B2, WIDE_BC) < 64 and p2t is not None:
+    if min(_pow2(n2), SPLIT_BC) < 64 and p2t is not None and not SPLIT_COLS:
         # seen on an H100 (Triton 3.6): column chunks of 32 gave wrong products and, at 4096
         # tokens, an illegal memory access
-        raise ValueError(f"lowbit_triton.WIDE_BC={WIDE_BC}: column chunks below 64 are refused")
+        raise ValueError(f"lowbit_triton.SPLIT_BC={SPLIT_BC}: column chunks below 64 are refused")
+    z = torch.empty_like(x2)
     CH = 2048
-    dummy = scales
-    if SPLIT:
-        (ra, rb), (ca, cb) = split_pow2(n1), split_pow2(n2)
-        _act_quant_split_kernel[(T,)](
-            x2, nw if nw is not None else dummy, d.to(x2.dtype) if d is not None else dummy,
-            p1.to(x2.dtype), p2t.to(x2.dtype) if p2t is not None else dummy,
-            inp.r_max if not inp.static else dummy, inp.r_min if not inp.static else dummy,
-            inp.floor if not inp.static else dummy, inp.static_scale if inp.static else dummy,
-            z, codes, scales, T, float(2 ** (inp.bits - 1) - 1), eps,
-            N1=n1, N2=n2, RA=ra, RB=max(rb, 16), SR=rb > 0, CA=ca, CB=max(cb, 16), SC=cb > 0,
-            BR=min(_pow2(n1), SPLIT_BR), BC=min(_pow2(n2), WIDE_BC), HAS_NORM=nw is not None,
-            HAS_D=d is not None, HAS_P2=p2t is not None, K=K, QMAX=2 ** (inp.bits - 1) - 1,
-            STATIC=inp.static, CH=CH, NCH=triton.cdiv(dim, CH), num_warps=SPLIT_WARPS)
-        return codes, scales
-    _act_quant_wide_kernel[(T,)](
-        x2, nw if nw is not None else dummy, d.to(x2.dtype) if d is not None else dummy,
-        p1.to(x2.dtype),
-        p2t.to(x2.dtype) if p2t is not None else dummy,
-        inp.r_max if not inp.static else dummy, inp.r_min if not inp.static else dummy,
-        inp.floor if not inp.static else dummy, inp.static_scale if inp.static else dummy,
+    (ra, rb), (ca, cb) = split_pow2(n1), split_pow2(n2)
+    _act_quant_split_kernel[(T,)](
+        x2, *_operands(inp, x2, up, nw, d, p1, p2t, scales),
         z, codes, scales, T, float(2 ** (inp.bits - 1) - 1), eps,
-        N1=n1, N2=n2, B1=B1, B2=B2, BR=min(B1, WIDE_BR), BC=min(B2, WIDE_BC),
-        HAS_NORM=nw is not None, HAS_D=d is not None, HAS_P2=p2t is not None, K=K,
-        QMAX=2 ** (inp.bits - 1) - 1,
-        STATIC=inp.static, CH=CH, NCH=triton.cdiv(dim, CH), num_warps=NUM_WARPS or 4)
+        N1=n1, N2=n2, RA=ra, RB=max(rb, 16), SR=rb > 0, CA=ca, CB=max(cb, 16), SC=cb > 0,
+        BR=min(_pow2(n1), SPLIT_BR), BC=min(_pow2(n2), SPLIT_BC), COLS=SPLIT_COLS,
+        GATED=up is not None, HAS_NORM=nw is not None, HAS_D=d is not None,
+        HAS_P2=p2t is not None, K=inp.n_readers, QMAX=2 ** (inp.bits - 1) - 1,
+        STATIC=inp.static, CH=CH, NCH=triton.cdiv(dim, CH), num_warps=SPLIT_WARPS)
     return codes, scales
 
 

@@ -214,10 +214,48 @@ def test_norm_with_another_reader_is_not_fused(calibrated):
         assert lowbit.attach_block(block, "emulate") == 7
     for lm in (fake, emu):
         lm.blocks[0].mlp.register_forward_hook(lambda m, a, out: out + a[0])
-    assert lowbit.fuse_input_norms(emu) == 2
+    assert lowbit.fuse_inputs(emu) == {"norms": 2, "gated": 1}
     assert not isinstance(emu.blocks[0].post_attention_layernorm, lowbit.DeferredNorm)
     assert not isinstance(emu.blocks[0].input_layernorm, lowbit.DeferredNorm)
     assert isinstance(emu.blocks[1].post_attention_layernorm, lowbit.DeferredNorm)
+    with torch.no_grad():
+        assert torch.allclose(emu.logits(IDS), fake.logits(IDS), rtol=1e-4, atol=1e-4)
+
+
+def test_swiglu_products_fused_into_down_proj(calibrated):
+    """Every block's SwiGLU MLP hands gate's and up's outputs to down_proj's group, which forms
+    SiLU(gate) * up itself (load_quantized fuses them; parameter names unchanged): the codes
+    from (gate, up) are those of the product, and switching fusion off changes no logit."""
+    d = calibrated("fair_calib", 4, 4)
+    emu = load_quantized(make(), d, lowbit="emulate")
+    assert "model.layers.0.mlp.down_proj.linear.weight" in dict(emu.model.named_parameters())
+    assert all(isinstance(b.mlp, lowbit._GatedForward) for b in emu.blocks)
+    mlp = emu.blocks[1].mlp
+    x = torch.randn(3, 5, mlp.gate_proj.in_features)
+    with torch.no_grad():
+        g, u = mlp.gate_proj(x), mlp.up_proj(x)
+        inp = mlp.down_proj.backend.inp
+        c1, s1 = inp.quantize(g.reshape(-1, inp.dim), u.reshape(-1, inp.dim))
+        c0, s0 = inp.quantize((mlp.act_fn(g) * u).reshape(-1, inp.dim))
+        assert torch.equal(c1, c0) and torch.equal(s1, s0)
+        fused = emu.logits(IDS)
+        assert lowbit.set_gated_fusion(emu.model, False) == 2
+        assert torch.equal(emu.logits(IDS), fused)
+
+
+def test_other_activations_are_not_fused(calibrated):
+    """An MLP whose activation is not SiLU (GELU in block 0) keeps its own forward; block 1 is
+    fused, and the model computes what fake quantization computes."""
+    d = calibrated("fair_calib", 4, 4)
+    fake = load_quantized(make(), d, lowbit="fake")
+    emu = load_quantized(make(), d, fold=False)
+    for block in emu.blocks:
+        lowbit.attach_block(block, "emulate")
+    for lm in (fake, emu):
+        lm.blocks[0].mlp.act_fn = torch.nn.GELU()
+    assert lowbit.fuse_inputs(emu)["gated"] == 1
+    assert not isinstance(emu.blocks[0].mlp, lowbit._GatedForward)
+    assert isinstance(emu.blocks[1].mlp, lowbit._GatedForward)
     with torch.no_grad():
         assert torch.allclose(emu.logits(IDS), fake.logits(IDS), rtol=1e-4, atol=1e-4)
 
@@ -266,6 +304,11 @@ class Shim:
 
     @staticmethod
     @triton.jit
+    def exp(x):
+        return tl.exp(x)
+
+    @staticmethod
+    @triton.jit
     def rint(x):
         f = tl.floor(x)
         r = x - f
@@ -292,27 +335,60 @@ class Group:
         self.floor, self.static_scale, self.n_readers = torch.zeros(2), None, 2
 
 
+def silu_mul_numpy(g, u):
+    # the interpreter's exp is numpy's: the reference's SiLU uses it too (torch's CPU exp is
+    # another correctly-rounded-or-not implementation; the GPU check compares with torch's)
+    import numpy as np
+    gn = g.numpy()
+    return torch.from_numpy(gn / (np.float32(1.0) + np.exp(-gn))) * u
+
+
+def check(inp, x, up, run):
+    xin = x if up is None else silu_mul_numpy(x, up)
+    ref_c, ref_s = inp.scales_and_codes(inp.transform(xin))
+    c, s = run()
+    bad = (c.float() != ref_c).float().mean().item()
+    rel = ((s - ref_s).abs() / ref_s).max().item()
+    return bad, rel
+
+
 for n1, n2, p2 in ((128, 148, True), (96, 128, True), (28, 128, False)):
     inp = Group(n1, n2, p2)
     x = torch.randn(3, n1 * n2, generator=torch.Generator().manual_seed(1)) * 3
     x[:, :5] *= 30
-    ref_c, ref_s = inp.scales_and_codes(inp.transform(x))
-    for split in (True, False):
-        lt.SPLIT = split
-        nw, eps = lt._fused_norm(inp, x)
-        c, s = lt._quantize_wide(inp, x, nw, eps, inp.d, inp.p1, inp.p2t, n1, n2)
-        bad = (c.float() != ref_c).float().mean().item()
-        rel = ((s - ref_s).abs() / ref_s).max().item()
-        print(n1, n2, split, bad, rel)
-        assert bad == 0.0 and rel < 1e-5, (n1, n2, split, bad, rel)
+    up = torch.randn(3, n1 * n2, generator=torch.Generator().manual_seed(2))
+    for gated in (False, True):
+        if gated:
+            inp.norm = None        # a down_proj group: the product, no norm
+        u = up if gated else None
+        for cols in (True, False):
+            lt.SPLIT_COLS = cols
+            nw, eps = lt._fused_norm(inp, x)
+            bad, rel = check(inp, x, u, lambda: lt._quantize_split(
+                inp, x, u, nw, eps, inp.d, inp.p1, inp.p2t, n1, n2))
+            print(n1, n2, gated, cols, bad, rel)
+            assert bad == 0.0 and rel < 1e-5, (n1, n2, gated, cols, bad, rel)
+
+# the one-tile kernel (q/k/v-sized factors, and a group without factors) with a gated input
+for n1, n2, factors in ((16, 32, True), (8, 64, False)):
+    inp = Group(n1, n2, True)
+    inp.norm = None
+    if not factors:
+        inp.p1 = inp.p2t = inp.d = None
+    x = torch.randn(5, n1 * n2, generator=torch.Generator().manual_seed(3)) * 2
+    up = torch.randn(5, n1 * n2, generator=torch.Generator().manual_seed(4))
+    bad, rel = check(inp, x, up, lambda: lt.quantize_input(inp, x, up))
+    print("tile", n1, n2, factors, bad, rel)
+    assert bad == 0.0 and rel < 1e-5, (n1, n2, factors, bad, rel)
 print("ok")
 """
 
 
 def test_chunked_kernels_equal_the_emulation_in_the_triton_interpreter():
-    """The chunked activation kernels (split into power-of-two pieces, and padded) with a fused
-    RMSNorm, a diagonal and Kronecker factors (Dream's 128 x 148, LLaDA's 96 x 128, a left
-    factor alone) give the emulation's codes and scales, run on CPU by Triton's interpreter in
+    """The split activation kernel (right product as column pieces, and in chunks) with a fused
+    RMSNorm or a gated SwiGLU input, a diagonal and Kronecker factors (Dream's 128 x 148,
+    LLaDA's 96 x 128, a left factor alone), and the one-tile kernel with a gated input, give
+    the emulation's codes and scales, run on CPU by Triton's interpreter in
     float32 (the interpreter has no bfloat16 arithmetic; the bf16 kernels are compared with the
     emulation on the GPU by benchmarks/lowbit_gpu.py)."""
     import os
