@@ -1,0 +1,39 @@
+"""Short table of a ``benchmarks/lowbit_gpu.py --out FILE`` run: forward ratios to the bf16
+forward, host enqueue times, code checks and the split-kernel sweep.
+
+    python benchmarks/lowbit_summary.py FILE
+"""
+from __future__ import annotations
+
+import json
+import sys
+
+
+def main(path: str) -> None:
+    recs = [json.loads(line) for line in open(path) if line.strip()]
+    for r in recs:
+        k = r["kind"]
+        if k == "forward":
+            names = sorted(n[:-6] for n in r if n.endswith("_ratio") and "peak" not in n)
+            print(f"forward {r['shape']} {r['tokens']} bf16 {r['bf16_s'] * 1e3:.1f} ms "
+                  f"(enqueue {r['bf16_enqueue_s'] * 1e3:.0f} / wall {r['bf16_wall_s'] * 1e3:.0f})")
+            for n in names:
+                print(f"  {n}: {r[n + '_ratio']:.3f}x  {r[n + '_s'] * 1e3:.1f} ms  peak "
+                      f"{r[n + '_peak_ratio']:.2f}x  enqueue {r[n + '_enqueue_s'] * 1e3:.0f} / "
+                      f"wall {r[n + '_wall_s'] * 1e3:.0f} ms")
+        elif k in ("codes", "codes_gated"):
+            print(f"{k} {r['shape']} {r['variant']} {r['group']}: "
+                  f"{r['code_mismatch_frac']:.2e} scale {r['scale_max_rel_diff']:.1e}")
+        elif k == "layer_error":
+            print(f"layer_error {r['shape']} {r['variant']} {r['linear']}: real "
+                  f"{r['real_rel_err']:.3e} fake {r['fake_bf16_rel_err']:.3e}")
+        elif k == "profile":
+            print(f"profile {r['shape']} {r['tokens']}")
+            for row in r["top"]:
+                print(f"  {row['ms']:8.2f} ms {row['calls']:5d}  {row['name']}")
+        elif k in ("split_sweep", "split_choice", "inputs_fused", "env", "error", "stage_time"):
+            print(json.dumps(r))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
