@@ -46,10 +46,12 @@ WIDE_MAX = 256
 WIDE_ABOVE = 64
 SPLIT_BR = 64          # rows of the product per chunk in the split kernel
 SPLIT_WARPS = 4
-# the right product's columns as the tile's two column pieces (Dream: 128 + 32) instead of
-# chunks of SPLIT_BC (64, 64, 64 for 148)
-SPLIT_COLS = True
+# columns of the right product per chunk. Seen on an H100 and an H200 (Triton 3.6): chunks of
+# 32 columns (and a 32-column piece) gave wrong products and illegal memory accesses
 SPLIT_BC = 64
+# a gated input (SwiGLU down_proj) formed into the scratch row first ("prologue") rather than
+# as the tile's pieces are loaded
+SPLIT_GATED_PROLOGUE = True
 _SMS: dict[int, int] = {}
 
 
@@ -231,20 +233,31 @@ def _act_quant_split_kernel(x_ptr, u_ptr, nw_ptr, d_ptr, p1_ptr, p2t_ptr, rmax_p
                             N1: tl.constexpr, N2: tl.constexpr, RA: tl.constexpr,
                             RB: tl.constexpr, SR: tl.constexpr, CA: tl.constexpr,
                             CB: tl.constexpr, SC: tl.constexpr, BR: tl.constexpr,
-                            BC: tl.constexpr, COLS: tl.constexpr, GATED: tl.constexpr,
+                            BC: tl.constexpr, GATED: tl.constexpr, PRO: tl.constexpr,
                             HAS_NORM: tl.constexpr, HAS_D: tl.constexpr,
                             HAS_P2: tl.constexpr, K: tl.constexpr, QMAX: tl.constexpr,
                             STATIC: tl.constexpr, CH: tl.constexpr, NCH: tl.constexpr):
     """Factors wider than one tile: each side of the token's [N1, N2] tile split in two
     power-of-two pieces (RA + RB rows, CA + CB columns; SR / SC: whether there is a second
     piece; Dream's 148 is 128 + 32) rather than padded to one, Z = P1 X P2^T formed BR rows at
-    a time (its columns as the two pieces, COLS, or in chunks of BC), each product rounded to
-    the model dtype as the whole products are, written to a scratch row ``z`` while the
-    token's max/min accumulate, then quantized from it. The contractions add the pieces'
-    float32 partial sums before rounding (another summation order, as cuBLAS has its own)."""
+    a time (its columns in chunks of BC), each product rounded to the model dtype as the whole
+    products are, written to a scratch row ``z`` while the token's max/min accumulate, then
+    quantized from it. The contractions add the pieces' float32 partial sums before rounding
+    (another summation order, as cuBLAS has its own). A gated input (SiLU(gate) * up) is
+    formed as the pieces are loaded (GATED), or first, in CH-element chunks, into the scratch
+    row (PRO: fewer live registers than two whole tiles converted to float32)."""
     t = tl.program_id(0).to(tl.int64)
     xr = x_ptr + t * (N1 * N2)
     ur = u_ptr + t * (N1 * N2)
+    zrow = z_ptr + t * (N1 * N2)
+    if PRO:
+        for ch in tl.static_range(NCH):
+            o = ch * CH + tl.arange(0, CH)
+            g = tl.load(xr + o, mask=o < N1 * N2, other=0.0)
+            u = tl.load(ur + o, mask=o < N1 * N2, other=0.0)
+            tl.store(zrow + o, _silu_mul(g, u), mask=o < N1 * N2)
+        tl.debug_barrier()             # the product is read back by other threads
+        xr = zrow
     xaa = _input_piece(xr, ur, 0, RA, 0, CA, N1, N2, GATED)
     dt = xaa.dtype
     ss = _sumsq(xaa)
@@ -269,7 +282,6 @@ def _act_quant_split_kernel(x_ptr, u_ptr, nw_ptr, d_ptr, p1_ptr, p2t_ptr, rmax_p
     lo = tl.zeros([], dtype=tl.float32)
     ka = tl.arange(0, RA)
     kb = RA + tl.arange(0, RB)
-    zrow = z_ptr + t * (N1 * N2)
     for r in tl.static_range((N1 + BR - 1) // BR):
         rr = r * BR + tl.arange(0, BR)
         p1a = tl.load(p1_ptr + rr[:, None] * N1 + ka[None, :],
@@ -289,16 +301,9 @@ def _act_quant_split_kernel(x_ptr, u_ptr, nw_ptr, d_ptr, p1_ptr, p2t_ptr, rmax_p
         else:
             yb = ya                       # unused (SC false): keeps the helper's signature
         if HAS_P2:
-            if COLS:
-                z = _right_product(ya, yb, p2t_ptr, 0, CA, CA, CB, SC, N2)
-                hi, lo = _store_tracking(zrow, z, rr, 0, CA, N1, N2, hi, lo)
-                if SC:
-                    z = _right_product(ya, yb, p2t_ptr, CA, CB, CA, CB, SC, N2)
-                    hi, lo = _store_tracking(zrow, z, rr, CA, CB, N1, N2, hi, lo)
-            else:
-                for c in tl.static_range((N2 + BC - 1) // BC):
-                    z = _right_product(ya, yb, p2t_ptr, c * BC, BC, CA, CB, SC, N2)
-                    hi, lo = _store_tracking(zrow, z, rr, c * BC, BC, N1, N2, hi, lo)
+            for c in tl.static_range((N2 + BC - 1) // BC):
+                z = _right_product(ya, yb, p2t_ptr, c * BC, BC, CA, CB, SC, N2)
+                hi, lo = _store_tracking(zrow, z, rr, c * BC, BC, N1, N2, hi, lo)
         else:
             hi, lo = _store_tracking(zrow, ya, rr, 0, CA, N1, N2, hi, lo)
             if SC:
@@ -404,10 +409,9 @@ def _quantize_split(inp, x2, up, nw, eps, d, p1, p2t, n1, n2):
     codes, scales = _outputs(inp, T, dim, x2.device)
     if T == 0:
         return codes, scales
-    if min(_pow2(n2), SPLIT_BC) < 64 and p2t is not None and not SPLIT_COLS:
-        # seen on an H100 (Triton 3.6): column chunks of 32 gave wrong products and, at 4096
-        # tokens, an illegal memory access
-        raise ValueError(f"lowbit_triton.SPLIT_BC={SPLIT_BC}: column chunks below 64 are refused")
+    if min(_pow2(n2), SPLIT_BC) < 64 and p2t is not None:
+        raise ValueError(f"lowbit_triton.SPLIT_BC={SPLIT_BC}: column chunks below 64 are refused "
+                         "(wrong products on Triton 3.6, H100 and H200)")
     z = torch.empty_like(x2)
     CH = 2048
     (ra, rb), (ca, cb) = split_pow2(n1), split_pow2(n2)
@@ -415,8 +419,9 @@ def _quantize_split(inp, x2, up, nw, eps, d, p1, p2t, n1, n2):
         x2, *_operands(inp, x2, up, nw, d, p1, p2t, scales),
         z, codes, scales, T, float(2 ** (inp.bits - 1) - 1), eps,
         N1=n1, N2=n2, RA=ra, RB=max(rb, 16), SR=rb > 0, CA=ca, CB=max(cb, 16), SC=cb > 0,
-        BR=min(_pow2(n1), SPLIT_BR), BC=min(_pow2(n2), SPLIT_BC), COLS=SPLIT_COLS,
-        GATED=up is not None, HAS_NORM=nw is not None, HAS_D=d is not None,
+        BR=min(_pow2(n1), SPLIT_BR), BC=min(_pow2(n2), SPLIT_BC),
+        GATED=up is not None and not SPLIT_GATED_PROLOGUE,
+        PRO=up is not None and SPLIT_GATED_PROLOGUE, HAS_NORM=nw is not None, HAS_D=d is not None,
         HAS_P2=p2t is not None, K=inp.n_readers, QMAX=2 ** (inp.bits - 1) - 1,
         STATIC=inp.static, CH=CH, NCH=triton.cdiv(dim, CH), num_warps=SPLIT_WARPS)
     return codes, scales
