@@ -49,9 +49,6 @@ SPLIT_WARPS = 4
 # columns of the right product per chunk. Seen on an H100 and an H200 (Triton 3.6): chunks of
 # 32 columns (and a 32-column piece) gave wrong products and illegal memory accesses
 SPLIT_BC = 64
-# a gated input (SwiGLU down_proj) formed into the scratch row first ("prologue") rather than
-# as the tile's pieces are loaded
-SPLIT_GATED_PROLOGUE = True
 _SMS: dict[int, int] = {}
 
 
@@ -164,16 +161,6 @@ def _silu_mul(g, u):
 
 
 @triton.jit
-def _input_piece(ptr, uptr, r0, RP: tl.constexpr, c0, CP: tl.constexpr, N1: tl.constexpr,
-                 N2: tl.constexpr, GATED: tl.constexpr):
-    """A piece of the token's input: x, or SiLU(gate) * up where the group is GATED."""
-    x = _piece(ptr, r0, RP, c0, CP, N1, N2)
-    if GATED:
-        x = _silu_mul(x, _piece(uptr, r0, RP, c0, CP, N1, N2))
-    return x
-
-
-@triton.jit
 def _sumsq(x):
     xf = x.to(tl.float32)
     return tl.sum(tl.sum(xf * xf, axis=1), axis=0)
@@ -228,12 +215,12 @@ def _store_tracking(zrow, z, rr, c0, CP: tl.constexpr, N1: tl.constexpr, N2: tl.
 
 
 @triton.jit
-def _act_quant_split_kernel(x_ptr, u_ptr, nw_ptr, d_ptr, p1_ptr, p2t_ptr, rmax_ptr, rmin_ptr,
+def _act_quant_split_kernel(x_ptr, nw_ptr, d_ptr, p1_ptr, p2t_ptr, rmax_ptr, rmin_ptr,
                             floor_ptr, static_ptr, z_ptr, codes_ptr, scales_ptr, T, qmax_f, eps,
                             N1: tl.constexpr, N2: tl.constexpr, RA: tl.constexpr,
                             RB: tl.constexpr, SR: tl.constexpr, CA: tl.constexpr,
                             CB: tl.constexpr, SC: tl.constexpr, BR: tl.constexpr,
-                            BC: tl.constexpr, GATED: tl.constexpr, PRO: tl.constexpr,
+                            BC: tl.constexpr,
                             HAS_NORM: tl.constexpr, HAS_D: tl.constexpr,
                             HAS_P2: tl.constexpr, K: tl.constexpr, QMAX: tl.constexpr,
                             STATIC: tl.constexpr, CH: tl.constexpr, NCH: tl.constexpr):
@@ -243,32 +230,22 @@ def _act_quant_split_kernel(x_ptr, u_ptr, nw_ptr, d_ptr, p1_ptr, p2t_ptr, rmax_p
     a time (its columns in chunks of BC), each product rounded to the model dtype as the whole
     products are, written to a scratch row ``z`` while the token's max/min accumulate, then
     quantized from it. The contractions add the pieces' float32 partial sums before rounding
-    (another summation order, as cuBLAS has its own). A gated input (SiLU(gate) * up) is
-    formed as the pieces are loaded (GATED), or first, in CH-element chunks, into the scratch
-    row (PRO: fewer live registers than two whole tiles converted to float32)."""
+    (another summation order, as cuBLAS has its own). A SwiGLU product reaches this kernel
+    formed by :func:`silu_mul` (formed here, it cost more than it saved: docs/benchmarks.md)."""
     t = tl.program_id(0).to(tl.int64)
     xr = x_ptr + t * (N1 * N2)
-    ur = u_ptr + t * (N1 * N2)
     zrow = z_ptr + t * (N1 * N2)
-    if PRO:
-        for ch in tl.static_range(NCH):
-            o = ch * CH + tl.arange(0, CH)
-            g = tl.load(xr + o, mask=o < N1 * N2, other=0.0)
-            u = tl.load(ur + o, mask=o < N1 * N2, other=0.0)
-            tl.store(zrow + o, _silu_mul(g, u), mask=o < N1 * N2)
-        tl.debug_barrier()             # the product is read back by other threads
-        xr = zrow
-    xaa = _input_piece(xr, ur, 0, RA, 0, CA, N1, N2, GATED)
+    xaa = _piece(xr, 0, RA, 0, CA, N1, N2)
     dt = xaa.dtype
     ss = _sumsq(xaa)
     if SC:
-        xab = _input_piece(xr, ur, 0, RA, CA, CB, N1, N2, GATED)
+        xab = _piece(xr, 0, RA, CA, CB, N1, N2)
         ss += _sumsq(xab)
     if SR:
-        xba = _input_piece(xr, ur, RA, RB, 0, CA, N1, N2, GATED)
+        xba = _piece(xr, RA, RB, 0, CA, N1, N2)
         ss += _sumsq(xba)
         if SC:
-            xbb = _input_piece(xr, ur, RA, RB, CA, CB, N1, N2, GATED)
+            xbb = _piece(xr, RA, RB, CA, CB, N1, N2)
             ss += _sumsq(xbb)
     rinv = libdevice.rsqrt(libdevice.div_rn(ss, N1 * N2 * 1.0) + eps)
     xaa = _prep(xaa, nw_ptr, d_ptr, rinv, 0, RA, 0, CA, N1, N2, HAS_NORM, HAS_D)
@@ -331,7 +308,7 @@ def quantize_input(inp, x2: torch.Tensor, up: torch.Tensor | None = None
                    ) -> tuple[torch.Tensor, torch.Tensor]:
     """(codes [K, T, dim], scales [K, T]) of a :class:`lowbit.LowBitInput` for x2 [T, dim],
     or with ``up`` [T, dim] for :func:`lowbit.silu_mul` (x2, up) formed in the kernel."""
-    from .lowbit import silu_mul, tile_shape
+    from .lowbit import tile_shape
     x2 = x2.contiguous()
     up = None if up is None else up.contiguous()
     T, dim = x2.shape
@@ -412,19 +389,40 @@ def _quantize_split(inp, x2, up, nw, eps, d, p1, p2t, n1, n2):
     if min(_pow2(n2), SPLIT_BC) < 64 and p2t is not None:
         raise ValueError(f"lowbit_triton.SPLIT_BC={SPLIT_BC}: column chunks below 64 are refused "
                          "(wrong products on Triton 3.6, H100 and H200)")
+    if up is not None:
+        x2 = silu_mul(x2, up)
     z = torch.empty_like(x2)
     CH = 2048
     (ra, rb), (ca, cb) = split_pow2(n1), split_pow2(n2)
     _act_quant_split_kernel[(T,)](
-        x2, *_operands(inp, x2, up, nw, d, p1, p2t, scales),
+        x2, *_operands(inp, x2, None, nw, d, p1, p2t, scales)[1:],
         z, codes, scales, T, float(2 ** (inp.bits - 1) - 1), eps,
         N1=n1, N2=n2, RA=ra, RB=max(rb, 16), SR=rb > 0, CA=ca, CB=max(cb, 16), SC=cb > 0,
-        BR=min(_pow2(n1), SPLIT_BR), BC=min(_pow2(n2), SPLIT_BC),
-        GATED=up is not None and not SPLIT_GATED_PROLOGUE,
-        PRO=up is not None and SPLIT_GATED_PROLOGUE, HAS_NORM=nw is not None, HAS_D=d is not None,
+        BR=min(_pow2(n1), SPLIT_BR), BC=min(_pow2(n2), SPLIT_BC), HAS_NORM=nw is not None, HAS_D=d is not None,
         HAS_P2=p2t is not None, K=inp.n_readers, QMAX=2 ** (inp.bits - 1) - 1,
         STATIC=inp.static, CH=CH, NCH=triton.cdiv(dim, CH), num_warps=SPLIT_WARPS)
     return codes, scales
+
+
+@triton.jit
+def _silu_mul_kernel(g_ptr, u_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    o = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    m = o < n
+    g = tl.load(g_ptr + o, mask=m, other=0.0)
+    u = tl.load(u_ptr + o, mask=m, other=0.0)
+    tl.store(out_ptr + o, _silu_mul(g, u), mask=m)
+
+
+def silu_mul(g: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """:func:`lowbit.silu_mul` (torch's arithmetic) in one pass: both inputs read once, the
+    product written once (torch's SiLU and product are two kernels and three passes)."""
+    g, up = g.contiguous(), up.contiguous()
+    out = torch.empty_like(g)
+    n = g.numel()
+    BLOCK = 2048
+    if n:
+        _silu_mul_kernel[(triton.cdiv(n, BLOCK),)](g, up, out, n, BLOCK=BLOCK, num_warps=8)
+    return out
 
 
 @triton.jit
