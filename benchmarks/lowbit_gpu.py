@@ -280,6 +280,10 @@ def bench_forward(shape, token_shapes, dev, profile, split_best=None):
         lm = shapes.build(shape, device=dev)
         build(lm)
         measure(name, lm.model)
+        if name == "w4a4_rtn":         # the SwiGLU product inside the one-tile kernel
+            default, lt.GATED_TILE_MAX = lt.GATED_TILE_MAX, 1 << 30
+            measure("w4a4_rtn_product_in_tile", lm.model)
+            lt.GATED_TILE_MAX = default
         del lm
         torch.cuda.empty_cache()
     if EXTRA:

@@ -44,6 +44,9 @@ WIDE_MAX = 256
 # two factors of which one is wider than this also take the chunked kernel: measured on an
 # H100 at 4096 tokens, LLaDA's 96 x 128 down_proj input 193 us chunked vs 343 us in one tile
 WIDE_ABOVE = 64
+# the one-tile kernel forms a SwiGLU product itself up to this many tile elements; larger
+# tiles (RTN's down_proj: 18944 as 74 x 256) take the one-pass product kernel first
+GATED_TILE_MAX = 4096
 SPLIT_BR = 64          # rows of the product per chunk in the split kernel
 SPLIT_WARPS = 4
 # columns of the right product per chunk. Seen on an H100 and an H200 (Triton 3.6): chunks of
@@ -338,6 +341,8 @@ def quantize_input(inp, x2: torch.Tensor, up: torch.Tensor | None = None
         return codes, scales
     B1 = triton.next_power_of_2(n1) if p1 is None else _pow2(n1)
     B2 = triton.next_power_of_2(n2) if p1 is None else _pow2(n2)
+    if up is not None and B1 * B2 > GATED_TILE_MAX:
+        x2, up = silu_mul(x2, up), None
     warps = NUM_WARPS or (4 if B1 * B2 <= 4096 else 8)
     _act_quant_kernel[(_grid(T, x2.device),)](
         x2, *_operands(inp, x2, up, nw, d, p1, p2t, scales),
