@@ -454,12 +454,12 @@ def _saved_block(s: _Settings, i: int) -> tuple[dict[str, torch.Tensor], list] |
     return state, prov["stats"]
 
 
-def _load_saved_block(s: _Settings, block: nn.Module, groups, i: int, state, rows):
+def _restore_saved_block(s: _Settings, block: nn.Module, groups, i: int, state) -> None:
+    # no statistics: the saved state replaces everything they would initialise
     s.method.quantize_block(block, groups, None, i)
     s.method.load_block_state(block, groups, state)
     _cache_matrices(block, True)
     s.log(f"block {i}: resumed from {s.block_path(i)}")
-    return state, rows
 
 
 def _fit_block(s: _Settings, block: nn.Module, groups, gstats, inputs: BlockInputs, targets,
@@ -519,7 +519,8 @@ def _calibrate_block(s: _Settings, i: int, block: nn.Module, streams: _Streams):
     targets, gstats = streams.targets_and_stats(block, groups, s, i)
     saved = _saved_block(s, i)
     if saved is not None:
-        state, rows = _load_saved_block(s, block, groups, i, *saved)
+        state, rows = saved
+        _restore_saved_block(s, block, groups, i, state)
     else:
         state, rows = _fit_block(s, block, groups, gstats, streams.inputs, targets, i)
         rows[-1]["seconds"] = time.time() - t_block
