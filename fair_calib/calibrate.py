@@ -371,8 +371,10 @@ def _start(loaded, method: QuantMethod, input_ids: torch.Tensor, out_dir: Path, 
     model_dtype = next(loaded.model.parameters()).dtype
     if amp is None:
         amp = device.type == "cuda" and model_dtype in (torch.bfloat16, torch.float16)
-    return _Settings(method, tr, w, batch_size, resume_key, out_dir / "blocks", home, device,
-                     model_dtype, amp, mem, log, write_outputs)
+    return _Settings(method=method, tr=tr, w=w, batch_size=batch_size, resume_key=resume_key,
+                     blocks_dir=out_dir / "blocks", home=home, device=device,
+                     model_dtype=model_dtype, amp=amp, mem=mem, log=log,
+                     write_outputs=write_outputs)
 
 
 @dataclass
