@@ -25,6 +25,7 @@ import json
 import math
 import time
 import warnings
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -288,6 +289,297 @@ def _restore_dtype(method: QuantMethod, block: nn.Module, groups, state, dtype: 
     method.load_block_state(block, groups, state)
 
 
+@dataclass
+class _Settings:
+    """What every block's steps read: fixed before the first block."""
+    method: QuantMethod
+    tr: dict[str, Any]
+    w: torch.Tensor | None
+    batch_size: int
+    resume_key: str
+    blocks_dir: Path
+    home: torch.device
+    device: torch.device
+    model_dtype: torch.dtype
+    amp: bool
+    mem: PeakMemory
+    log: Callable[[str], None]
+    write_outputs: bool
+
+    @property
+    def propagate(self) -> str:
+        return self.tr["propagate"]
+
+    @property
+    def offload(self) -> bool:
+        return self.device != self.home
+
+    @property
+    def amp_dtype(self) -> torch.dtype | None:
+        return self.model_dtype if self.amp else None
+
+    @property
+    def store_dtype(self) -> torch.dtype:
+        return self.model_dtype if self.amp else torch.float32
+
+    def autocast(self):
+        return _autocast(self.device, self.amp_dtype or torch.bfloat16, self.amp)
+
+    def block_path(self, i: int) -> Path:
+        return self.blocks_dir / f"{i}.safetensors"
+
+
+def _position_weights(weights, input_ids: torch.Tensor) -> torch.Tensor | None:
+    w = None if weights is None else normalise_weights(weights)
+    if w is not None and w.shape[0] != input_ids.shape[1]:
+        raise ValueError(f"position weights have length {w.shape[0]} but sequences {input_ids.shape[1]}")
+    return w
+
+
+def _resume_key(method: QuantMethod, input_ids: torch.Tensor, w: torch.Tensor | None,
+                batch_size: int) -> str:
+    """The hash of everything a saved block depends on: a block saved under another is stale."""
+    return io.config_hash({"method": method.type_name, "cfg": method.cfg,
+                           "w_bits": method.w_bits, "a_bits": method.a_bits,
+                           "seed": method.seed, "batch_size": batch_size,
+                           "ids": io.config_hash(input_ids.tolist()),
+                           "weights": None if w is None else [round(float(v), 8) for v in w],
+                           "version": FORMAT_VERSION})
+
+
+def _calibration_device(device: str | torch.device | None, home: torch.device) -> torch.device:
+    device = torch.device(device) if device is not None else home
+    if device.type == "cuda" and device.index is None:
+        # an explicit index, so that comparing it with the model's device detects offloading
+        device = torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
+def _start(loaded, method: QuantMethod, input_ids: torch.Tensor, out_dir: Path, weights,
+           batch_size: int, device, amp: bool | None, log, write_outputs: bool) -> _Settings:
+    """Check the settings (before any work), start measuring memory and prepare the model."""
+    tr = method.training_settings()
+    if tr["propagate"] not in PROPAGATE:
+        raise ValueError(f"propagate must be one of {PROPAGATE}, got {tr['propagate']!r}")
+    w = _position_weights(weights, input_ids)
+    resume_key = _resume_key(method, input_ids, w, batch_size)
+    home = loaded.device
+    device = _calibration_device(device, home)
+    mem = PeakMemory(device).start()   # from here: what calibration adds (fair_calib.memory)
+    torch.manual_seed(method.seed)
+    method.prepare_model(loaded)
+    model_dtype = next(loaded.model.parameters()).dtype
+    if amp is None:
+        amp = device.type == "cuda" and model_dtype in (torch.bfloat16, torch.float16)
+    return _Settings(method=method, tr=tr, w=w, batch_size=batch_size, resume_key=resume_key,
+                     blocks_dir=out_dir / "blocks", home=home, device=device,
+                     model_dtype=model_dtype, amp=amp, mem=mem, log=log,
+                     write_outputs=write_outputs)
+
+
+@dataclass
+class _Streams:
+    """The next block's inputs, and with ``propagate: teacher`` the FP model's (the inputs of
+    the FP model's blocks), whose block outputs are the targets."""
+    inputs: BlockInputs
+    teacher: BlockInputs | None
+
+    @classmethod
+    def capture(cls, loaded, input_ids: torch.Tensor, s: _Settings) -> "_Streams":
+        inputs = capture_block_inputs(loaded.model, loaded.blocks[0], input_ids, s.batch_size,
+                                      device=s.home, hidden_dtype=s.store_dtype)
+        inputs = BlockInputs([h.to(s.device) for h in inputs.hidden],
+                             _cast_floating(inputs.args, s.store_dtype, s.device),
+                             _cast_floating(inputs.kwargs, s.store_dtype, s.device),
+                             inputs.hidden_key)
+        # the FP stream is the quantized stream until the first block has been quantized
+        return cls(inputs, inputs if s.propagate == "teacher" else None)
+
+    def targets_and_stats(self, block: nn.Module, groups, s: _Settings, i: int):
+        """The block's targets and the input statistics of the stream it is calibrated on."""
+        targets, gstats = _targets_and_stats(block, self.inputs, groups, s.method.needs_hessian,
+                                             i, s.store_dtype)
+        if self.teacher is not None and self.teacher is not self.inputs:
+            del targets           # the FP teacher's h*_l, from the FP stream
+            targets, _ = _targets_and_stats(block, self.teacher, groups, False, i, s.store_dtype)
+        return targets, gstats
+
+
+def _place_block(s: _Settings, block: nn.Module) -> None:
+    if s.offload:
+        block.to(s.device)
+    if not s.amp:
+        block.float()
+    block.eval()
+
+
+def _release_block(s: _Settings, block: nn.Module, groups, state) -> None:
+    """Give the block back as the model keeps it: its dtype, its device, no matrix cache."""
+    _cache_matrices(block, False)
+    _restore_dtype(s.method, block, groups, state, s.model_dtype)
+    if s.offload:
+        block.to(s.home)
+
+
+def _discard_blocks_from(blocks_dir: Path, i: int) -> None:
+    """Later blocks were fed by block i's outputs: they are stale with it."""
+    for stale in blocks_dir.glob("*.safetensors"):
+        if stale.stem.isdigit() and int(stale.stem) >= i:
+            stale.unlink()
+
+
+def _saved_block(s: _Settings, i: int) -> tuple[dict[str, torch.Tensor], list] | None:
+    """Block i's state and stats rows as a previous run with the same settings saved them, or
+    None (nothing saved, or saved unreadable or under other settings: then discarded)."""
+    path = s.block_path(i)
+    if not path.exists():
+        return None
+    try:
+        state, prov = io.load_tensors(path)
+        if not isinstance(prov.get("stats"), list):
+            raise io.CorruptFileError(f"{path}: no block stats in its metadata")
+    except (io.CorruptFileError, FileNotFoundError) as err:
+        # A partial or overwritten block file (a full disk, a copy gone wrong): never taken as
+        # finished.
+        s.log(f"WARNING block {i}: {path} is unreadable ({err}); discarding it and every "
+              "later block, recomputing from here")
+        warnings.warn(f"calibrate: discarded unreadable {path}; recomputing block {i}")
+        _discard_blocks_from(s.blocks_dir, i)
+        return None
+    if prov.get("resume_key") != s.resume_key:
+        # Settings changed since these blocks were saved (Snakemake reruns the job on a params
+        # change).
+        s.log(f"block {i}: {path} was written with other settings; discarding it and "
+              "every later block")
+        _discard_blocks_from(s.blocks_dir, i)
+        return None
+    return state, prov["stats"]
+
+
+def _restore_saved_block(s: _Settings, block: nn.Module, groups, i: int, state) -> None:
+    # no statistics: the saved state replaces everything they would initialise
+    s.method.quantize_block(block, groups, None, i)
+    s.method.load_block_state(block, groups, state)
+    _cache_matrices(block, True)
+    s.log(f"block {i}: resumed from {s.block_path(i)}")
+
+
+def _fit_block(s: _Settings, block: nn.Module, groups, gstats, inputs: BlockInputs, targets,
+               i: int) -> tuple[dict[str, torch.Tensor], list[dict[str, Any]]]:
+    """Quantize block i and fit it to the targets; its state (checked finite) and stats rows."""
+    method = s.method
+    method.quantize_block(block, groups, gstats, i)
+    _cache_matrices(block, True)
+
+    def run_batch(b):
+        with torch.no_grad(), s.autocast():
+            return call_block(block, inputs, b)
+    method.fit_block(block, groups, inputs, i, run_batch)
+    if method.trainable:
+        rows = _train_block(method, block, inputs, targets, s.w, i, s.tr, method.seed,
+                            s.device, s.mem, s.log, s.amp_dtype)
+    else:
+        t0 = time.time()
+        loss = _eval_loss(block, inputs, targets, s.w, s.amp_dtype)
+        rows = [{"block": i, "epoch": -1, "loss": loss, "seconds": time.time() - t0,
+                 **_memory(s.mem)}]
+    if not all(math.isfinite(r["loss"]) for r in rows):
+        raise NonFiniteError(f"non-finite loss in block {i}")
+    state = method.block_state(block, groups)
+    for k, v in state.items():
+        _check_finite(v, f"saved parameter {k}", i)
+    return state, rows
+
+
+def _save_block(s: _Settings, i: int, state, rows, groups) -> None:
+    io.save_tensors(state, s.block_path(i), provenance={"resume_key": s.resume_key, "block": i,
+                                                        "stats": rows,
+                                                        "groups": groups_to_json(groups)})
+
+
+def _propagated_outputs(s: _Settings, block: nn.Module, inputs: BlockInputs, targets,
+                        i: int) -> list[torch.Tensor]:
+    """The next block's inputs: the quantized block's outputs, or the FP targets."""
+    if s.propagate in ("quant", "teacher") and s.method.quantizes:
+        with torch.no_grad(), s.autocast(), s.method.propagation(block):
+            nxt = [call_block(block, inputs, b).detach().to(s.store_dtype)
+                   for b in range(len(inputs))]
+    else:
+        nxt = targets
+    for t in nxt:
+        _check_finite(t, "the outputs", i)
+    return nxt
+
+
+def _calibrate_block(s: _Settings, i: int, block: nn.Module, streams: _Streams):
+    """Calibrate block i (or take it from a previous run) and move the streams past it;
+    returns its stats rows, state and groups."""
+    t_block = time.time()
+    torch.manual_seed(s.method.seed * 1_000_003 + i)
+    _place_block(s, block)
+    groups = discover_groups(block, lambda: call_block(block, streams.inputs, 0))
+    targets, gstats = streams.targets_and_stats(block, groups, s, i)
+    saved = _saved_block(s, i)
+    if saved is not None:
+        state, rows = saved
+        _restore_saved_block(s, block, groups, i, state)
+    else:
+        state, rows = _fit_block(s, block, groups, gstats, streams.inputs, targets, i)
+        rows[-1]["seconds"] = time.time() - t_block
+        if s.write_outputs:
+            _save_block(s, i, state, rows, groups)
+    if streams.teacher is not None:
+        streams.teacher = streams.teacher.with_hidden(targets)
+    nxt = _propagated_outputs(s, block, streams.inputs, targets, i)
+    del targets
+    _release_block(s, block, groups, state)
+    streams.inputs = streams.inputs.with_hidden(nxt)
+    return rows, state, groups
+
+
+@dataclass
+class _Calibrated:
+    """What the finished blocks add to the outputs."""
+    stats_rows: list[dict[str, Any]] = field(default_factory=list)
+    params: dict[str, torch.Tensor] = field(default_factory=dict)
+    groups: dict[str, Any] = field(default_factory=dict)
+    block_seconds: list[float] = field(default_factory=list)
+
+    def add(self, i: int, rows, state, groups) -> None:
+        self.stats_rows.extend(rows)
+        self.params.update({f"{i}.{k}": v for k, v in state.items()})
+        self.groups[str(i)] = groups_to_json(groups)
+        self.block_seconds.append(float(rows[-1]["seconds"]))
+
+    @property
+    def peak_mb(self) -> float:
+        return max((r["peak_mem_mb"] for r in self.stats_rows), default=0.0)
+
+
+def _write_outputs(loaded, s: _Settings, done: _Calibrated, input_ids: torch.Tensor,
+                   out_dir: Path, run_info: dict[str, Any]) -> dict[str, Any]:
+    """stats.parquet, params.safetensors, the method's export and, last, meta.json."""
+    import pandas as pd
+
+    method = s.method
+    prov = io.provenance(run_info, seed=method.seed)
+    io.write_parquet(pd.DataFrame(done.stats_rows), out_dir / "stats.parquet", stats_schema(), prov)
+    io.save_tensors(done.params, out_dir / "params.safetensors", provenance=prov)
+    meta = {"format_version": FORMAT_VERSION, "method": run_info.get("method_name", method.type_name),
+            "type": method.type_name, "method_settings": method.cfg,
+            "bits": {"w_bits": method.w_bits, "a_bits": method.a_bits, **run_info.get("bits", {})},
+            "seed": method.seed, "propagate": s.propagate, "weighting": method.weighting,
+            "n_samples": int(input_ids.shape[0]), "seq_len": int(input_ids.shape[1]),
+            "batch_size": s.batch_size, "n_blocks": len(done.block_seconds), "groups": done.groups,
+            "position_weights": None if s.w is None else [float(v) for v in s.w],
+            "peak_mem_mb": done.peak_mb, "peak_mem_kind": s.mem.kind,
+            "seconds": sum(done.block_seconds),
+            "provenance": prov}
+    meta.update(method.export_info(loaded, out_dir) or {})
+    io.write_json(out_dir / "meta.json", meta)
+    return meta
+
+
 def calibrate(loaded, method: QuantMethod, input_ids: torch.Tensor, out_dir: str | Path, *,
               weights=None, batch_size: int = 4, run_info: dict[str, Any] | None = None,
               on_block_done: Callable[[int], None] | None = None,
@@ -310,165 +602,19 @@ def calibrate(loaded, method: QuantMethod, input_ids: torch.Tensor, out_dir: str
     Returns the meta dict.
     """
     out_dir = Path(out_dir)
-    blocks_dir = out_dir / "blocks"
     run_info = dict(run_info or {})
-    tr = method.training_settings()
-    propagate = tr["propagate"]
-    if propagate not in PROPAGATE:
-        raise ValueError(f"propagate must be one of {PROPAGATE}, got {propagate!r}")
-    w = None if weights is None else normalise_weights(weights)
-    if w is not None and w.shape[0] != input_ids.shape[1]:
-        raise ValueError(f"position weights have length {w.shape[0]} but sequences {input_ids.shape[1]}")
-    resume_key = io.config_hash({"method": method.type_name, "cfg": method.cfg,
-                                 "w_bits": method.w_bits, "a_bits": method.a_bits,
-                                 "seed": method.seed, "batch_size": batch_size,
-                                 "ids": io.config_hash(input_ids.tolist()),
-                                 "weights": None if w is None else [round(float(v), 8) for v in w],
-                                 "version": FORMAT_VERSION})
-    home = loaded.device
-    device = torch.device(device) if device is not None else home
-    if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", torch.cuda.current_device())
-    offload = device != home
-    mem = PeakMemory(device).start()   # from here: what calibration adds (fair_calib.memory)
-    torch.manual_seed(method.seed)
-    method.prepare_model(loaded)
-    blocks = loaded.blocks
-    model_dtype = next(loaded.model.parameters()).dtype
-    if amp is None:
-        amp = device.type == "cuda" and model_dtype in (torch.bfloat16, torch.float16)
-    amp_dtype = model_dtype if amp else None
-    store_dtype = model_dtype if amp else torch.float32
-    inputs = capture_block_inputs(loaded.model, blocks[0], input_ids, batch_size, device=home,
-                                  hidden_dtype=store_dtype)
-    inputs = BlockInputs([h.to(device) for h in inputs.hidden],
-                         _cast_floating(inputs.args, store_dtype, device),
-                         _cast_floating(inputs.kwargs, store_dtype, device), inputs.hidden_key)
-    # propagate: teacher: the FP stream (inputs of the FP model's blocks); same object as the
-    # quantized stream until the first block has been quantized
-    teacher = inputs if propagate == "teacher" else None
-    stats_rows: list[dict[str, Any]] = []
-    all_params: dict[str, torch.Tensor] = {}
-    all_groups: dict[str, Any] = {}
-    block_seconds: list[float] = []
-    for i, block in enumerate(blocks):
-        t_block = time.time()
-        torch.manual_seed(method.seed * 1_000_003 + i)
-        if offload:
-            block.to(device)
-        if not amp:
-            block.float()
-        block.eval()
-        groups = discover_groups(block, lambda: call_block(block, inputs, 0))
-        targets, gstats = _targets_and_stats(block, inputs, groups, method.needs_hessian, i,
-                                             store_dtype)
-        if teacher is not None and teacher is not inputs:
-            del targets           # the FP teacher's h*_l, from the FP stream
-            targets, _ = _targets_and_stats(block, teacher, groups, False, i, store_dtype)
-        path = blocks_dir / f"{i}.safetensors"
-        state = None
-        if path.exists():
-            try:
-                state, prov = io.load_tensors(path)
-                if not isinstance(prov.get("stats"), list):
-                    raise io.CorruptFileError(f"{path}: no block stats in its metadata")
-            except (io.CorruptFileError, FileNotFoundError) as err:
-                # A partial or overwritten block file (a full disk, a copy gone wrong): never
-                # taken as finished. Later blocks were fed by it, so they are redone too.
-                log(f"WARNING block {i}: {path} is unreadable ({err}); discarding it and every "
-                    "later block, recomputing from here")
-                warnings.warn(f"calibrate: discarded unreadable {path}; recomputing block {i}")
-                for stale in blocks_dir.glob("*.safetensors"):
-                    if stale.stem.isdigit() and int(stale.stem) >= i:
-                        stale.unlink()
-                state, prov = None, {"resume_key": resume_key}
-            if prov.get("resume_key") != resume_key:
-                # Settings changed since these blocks were saved (Snakemake reruns the job on a
-                # params change): they are stale, so this and every later block is redone.
-                log(f"block {i}: {path} was written with other settings; discarding it and "
-                    "every later block")
-                for stale in blocks_dir.glob("*.safetensors"):
-                    if stale.stem.isdigit() and int(stale.stem) >= i:
-                        stale.unlink()
-                state = None
-        if state is not None:
-            method.quantize_block(block, groups, None, i)
-            method.load_block_state(block, groups, state)
-            _cache_matrices(block, True)
-            rows = prov["stats"]
-            log(f"block {i}: resumed from {path}")
-        else:
-            method.quantize_block(block, groups, gstats, i)
-            _cache_matrices(block, True)
-
-            def run_batch(b, block=block):
-                with torch.no_grad(), _autocast(device, amp_dtype or torch.bfloat16, amp):
-                    return call_block(block, inputs, b)
-            method.fit_block(block, groups, inputs, i, run_batch)
-            if method.trainable:
-                rows = _train_block(method, block, inputs, targets, w, i, tr, method.seed,
-                                    device, mem, log, amp_dtype)
-            else:
-                t0 = time.time()
-                loss = _eval_loss(block, inputs, targets, w, amp_dtype)
-                rows = [{"block": i, "epoch": -1, "loss": loss, "seconds": time.time() - t0,
-                         **_memory(mem)}]
-            if not all(math.isfinite(r["loss"]) for r in rows):
-                raise NonFiniteError(f"non-finite loss in block {i}")
-            state = method.block_state(block, groups)
-            for k, v in state.items():
-                _check_finite(v, f"saved parameter {k}", i)
-            rows[-1]["seconds"] = time.time() - t_block
-            if write_outputs:
-                io.save_tensors(state, path, provenance={"resume_key": resume_key, "block": i,
-                                                         "stats": rows,
-                                                         "groups": groups_to_json(groups)})
-        if teacher is not None:
-            teacher = teacher.with_hidden(targets)
-        if propagate in ("quant", "teacher") and method.quantizes:
-            with torch.no_grad(), _autocast(device, amp_dtype or torch.bfloat16, amp), \
-                    method.propagation(block):
-                nxt = [call_block(block, inputs, b).detach().to(store_dtype)
-                       for b in range(len(inputs))]
-        else:
-            nxt = targets
-        del targets
-        for t in nxt:
-            _check_finite(t, "the outputs", i)
-        _cache_matrices(block, False)
-        _restore_dtype(method, block, groups, state, model_dtype)
-        if offload:
-            block.to(home)
-        stats_rows.extend(rows)
-        all_params.update({f"{i}.{k}": v for k, v in state.items()})
-        all_groups[str(i)] = groups_to_json(groups)
-        block_seconds.append(float(rows[-1]["seconds"]))
-        inputs = inputs.with_hidden(nxt)
-        del nxt
+    s = _start(loaded, method, input_ids, out_dir, weights, batch_size, device, amp, log,
+               write_outputs)
+    streams = _Streams.capture(loaded, input_ids, s)
+    done = _Calibrated()
+    for i, block in enumerate(loaded.blocks):
+        done.add(i, *_calibrate_block(s, i, block, streams))
         if on_block_done is not None:
             on_block_done(i)
-    peak_mb = max((r["peak_mem_mb"] for r in stats_rows), default=0.0)
     if not write_outputs:
-        return {"n_blocks": len(blocks), "seconds": sum(block_seconds), "stats": stats_rows,
-                "peak_mem_mb": peak_mb, "peak_mem_kind": mem.kind}
-    import pandas as pd
-
-    prov = io.provenance(run_info, seed=method.seed)
-    io.write_parquet(pd.DataFrame(stats_rows), out_dir / "stats.parquet", stats_schema(), prov)
-    io.save_tensors(all_params, out_dir / "params.safetensors", provenance=prov)
-    meta = {"format_version": FORMAT_VERSION, "method": run_info.get("method_name", method.type_name),
-            "type": method.type_name, "method_settings": method.cfg,
-            "bits": {"w_bits": method.w_bits, "a_bits": method.a_bits, **run_info.get("bits", {})},
-            "seed": method.seed, "propagate": propagate, "weighting": method.weighting,
-            "n_samples": int(input_ids.shape[0]), "seq_len": int(input_ids.shape[1]),
-            "batch_size": batch_size, "n_blocks": len(blocks), "groups": all_groups,
-            "position_weights": None if w is None else [float(v) for v in w],
-            "peak_mem_mb": peak_mb, "peak_mem_kind": mem.kind,
-            "seconds": sum(block_seconds),
-            "provenance": prov}
-    meta.update(method.export_info(loaded, out_dir) or {})
-    io.write_json(out_dir / "meta.json", meta)
-    return meta
+        return {"n_blocks": len(done.block_seconds), "seconds": sum(done.block_seconds),
+                "stats": done.stats_rows, "peak_mem_mb": done.peak_mb, "peak_mem_kind": s.mem.kind}
+    return _write_outputs(loaded, s, done, input_ids, out_dir, run_info)
 
 
 def position_weights_from_prior(prior_path: str | Path, seq_len: int) -> torch.Tensor:

@@ -82,7 +82,7 @@ class _Interrupt(Exception):
     pass
 
 
-@pytest.mark.parametrize("propagate", ["quant"])
+@pytest.mark.parametrize("propagate", ["quant", "teacher"])
 def test_resume_after_interruption_gives_same_params(tmp_path, propagate):
     def run(out, hook=None):
         lm = tiny_random_loaded("llama", layers=3)

@@ -332,6 +332,40 @@ def test_garbage_block_file_is_discarded_and_recomputed(tmp_path):
     assert pa_.keys() == pb_.keys() and all(torch.equal(pa_[k], pb_[k]) for k in pa_)
 
 
+def test_block_file_without_stats_is_not_resumed_from(tmp_path):
+    """A readable blocks/{i}.safetensors that lacks the block stats calibrate saves with a
+    finished block (another writer, a run killed mid-save) is discarded like a garbage one:
+    that block and every later one are recomputed, and the result equals a fresh run."""
+    import torch
+
+    from fair_calib import io
+    from fair_calib.calibrate import calibrate
+    from fair_calib.methods import make_method
+    from fair_calib.quant.toy import tiny_random_loaded
+
+    ids = torch.randint(0, 60, (4, 16), generator=torch.Generator().manual_seed(0))
+
+    def run(out, log=lambda s: None):
+        method = make_method({"type": "flatquant", "epochs": 1, "lr": 5e-3}, 4, 4, seed=0)
+        return calibrate(tiny_random_loaded("llama", layers=3), method, ids, out, batch_size=4,
+                         log=log)
+
+    run(tmp_path / "a")
+    run(tmp_path / "b")
+    (tmp_path / "b/meta.json").unlink()
+    prov1 = io.load_tensors(tmp_path / "b/blocks/1.safetensors")[1]
+    io.save_tensors({"x": torch.zeros(2)}, tmp_path / "b/blocks/1.safetensors",
+                    provenance={"resume_key": prov1["resume_key"]})
+    lines: list[str] = []
+    with pytest.warns(UserWarning, match="1.safetensors"):
+        run(tmp_path / "b", lines.append)
+    assert [line.split(":")[0] for line in lines if "resumed" in line] == ["block 0"]
+    assert any("no block stats" in line and "1.safetensors" in line for line in lines)
+    pa_, _ = io.load_tensors(tmp_path / "a/params.safetensors")
+    pb_, _ = io.load_tensors(tmp_path / "b/params.safetensors")
+    assert pa_.keys() == pb_.keys() and all(torch.equal(pa_[k], pb_[k]) for k in pa_)
+
+
 def _parquet(path: Path, n=100):
     import pandas as pd
     import pyarrow as pa
