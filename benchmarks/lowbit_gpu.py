@@ -240,7 +240,7 @@ def check_gated_codes(lm, outs, shape, variant):
 def bench_forward(shape, token_shapes, dev, profile, split_best=None):
     """bf16 FP forward against the real W4A4 forward of each structure (FAIR-Calib/FlatQuant,
     QuaRot, RTN), at each token shape; FAIR-Calib also with the SwiGLU products unfused, and
-    with ``split_best`` (split-kernel settings) where given."""
+    with ``split_best`` (split-kernel settings per tile shape) where given."""
     from fair_calib.quant import lowbit_triton as lt
     hd = shapes.SHAPES[shape]["hidden_size"] // shapes.SHAPES[shape]["num_attention_heads"]
     res = {f"{b}x{s}": {} for b, s in token_shapes}
@@ -263,13 +263,11 @@ def bench_forward(shape, token_shapes, dev, profile, split_best=None):
     lowbit.set_gated_fusion(lm.model, False)
     measure("w4a4_fair_calib_ungated", lm.model)
     lowbit.set_gated_fusion(lm.model, True)
-    if split_best and any(getattr(lt, k) != v for k, v in split_best.items()):
-        defaults = {k: getattr(lt, k) for k in split_best}
-        for k, v in split_best.items():
-            setattr(lt, k, v)
-        measure("w4a4_fair_calib_split_best", lm.model)
-        for k, v in defaults.items():
-            setattr(lt, k, v)
+    if split_best:
+        tuned = {tuple(int(v) for v in k.split("x")): st for k, st in split_best.items()}
+        default, lt.SPLIT_TUNED = lt.SPLIT_TUNED, tuned
+        measure("w4a4_fair_calib_split_tuned", lm.model)
+        lt.SPLIT_TUNED = default
     if EXTRA:
         to_fp8_storage(lm)
         measure("w4a4_fair_calib_fp8w", lm.model)
@@ -409,15 +407,12 @@ class SyntheticInput:
 
 
 SPLIT_SETTINGS = [
-    {"SPLIT_BR": 64, "SPLIT_WARPS": 4},
-    {"SPLIT_BR": 128, "SPLIT_WARPS": 8},
-    {"SPLIT_BR": 64, "SPLIT_WARPS": 8},
-    {"SPLIT_BR": 32, "SPLIT_WARPS": 4},
-]
+    {"SPLIT_BR": br, "SPLIT_WARPS": w, "SPLIT_UNROLL": un}
+    for br, w in ((64, 4), (128, 8), (64, 8)) for un in (True, False)]
 
 
 def setting_name(st: dict) -> str:
-    return f"br{st['SPLIT_BR']}_w{st['SPLIT_WARPS']}"
+    return f"br{st['SPLIT_BR']}_w{st['SPLIT_WARPS']}_{'unroll' if st['SPLIT_UNROLL'] else 'loop'}"
 
 
 @torch.no_grad()
@@ -432,7 +427,7 @@ def split_sweep(dev, tokens=4096):
     from fair_calib.quant import lowbit_triton as lt
     cases = [(128, 148, {}), (96, 128, {}), (148, 128, {"diag": False})]
     defaults = {k: getattr(lt, k) for k in SPLIT_SETTINGS[0]}
-    total = [0.0] * len(SPLIT_SETTINGS)
+    tuned = {}
     for n1, n2, kw in cases:
         inp = SyntheticInput(n1, n2, dev, **kw)
         x = (torch.randn(tokens, n1 * n2, device=dev) * 3).to(torch.bfloat16)
@@ -461,13 +456,17 @@ def split_sweep(dev, tokens=4096):
                 bad, srel, t = 1.0, 1.0, float("inf")
                 rec[f"{name}_error"] = repr(err)[:160]
             rec[name] = [round(t, 1), bad, srel]
-            total[i] += t if bad < 1e-5 else float("inf")
         for k, v in defaults.items():
             setattr(lt, k, v)
+        ok = [i for i in range(len(SPLIT_SETTINGS))
+              if isinstance(rec[setting_name(SPLIT_SETTINGS[i])][0], float)
+              and rec[setting_name(SPLIT_SETTINGS[i])][1] < 1e-5]
+        if ok:
+            i = min(ok, key=lambda i: rec[setting_name(SPLIT_SETTINGS[i])][0])
+            tuned[f"{n1}x{n2}"] = SPLIT_SETTINGS[i]
         emit(rec)
-    best = min(range(len(total)), key=total.__getitem__)
-    emit({"kind": "split_choice", "best": SPLIT_SETTINGS[best], "total_us": total})
-    return SPLIT_SETTINGS[best] if total[best] < float("inf") else None
+    emit({"kind": "split_choice", "tuned": tuned})
+    return tuned
 
 
 def split_sweep_subprocess():
@@ -481,8 +480,8 @@ def split_sweep_subprocess():
         if line.startswith("{"):
             rec = json.loads(line)
             emit(rec)
-            if rec.get("kind") == "split_choice" and min(rec["total_us"]) < float("inf"):
-                best = rec["best"]
+            if rec.get("kind") == "split_choice":
+                best = rec["tuned"] or None
     if r.returncode:
         emit({"kind": "error", "stage": "split", "rc": r.returncode, "stderr": r.stderr[-800:]})
     return best

@@ -49,6 +49,9 @@ WIDE_ABOVE = 64
 GATED_TILE_MAX = 4096
 SPLIT_BR = 64          # rows of the product per chunk in the split kernel
 SPLIT_WARPS = 4
+SPLIT_UNROLL = True    # the split kernel's loops over chunks unrolled (else run-time loops)
+# per tile shape (n1, n2): settings that beat the defaults in benchmarks/lowbit_gpu.py's sweep
+SPLIT_TUNED: dict[tuple[int, int], dict] = {}
 # columns of the right product per chunk. Seen on an H100 and an H200 (Triton 3.6): chunks of
 # 32 columns (and a 32-column piece) gave wrong products and illegal memory accesses
 SPLIT_BC = 64
@@ -186,6 +189,85 @@ def _prep(x, nw_ptr, d_ptr, rinv, r0, RP: tl.constexpr, c0, CP: tl.constexpr,
 
 
 @triton.jit
+def _token_rinv(xr, eps, RA: tl.constexpr, RB: tl.constexpr, SR: tl.constexpr, CA: tl.constexpr,
+                CB: tl.constexpr, SC: tl.constexpr, N1: tl.constexpr, N2: tl.constexpr):
+    """1 / rms of the token (:func:`_rms_norm`'s arithmetic), summed over its pieces."""
+    ss = _sumsq(_piece(xr, 0, RA, 0, CA, N1, N2))
+    if SC:
+        ss += _sumsq(_piece(xr, 0, RA, CA, CB, N1, N2))
+    if SR:
+        ss += _sumsq(_piece(xr, RA, RB, 0, CA, N1, N2))
+        if SC:
+            ss += _sumsq(_piece(xr, RA, RB, CA, CB, N1, N2))
+    return libdevice.rsqrt(libdevice.div_rn(ss, N1 * N2 * 1.0) + eps)
+
+
+@triton.jit
+def _x_pieces(xr, nw_ptr, d_ptr, rinv, RA: tl.constexpr, RB: tl.constexpr, SR: tl.constexpr,
+              CA: tl.constexpr, CB: tl.constexpr, SC: tl.constexpr, N1: tl.constexpr,
+              N2: tl.constexpr, HAS_NORM: tl.constexpr, HAS_D: tl.constexpr):
+    """The token's four pieces (rows RA | RB x columns CA | CB), normalized and scaled by the
+    diagonal; an absent piece (SR / SC false) is returned as the first, unused."""
+    xaa = _prep(_piece(xr, 0, RA, 0, CA, N1, N2), nw_ptr, d_ptr, rinv, 0, RA, 0, CA, N1, N2,
+                HAS_NORM, HAS_D)
+    xab = xaa
+    xba = xaa
+    xbb = xaa
+    if SC:
+        xab = _prep(_piece(xr, 0, RA, CA, CB, N1, N2), nw_ptr, d_ptr, rinv, 0, RA, CA, CB, N1,
+                    N2, HAS_NORM, HAS_D)
+    if SR:
+        xba = _prep(_piece(xr, RA, RB, 0, CA, N1, N2), nw_ptr, d_ptr, rinv, RA, RB, 0, CA, N1,
+                    N2, HAS_NORM, HAS_D)
+        if SC:
+            xbb = _prep(_piece(xr, RA, RB, CA, CB, N1, N2), nw_ptr, d_ptr, rinv, RA, RB, CA, CB,
+                        N1, N2, HAS_NORM, HAS_D)
+    return xaa, xab, xba, xbb
+
+
+@triton.jit
+def _row_chunk(r, xaa, xab, xba, xbb, p1_ptr, p2t_ptr, zrow, hi, lo, RA: tl.constexpr,
+               RB: tl.constexpr, SR: tl.constexpr, CA: tl.constexpr, CB: tl.constexpr,
+               SC: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr, N1: tl.constexpr,
+               N2: tl.constexpr, HAS_P2: tl.constexpr, UNROLL: tl.constexpr):
+    """Rows r * BR .. of Z = P1 X P2^T into the scratch row; the running max and min."""
+    dt = xaa.dtype
+    ka = tl.arange(0, RA)
+    kb = RA + tl.arange(0, RB)
+    rr = r * BR + tl.arange(0, BR)
+    p1a = tl.load(p1_ptr + rr[:, None] * N1 + ka[None, :],
+                  mask=(rr[:, None] < N1) & (ka[None, :] < N1), other=0.0)
+    ya = tl.dot(p1a, xaa)                                     # [BR, CA] float32
+    if SC:
+        yb = tl.dot(p1a, xab)                                 # [BR, CB]
+    if SR:
+        p1b = tl.load(p1_ptr + rr[:, None] * N1 + kb[None, :],
+                      mask=(rr[:, None] < N1) & (kb[None, :] < N1), other=0.0)
+        ya = tl.dot(p1b, xba, ya)
+        if SC:
+            yb = tl.dot(p1b, xbb, yb)
+    ya = ya.to(dt)
+    if SC:
+        yb = yb.to(dt)
+    else:
+        yb = ya                       # unused (SC false): keeps the helper's signature
+    if HAS_P2:
+        if UNROLL:
+            for c in tl.static_range((N2 + BC - 1) // BC):
+                z = _right_product(ya, yb, p2t_ptr, c * BC, BC, CA, CB, SC, N2)
+                hi, lo = _store_tracking(zrow, z, rr, c * BC, BC, N1, N2, hi, lo)
+        else:
+            for c in tl.range(0, (N2 + BC - 1) // BC, num_stages=1):
+                z = _right_product(ya, yb, p2t_ptr, c * BC, BC, CA, CB, SC, N2)
+                hi, lo = _store_tracking(zrow, z, rr, c * BC, BC, N1, N2, hi, lo)
+    else:
+        hi, lo = _store_tracking(zrow, ya, rr, 0, CA, N1, N2, hi, lo)
+        if SC:
+            hi, lo = _store_tracking(zrow, yb, rr, CA, CB, N1, N2, hi, lo)
+    return hi, lo
+
+
+@triton.jit
 def _right_product(ya, yb, p2t_ptr, c0, CP: tl.constexpr, CA: tl.constexpr, CB: tl.constexpr,
                    SC: tl.constexpr, N2: tl.constexpr):
     """Columns c0..c0+CP of [ya | yb] P2^T (the row pieces' partial sums added in float32),
@@ -223,7 +305,7 @@ def _act_quant_split_kernel(x_ptr, nw_ptr, d_ptr, p1_ptr, p2t_ptr, rmax_ptr, rmi
                             N1: tl.constexpr, N2: tl.constexpr, RA: tl.constexpr,
                             RB: tl.constexpr, SR: tl.constexpr, CA: tl.constexpr,
                             CB: tl.constexpr, SC: tl.constexpr, BR: tl.constexpr,
-                            BC: tl.constexpr,
+                            BC: tl.constexpr, UNROLL: tl.constexpr,
                             HAS_NORM: tl.constexpr, HAS_D: tl.constexpr,
                             HAS_P2: tl.constexpr, K: tl.constexpr, QMAX: tl.constexpr,
                             STATIC: tl.constexpr, CH: tl.constexpr, NCH: tl.constexpr):
@@ -233,61 +315,29 @@ def _act_quant_split_kernel(x_ptr, nw_ptr, d_ptr, p1_ptr, p2t_ptr, rmax_ptr, rmi
     a time (its columns in chunks of BC), each product rounded to the model dtype as the whole
     products are, written to a scratch row ``z`` while the token's max/min accumulate, then
     quantized from it. The contractions add the pieces' float32 partial sums before rounding
-    (another summation order, as cuBLAS has its own). A SwiGLU product reaches this kernel
+    (another summation order, as cuBLAS has its own). UNROLL: the loops over chunks unrolled
+    (else run-time loops: fewer registers for Dream's 128 x 148, more programs per
+    multiprocessor). A SwiGLU product reaches this kernel
     formed by :func:`silu_mul` (formed here, it cost more than it saved: docs/benchmarks.md)."""
     t = tl.program_id(0).to(tl.int64)
     xr = x_ptr + t * (N1 * N2)
     zrow = z_ptr + t * (N1 * N2)
-    xaa = _piece(xr, 0, RA, 0, CA, N1, N2)
-    dt = xaa.dtype
-    ss = _sumsq(xaa)
-    if SC:
-        xab = _piece(xr, 0, RA, CA, CB, N1, N2)
-        ss += _sumsq(xab)
-    if SR:
-        xba = _piece(xr, RA, RB, 0, CA, N1, N2)
-        ss += _sumsq(xba)
-        if SC:
-            xbb = _piece(xr, RA, RB, CA, CB, N1, N2)
-            ss += _sumsq(xbb)
-    rinv = libdevice.rsqrt(libdevice.div_rn(ss, N1 * N2 * 1.0) + eps)
-    xaa = _prep(xaa, nw_ptr, d_ptr, rinv, 0, RA, 0, CA, N1, N2, HAS_NORM, HAS_D)
-    if SC:
-        xab = _prep(xab, nw_ptr, d_ptr, rinv, 0, RA, CA, CB, N1, N2, HAS_NORM, HAS_D)
-    if SR:
-        xba = _prep(xba, nw_ptr, d_ptr, rinv, RA, RB, 0, CA, N1, N2, HAS_NORM, HAS_D)
-        if SC:
-            xbb = _prep(xbb, nw_ptr, d_ptr, rinv, RA, RB, CA, CB, N1, N2, HAS_NORM, HAS_D)
+    if HAS_NORM:
+        rinv = _token_rinv(xr, eps, RA, RB, SR, CA, CB, SC, N1, N2)
+    else:
+        rinv = 1.0
+    xaa, xab, xba, xbb = _x_pieces(xr, nw_ptr, d_ptr, rinv, RA, RB, SR, CA, CB, SC, N1, N2,
+                                   HAS_NORM, HAS_D)
     hi = tl.zeros([], dtype=tl.float32)
     lo = tl.zeros([], dtype=tl.float32)
-    ka = tl.arange(0, RA)
-    kb = RA + tl.arange(0, RB)
-    for r in tl.static_range((N1 + BR - 1) // BR):
-        rr = r * BR + tl.arange(0, BR)
-        p1a = tl.load(p1_ptr + rr[:, None] * N1 + ka[None, :],
-                      mask=(rr[:, None] < N1) & (ka[None, :] < N1), other=0.0)
-        ya = tl.dot(p1a, xaa)                                     # [BR, CA] float32
-        if SC:
-            yb = tl.dot(p1a, xab)                                 # [BR, CB]
-        if SR:
-            p1b = tl.load(p1_ptr + rr[:, None] * N1 + kb[None, :],
-                          mask=(rr[:, None] < N1) & (kb[None, :] < N1), other=0.0)
-            ya = tl.dot(p1b, xba, ya)
-            if SC:
-                yb = tl.dot(p1b, xbb, yb)
-        ya = ya.to(dt)
-        if SC:
-            yb = yb.to(dt)
-        else:
-            yb = ya                       # unused (SC false): keeps the helper's signature
-        if HAS_P2:
-            for c in tl.static_range((N2 + BC - 1) // BC):
-                z = _right_product(ya, yb, p2t_ptr, c * BC, BC, CA, CB, SC, N2)
-                hi, lo = _store_tracking(zrow, z, rr, c * BC, BC, N1, N2, hi, lo)
-        else:
-            hi, lo = _store_tracking(zrow, ya, rr, 0, CA, N1, N2, hi, lo)
-            if SC:
-                hi, lo = _store_tracking(zrow, yb, rr, CA, CB, N1, N2, hi, lo)
+    if UNROLL:
+        for r in tl.static_range((N1 + BR - 1) // BR):
+            hi, lo = _row_chunk(r, xaa, xab, xba, xbb, p1_ptr, p2t_ptr, zrow, hi, lo, RA, RB, SR,
+                                CA, CB, SC, BR, BC, N1, N2, HAS_P2, UNROLL)
+    else:
+        for r in tl.range(0, (N1 + BR - 1) // BR, num_stages=1):
+            hi, lo = _row_chunk(r, xaa, xab, xba, xbb, p1_ptr, p2t_ptr, zrow, hi, lo, RA, RB, SR,
+                                CA, CB, SC, BR, BC, N1, N2, HAS_P2, UNROLL)
     tl.debug_barrier()                 # the scratch row is read back by other threads
     lo = -lo
     for k in tl.static_range(K):
@@ -399,14 +449,23 @@ def _quantize_split(inp, x2, up, nw, eps, d, p1, p2t, n1, n2):
     z = torch.empty_like(x2)
     CH = 2048
     (ra, rb), (ca, cb) = split_pow2(n1), split_pow2(n2)
+    st = split_settings(n1, n2)
     _act_quant_split_kernel[(T,)](
         x2, *_operands(inp, x2, None, nw, d, p1, p2t, scales)[1:],
         z, codes, scales, T, float(2 ** (inp.bits - 1) - 1), eps,
         N1=n1, N2=n2, RA=ra, RB=max(rb, 16), SR=rb > 0, CA=ca, CB=max(cb, 16), SC=cb > 0,
-        BR=min(_pow2(n1), SPLIT_BR), BC=min(_pow2(n2), SPLIT_BC), HAS_NORM=nw is not None, HAS_D=d is not None,
+        BR=min(_pow2(n1), st["SPLIT_BR"]), BC=min(_pow2(n2), SPLIT_BC),
+        UNROLL=st["SPLIT_UNROLL"], HAS_NORM=nw is not None, HAS_D=d is not None,
         HAS_P2=p2t is not None, K=inp.n_readers, QMAX=2 ** (inp.bits - 1) - 1,
-        STATIC=inp.static, CH=CH, NCH=triton.cdiv(dim, CH), num_warps=SPLIT_WARPS)
+        STATIC=inp.static, CH=CH, NCH=triton.cdiv(dim, CH), num_warps=st["SPLIT_WARPS"])
     return codes, scales
+
+
+def split_settings(n1: int, n2: int) -> dict:
+    """Rows per chunk, warps and unrolling of the split kernel for an n1 x n2 tile: the
+    module's defaults, overridden by the measured choice for that shape (SPLIT_TUNED)."""
+    return {"SPLIT_BR": SPLIT_BR, "SPLIT_WARPS": SPLIT_WARPS, "SPLIT_UNROLL": SPLIT_UNROLL,
+            **SPLIT_TUNED.get((n1, n2), {})}
 
 
 @triton.jit

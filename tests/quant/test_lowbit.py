@@ -362,10 +362,12 @@ for n1, n2, p2 in ((128, 148, True), (96, 128, True), (28, 128, False)):
             inp.norm = None        # a down_proj group: the product, no norm
         u = up if gated else None
         nw, eps = lt._fused_norm(inp, x)
-        bad, rel = check(inp, x, u, lambda: lt._quantize_split(
-            inp, x, u, nw, eps, inp.d, inp.p1, inp.p2t, n1, n2))
-        print(n1, n2, gated, bad, rel)
-        assert bad == 0.0 and rel < 1e-5, (n1, n2, gated, bad, rel)
+        for unroll in (True, False):
+            lt.SPLIT_UNROLL = unroll
+            bad, rel = check(inp, x, u, lambda: lt._quantize_split(
+                inp, x, u, nw, eps, inp.d, inp.p1, inp.p2t, n1, n2))
+            print(n1, n2, gated, unroll, bad, rel)
+            assert bad == 0.0 and rel < 1e-5, (n1, n2, gated, unroll, bad, rel)
 
 # the one-pass SwiGLU product (odd length: the last block masked)
 g = torch.randn(3, 1001, generator=torch.Generator().manual_seed(5)) * 4
@@ -388,8 +390,8 @@ print("ok")
 
 
 def test_chunked_kernels_equal_the_emulation_in_the_triton_interpreter():
-    """The split activation kernel with a fused RMSNorm or a gated SwiGLU input (formed by the
-    one-pass product kernel), a diagonal and Kronecker factors (Dream's 128 x 148,
+    """The split activation kernel (loops unrolled, and run-time loops) with a fused RMSNorm or
+    a gated SwiGLU input (formed by the one-pass product kernel), a diagonal and Kronecker factors (Dream's 128 x 148,
     LLaDA's 96 x 128, a left factor alone), and the one-tile kernel with a gated input, give
     the emulation's codes and scales, run on CPU by Triton's interpreter in
     float32 (the interpreter has no bfloat16 arithmetic; the bf16 kernels are compared with the
