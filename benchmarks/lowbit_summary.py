@@ -22,8 +22,9 @@ def main(path: str) -> None:
                       f"{r[n + '_peak_ratio']:.2f}x  enqueue {r[n + '_enqueue_s'] * 1e3:.0f} / "
                       f"wall {r[n + '_wall_s'] * 1e3:.0f} ms")
         elif k in ("codes", "codes_gated"):
+            tok = " ".join(f"{n}={v:.1e}" for n, v in r.items() if n.startswith("tok"))
             print(f"{k} {r['shape']} {r['variant']} {r['group']}: "
-                  f"{r['code_mismatch_frac']:.2e} scale {r['scale_max_rel_diff']:.1e}")
+                  f"{r['code_mismatch_frac']:.2e} scale {r['scale_max_rel_diff']:.1e} {tok}")
         elif k == "layer_error":
             print(f"layer_error {r['shape']} {r['variant']} {r['linear']}: real "
                   f"{r['real_rel_err']:.3e} fake {r['fake_bf16_rel_err']:.3e}")
