@@ -197,8 +197,7 @@ def check_layers(shape, tokens, dev):
                       "tokens": x2.shape[0], "dim": x2.shape[1], "readers": be.inp.n_readers,
                       "norm_fused": be.inp.norm is not None,
                       "code_mismatch_frac": diff,
-                      "scale_max_rel_diff": ((xs - ref_s).abs() / ref_s).max().item(),
-                      **tile_tokens_codes(be.inp, x2, xc)})
+                      "scale_max_rel_diff": ((xs - ref_s).abs() / ref_s).max().item()})
             k = min(be.user, be.inp.n_readers - 1)
             xc, xs = xc[k], xs[k]
             from fair_calib.quant import lowbit_triton
@@ -217,20 +216,6 @@ def check_layers(shape, tokens, dev):
                   "fake_bf16_rel_err": ((y_fake - y64).norm() / nrm).item()})
         del lm
         torch.cuda.empty_cache()
-
-
-def tile_tokens_codes(inp, x2, xc):
-    """Fraction of codes that differ from the one-token kernel's (xc) at each other
-    TILE_TOKENS value."""
-    from fair_calib.quant import lowbit_triton as lt
-    out, default = {}, lt.TILE_TOKENS
-    for tb in TILE_TOKENS_SWEEP:
-        if tb != default:
-            lt.TILE_TOKENS = tb
-            c, _ = inp.quantize(x2)
-            out[f"tok{tb}_vs_tok{default}_mismatch"] = (c.float() != xc.float()).float().mean().item()
-    lt.TILE_TOKENS = default
-    return out
 
 
 def check_gated_codes(lm, outs, shape, variant):
@@ -254,7 +239,7 @@ def check_gated_codes(lm, outs, shape, variant):
 @torch.no_grad()
 def bench_forward(shape, token_shapes, dev, profile, split_best=None):
     """bf16 FP forward against the real W4A4 forward of each structure (FAIR-Calib/FlatQuant,
-    QuaRot, RTN), at each token shape and each of TILE_TOKENS_SWEEP; FAIR-Calib also with
+    QuaRot, RTN), at each token shape; FAIR-Calib also with
     ``split_best`` (split-kernel settings per tile shape, from the sweep) where given, and with
     --extra unfused SwiGLU products, FP8-stored weights and W8A8 on INT8."""
     from fair_calib.quant import lowbit_triton as lt
@@ -266,16 +251,6 @@ def bench_forward(shape, token_shapes, dev, profile, split_best=None):
             t, peak = time_forward(model, ids_for(shape, b, s, dev))
             res[f"{b}x{s}"][name] = (t, peak, dict(HOST))
 
-    def variants(prefix, model):
-        """The structure at the module's settings, then at each TILE_TOKENS value."""
-        measure(prefix, model)
-        default = lt.TILE_TOKENS
-        for tb in TILE_TOKENS_SWEEP:
-            if tb != default:
-                lt.TILE_TOKENS = tb
-                measure(f"{prefix}_tok{tb}", model)
-        lt.TILE_TOKENS = default
-
     lm = shapes.build(shape, device=dev)
     groups = block_groups(lm, dev)
     measure("bf16", lm.model)
@@ -283,7 +258,7 @@ def bench_forward(shape, token_shapes, dev, profile, split_best=None):
     quantize_fair_calib(lm, groups)
     torch.cuda.synchronize()
     attach_s = time.perf_counter() - t0
-    variants("w4a4_fair_calib", lm.model)
+    measure("w4a4_fair_calib", lm.model)
     if profile:
         profile_forward(lm.model, ids_for(shape, *token_shapes[0], dev), shape)
     if split_best:
@@ -303,7 +278,7 @@ def bench_forward(shape, token_shapes, dev, profile, split_best=None):
                         ("w4a4_rtn", lambda lm: quantize_rtn(lm, groups))):
         lm = shapes.build(shape, device=dev)
         build(lm)
-        variants(name, lm.model)
+        measure(name, lm.model)
         del lm
         torch.cuda.empty_cache()
     if EXTRA:
@@ -427,8 +402,6 @@ class SyntheticInput:
         self.static_scale = None
         self.n_readers = k
 
-
-TILE_TOKENS_SWEEP = (1, 2, 4)     # the one-tile kernel's tokens per program, timed and checked
 
 SPLIT_SETTINGS = [
     {"SPLIT_BR": br, "SPLIT_WARPS": w, "SPLIT_UNROLL": un}

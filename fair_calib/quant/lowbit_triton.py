@@ -44,10 +44,6 @@ WIDE_MAX = 256
 # two factors of which one is wider than this also take the chunked kernel: measured on an
 # H100 at 4096 tokens, LLaDA's 96 x 128 down_proj input 193 us chunked vs 343 us in one tile
 WIDE_ABOVE = 64
-# tokens per program of the one-tile kernel (a power of two; 1: one token per program, the
-# looping kernel), as long as the block holds at most TILE_TOKENS_MAX elements
-TILE_TOKENS = 1
-TILE_TOKENS_MAX = 16384
 # the one-tile kernel forms a SwiGLU product itself up to this many tile elements; larger
 # tiles (RTN's down_proj: 18944 as 74 x 256) take the one-pass product kernel first
 GATED_TILE_MAX = 4096
@@ -153,75 +149,6 @@ def _act_quant_kernel(x_ptr, u_ptr, nw_ptr, d_ptr, p1_ptr, p2t_ptr, rmax_ptr, rm
             tl.store(codes_ptr + row * (N1 * N2) + off, q.to(codes_ptr.dtype.element_ty),
                      mask=mask)
             tl.store(scales_ptr + row, s)
-
-
-@triton.jit
-def _act_quant_tokens_kernel(x_ptr, u_ptr, nw_ptr, d_ptr, p1_ptr, p2t_ptr, rmax_ptr, rmin_ptr,
-                             floor_ptr, static_ptr, codes_ptr, scales_ptr, T, qmax_f, eps,
-                             N1: tl.constexpr, N2: tl.constexpr, B1: tl.constexpr,
-                             B2: tl.constexpr, TB: tl.constexpr, GATED: tl.constexpr,
-                             HAS_NORM: tl.constexpr, HAS_D: tl.constexpr, HAS_P1: tl.constexpr,
-                             HAS_P2: tl.constexpr, K: tl.constexpr, QMAX: tl.constexpr,
-                             STATIC: tl.constexpr, FP32: tl.constexpr):
-    """:func:`_act_quant_kernel`'s arithmetic for TB tokens per program, as one [TB, n1, n2]
-    block: P1 X as a batched product, X P2^T on the TB * n1 stacked rows (larger tensor-core
-    tiles, the factors read once for TB tokens)."""
-    tok = tl.program_id(0).to(tl.int64) * TB + tl.arange(0, TB)
-    i = tl.arange(0, B1)
-    j = tl.arange(0, B2)
-    off2 = i[:, None] * N2 + j[None, :]
-    m2 = (i[:, None] < N1) & (j[None, :] < N2)
-    off = tok[:, None, None] * (N1 * N2) + off2[None, :, :]
-    mask = (tok[:, None, None] < T) & m2[None, :, :]
-    x = tl.load(x_ptr + off, mask=mask, other=0.0)
-    if GATED:
-        x = _silu_mul(x, tl.load(u_ptr + off, mask=mask, other=0.0))
-    dt = x.dtype
-    if HAS_NORM:
-        nw = tl.load(nw_ptr + off2, mask=m2, other=0.0).to(tl.float32)
-        xf = x.to(tl.float32)
-        ss = tl.sum(tl.sum(xf * xf, axis=2), axis=1)
-        r = libdevice.rsqrt(libdevice.div_rn(ss, N1 * N2 * 1.0) + eps)
-        x = (xf * r[:, None, None]).to(dt)
-        x = (nw[None, :, :] * x.to(tl.float32)).to(dt)
-    if HAS_D:
-        d = tl.load(d_ptr + off2, mask=m2, other=0.0).to(tl.float32)
-        x = (x.to(tl.float32) * d[None, :, :]).to(dt)
-    if HAS_P1:
-        a = tl.arange(0, B1)
-        p1 = tl.load(p1_ptr + a[:, None] * N1 + a[None, :],
-                     mask=(a[:, None] < N1) & (a[None, :] < N1), other=0.0)
-        p1 = tl.broadcast_to(p1[None, :, :], (TB, B1, B1))
-        if FP32:
-            x = tl.dot(p1, x, input_precision="ieee").to(dt)
-        else:
-            x = tl.dot(p1, x).to(dt)
-        if HAS_P2:
-            b = tl.arange(0, B2)
-            p2 = tl.load(p2t_ptr + b[:, None] * N2 + b[None, :],
-                         mask=(b[:, None] < N2) & (b[None, :] < N2), other=0.0)
-            x2 = tl.reshape(x, (TB * B1, B2))
-            if FP32:
-                x2 = tl.dot(x2, p2, input_precision="ieee").to(dt)
-            else:
-                x2 = tl.dot(x2, p2).to(dt)
-            x = tl.reshape(x2, (TB, B1, B2))
-    xf = x.to(tl.float32)
-    hi = tl.maximum(tl.max(tl.max(xf, axis=2), axis=1), 0.0)
-    lo = -tl.minimum(tl.min(tl.min(xf, axis=2), axis=1), 0.0)
-    for k in tl.static_range(K):
-        if STATIC:
-            s = tl.zeros([TB], dtype=tl.float32) + tl.load(static_ptr + k)
-        else:
-            m = tl.maximum(lo * tl.load(rmin_ptr + k), hi * tl.load(rmax_ptr + k))
-            s = tl.maximum(libdevice.div_rn(m, qmax_f), tl.load(floor_ptr + k))
-            s = tl.where(m == 0.0, 1.0, s)
-        q = libdevice.rint(libdevice.div_rn(xf, s[:, None, None]))
-        q = tl.minimum(tl.maximum(q, -QMAX - 1.0), QMAX * 1.0)
-        row = k * T + tok
-        tl.store(codes_ptr + row[:, None, None] * (N1 * N2) + off2[None, :, :],
-                 q.to(codes_ptr.dtype.element_ty), mask=mask)
-        tl.store(scales_ptr + row, s, mask=tok < T)
 
 
 @triton.jit
@@ -476,10 +403,6 @@ def quantize_input(inp, x2: torch.Tensor, up: torch.Tensor | None = None
                  HAS_D=d is not None, HAS_P1=p1 is not None, HAS_P2=p2t is not None,
                  K=inp.n_readers, QMAX=2 ** (inp.bits - 1) - 1, STATIC=inp.static,
                  FP32=x2.dtype == torch.float32)
-    tb, warps = tile_tokens(B1 * B2)
-    if tb > 1:
-        _act_quant_tokens_kernel[(triton.cdiv(T, tb),)](*ops, TB=tb, **flags, num_warps=warps)
-        return codes, scales
     warps = NUM_WARPS or (4 if B1 * B2 <= 4096 else 8)
     _act_quant_kernel[(_grid(T, x2.device),)](*ops, **flags, num_warps=warps)
     return codes, scales
@@ -500,16 +423,6 @@ def _operands(inp, x2, up, nw, d, p1, p2t, dummy) -> tuple:
     return (dummy if up is None else up, dummy if nw is None else nw, cast(d), cast(p1),
             cast(p2t), inp.r_max if dyn else dummy, inp.r_min if dyn else dummy,
             inp.floor if dyn else dummy, dummy if dyn else inp.static_scale)
-
-
-def tile_tokens(elements: int) -> tuple[int, int]:
-    """(tokens per program, warps) of the one-tile kernel for tiles of ``elements`` (padded):
-    TILE_TOKENS tokens where the block stays within TILE_TOKENS_MAX elements, else one (the
-    token-looping kernel)."""
-    tb = TILE_TOKENS
-    while tb > 1 and tb * elements > TILE_TOKENS_MAX:
-        tb //= 2
-    return tb, NUM_WARPS or (4 if tb * elements <= 4096 else 8)
 
 
 def split_pow2(n: int) -> tuple[int, int]:

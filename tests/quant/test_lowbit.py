@@ -382,22 +382,16 @@ for n1, n2, factors in ((16, 32, True), (8, 64, False)):
         inp.p1 = inp.p2t = inp.d = None
     x = torch.randn(5, n1 * n2, generator=torch.Generator().manual_seed(3)) * 2
     up = torch.randn(5, n1 * n2, generator=torch.Generator().manual_seed(4))
-    for tokens in (1, 2, 4):             # tokens per program (5 tokens: a partial last block)
-        lt.TILE_TOKENS = tokens
-        for u in (up, None):
-            bad, rel = check(inp, x, u, lambda: lt.quantize_input(inp, x, u))
-            print("tile", n1, n2, factors, tokens, u is not None, bad, rel)
-            assert bad == 0.0 and rel < 1e-5, (n1, n2, factors, tokens, bad, rel)
-    lt.TILE_TOKENS = 1
+    for u in (up, None):
+        bad, rel = check(inp, x, u, lambda: lt.quantize_input(inp, x, u))
+        print("tile", n1, n2, factors, u is not None, bad, rel)
+        assert bad == 0.0 and rel < 1e-5, (n1, n2, factors, bad, rel)
 
-# the token-block kernel with a fused norm and a static scale
+# the one-tile kernel with a fused norm and static scales
 inp = Group(16, 32, True)
 inp.static, inp.static_scale = True, torch.tensor([0.7, 0.3])
 x = torch.randn(5, 512, generator=torch.Generator().manual_seed(7))
-ref = check(inp, x, None, lambda: lt.quantize_input(inp, x))
-lt.TILE_TOKENS = 4
-assert check(inp, x, None, lambda: lt.quantize_input(inp, x)) == ref == (0.0, 0.0), ref
-lt.TILE_TOKENS = 1
+assert check(inp, x, None, lambda: lt.quantize_input(inp, x)) == (0.0, 0.0)
 print("ok")
 """
 
@@ -405,8 +399,8 @@ print("ok")
 def test_chunked_kernels_equal_the_emulation_in_the_triton_interpreter():
     """The split activation kernel (loops unrolled, and run-time loops) with a fused RMSNorm or
     a gated SwiGLU input (formed by the one-pass product kernel), a diagonal and Kronecker factors (Dream's 128 x 148,
-    LLaDA's 96 x 128, a left factor alone), and the one-tile kernel (one token or a block of
-    tokens per program) with a gated input, a fused norm or static scales, give
+    LLaDA's 96 x 128, a left factor alone), and the one-tile kernel with a gated input, a
+    fused norm or static scales, give
     the emulation's codes and scales, run on CPU by Triton's interpreter in
     float32 (the interpreter has no bfloat16 arithmetic; the bf16 kernels are compared with the
     emulation on the GPU by benchmarks/lowbit_gpu.py)."""
