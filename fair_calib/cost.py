@@ -29,13 +29,20 @@ FWD_FIXED_S = 0.012            # per forward: launches, host work (LLaDA-8B, H10
 FWD_TOKEN_S = 27e-6            # per token of the forward (same fit)
 FAMILY_SCALE = {"llada": 1.0, "dream": 0.9}    # Dream-7B forward / LLaDA-8B forward (issue 3)
 QUANT_SCALE = 1.26             # fake-quant W4A4 forward / FP forward (issue 6: 2.07 / 1.64 s)
-# Real low-bit forward / bf16 FP forward (issue 20, benchmarks/lowbit_gpu.py, full depth, H100):
-# codes of <= 5 bits run on FP8 tensor cores (FAIR_CALIB_LOWBIT=auto), RMSNorms fused into the
-# quantizing kernels; per family the slowest W4A4 structure and token shape, median of six
-# measurements (LLaDA: QuaRot 0.914 at 32 x 104; Dream: FAIR-Calib 0.841 at 32 x 104 with the
-# padded chunked kernel, 0.833 with the split one now default). W8A8 keeps fake quantization
-# under auto (INT8 measured 1.5-1.8x FP).
-REAL_QUANT_SCALE = {"llada": 0.91, "dream": 0.84}
+# Real low-bit forward / bf16 FP forward (issue 20, benchmarks/lowbit_gpu.py, full depth, H100
+# 80GB, random weights; docs/benchmarks.md): codes of <= 5 bits run on FP8 tensor cores
+# (FAIR_CALIB_LOWBIT=auto), RMSNorms and SwiGLU products fused, split-kernel settings per tile.
+# Per family and quantized structure, the slower token shape (8 x 512 or 32 x 104) of the median
+# over that code's measurements (2026-11-27 calls 3-6: FAIR-Calib 2, QuaRot 5, RTN 3 per shape).
+# "transform": FlatQuant-style online Kronecker transforms (fair_calib, flatquant);
+# "hadamard": QuaRot's online Hadamards; "plain": per-token quantization alone (rtn).
+# W8A8 keeps fake quantization under auto (INT8 measured 1.5-1.8x FP).
+REAL_QUANT_SCALE = {
+    "llada": {"transform": 0.723, "hadamard": 0.794, "plain": 0.684},
+    "dream": {"transform": 0.782, "hadamard": 0.742, "plain": 0.722},
+}
+METHOD_STRUCTURE = {"fair_calib": "transform", "flatquant": "transform", "quarot": "hadamard",
+                    "rtn": "plain"}
 JOB_OVERHEAD_S = 60.0          # assumption: loading 16 GB of weights from a shared filesystem
 
 # Calibration (issue 5): FAIR-Calib / FlatQuant at 128 x 1024 tokens, 15 epochs: 15.5 min
@@ -66,21 +73,28 @@ TASK_SHAPES = {
 }
 
 
-def quant_scale(family: str, quant: bool | str) -> float:
-    """Quantized forward / FP forward: ``quant`` False (FP), True (W4A4) or the bits string."""
+def quant_scale(family: str, quant: bool | str, method_type: str | None = None) -> float:
+    """Quantized forward / FP forward: ``quant`` False (FP), True (W4A4) or the bits string;
+    on the FP8 path, that of ``method_type``'s structure (None or a type without a measured
+    structure: the family's slowest)."""
     if not quant:
         return 1.0
     from fair_calib.quant.lowbit import gemm_kind
 
     bits = "w4a4" if quant is True else str(quant).lower()
     w, a = (int(v) for v in bits.removeprefix("w").split("a"))
-    if gemm_kind(w, a) == "fp8":
-        return REAL_QUANT_SCALE.get(family.removeprefix("tiny-"), max(REAL_QUANT_SCALE.values()))
-    return QUANT_SCALE
+    if gemm_kind(w, a) != "fp8":
+        return QUANT_SCALE
+    fam = family.removeprefix("tiny-")
+    by_structure = REAL_QUANT_SCALE.get(fam) or max(REAL_QUANT_SCALE.values(),
+                                                    key=lambda v: max(v.values()))
+    structure = METHOD_STRUCTURE.get(method_type or "")
+    return by_structure[structure] if structure else max(by_structure.values())
 
 
-def forward_s(tokens: int, family: str, quant: bool | str) -> float:
-    scale = FAMILY_SCALE.get(family.removeprefix("tiny-"), 1.0) * quant_scale(family, quant)
+def forward_s(tokens: int, family: str, quant: bool | str, method_type: str | None = None) -> float:
+    scale = (FAMILY_SCALE.get(family.removeprefix("tiny-"), 1.0)
+             * quant_scale(family, quant, method_type))
     return (FWD_FIXED_S + tokens * FWD_TOKEN_S) * scale
 
 
@@ -94,7 +108,7 @@ def merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
 
 # ----------------------------------------------------------------------------- evaluation
 def mc_task_seconds(t: Mapping[str, Any], shape: Mapping[str, Any], family: str, quant: bool,
-                    adapter_lik: Mapping[str, Any]) -> float:
+                    adapter_lik: Mapping[str, Any], method_type: str | None = None) -> float:
     """One likelihood task on one model: every document's forwards."""
     lik = {**adapter_lik, **{k: t[k] for k in ("mc_num", "batch_size", "cfg_scale", "exact_below")
                              if t.get(k) is not None}}
@@ -106,23 +120,25 @@ def mc_task_seconds(t: Mapping[str, Any], shape: Mapping[str, Any], family: str,
     maskable = shape["target"]
     if 0 < maskable < int(lik.get("exact_below", 0)):
         if maskable == 1:                                       # choices share one forward
-            return shape["docs"] * forward_s(guided * tokens, family, quant)
+            return shape["docs"] * forward_s(guided * tokens, family, quant, method_type)
         patterns = 2 ** maskable - 1
         n_fwd = math.ceil(shape["choices"] * patterns / max(rows, 32))
-        return shape["docs"] * n_fwd * forward_s(guided * max(rows, 32) * tokens, family, quant)
-    per_choice = max(mc_num // rows, 1) * forward_s(guided * rows * tokens, family, quant)
+        return shape["docs"] * n_fwd * forward_s(guided * max(rows, 32) * tokens, family, quant,
+                                                 method_type)
+    per_choice = max(mc_num // rows, 1) * forward_s(guided * rows * tokens, family, quant,
+                                                     method_type)
     return shape["docs"] * shape["choices"] * per_choice
 
 
 def gen_task_seconds(t: Mapping[str, Any], shape: Mapping[str, Any], family: str, quant: bool,
-                     adapter_dec: Mapping[str, Any]) -> float:
+                     adapter_dec: Mapping[str, Any], method_type: str | None = None) -> float:
     shots = t.get("num_fewshot")
     shots = shape["default_shots"] if shots is None else int(shots)
     gen = int(t.get("gen_length") or adapter_dec.get("gen_length", 256))
     steps = int(t.get("steps") or adapter_dec.get("steps", gen))
     bs = int(t.get("batch_size") or 1)
     tokens = bs * (shape["prompt"] + shots * shape["shot"] + gen)
-    return math.ceil(shape["docs"] / bs) * steps * forward_s(tokens, family, quant)
+    return math.ceil(shape["docs"] / bs) * steps * forward_s(tokens, family, quant, method_type)
 
 
 def eval_cells(cfg: Mapping[str, Any]) -> list[tuple[str, str, str, str]]:
@@ -148,13 +164,14 @@ def eval_seconds(cfg: Mapping[str, Any], model: str, method: str, task: str,
     name = t.get("lm_eval_task") or task
     if name not in TASK_SHAPES:
         return 0.0                                  # synthetic tasks: CPU-sized
-    quant = bits if cfg["methods"][method]["type"] != "fp" else False
+    mtype = cfg["methods"][method]["type"]
+    quant = bits if mtype != "fp" else False
     adapter = get_adapter(family)
     shape = TASK_SHAPES[name]
     if "ctx" in shape:
-        sec = mc_task_seconds(t, shape, family, quant, adapter.likelihood)
+        sec = mc_task_seconds(t, shape, family, quant, adapter.likelihood, mtype)
     else:
-        sec = gen_task_seconds(t, shape, family, quant, adapter.decoding)
+        sec = gen_task_seconds(t, shape, family, quant, adapter.decoding, mtype)
     return sec + int(t.get("shards", 1)) * JOB_OVERHEAD_S
 
 

@@ -14,11 +14,15 @@ def test_mc_and_exact_costs_follow_the_forwards():
     assert mc == pytest.approx(10 * 4 * 16 * (cost.FWD_FIXED_S + 8 * 201 * cost.FWD_TOKEN_S))
     exact = cost.mc_task_seconds({**task, "exact_below": 2}, SHAPE, "llada", False, LLADA)
     assert exact == pytest.approx(10 * (cost.FWD_FIXED_S + 201 * cost.FWD_TOKEN_S))  # shared
-    guided = cost.mc_task_seconds({**task, "cfg_scale": 0.5}, SHAPE, "llada", True, LLADA)
+    guided = cost.mc_task_seconds({**task, "cfg_scale": 0.5}, SHAPE, "llada", True, LLADA,
+                                  "fair_calib")
     assert guided == pytest.approx(10 * 4 * 16 * (cost.FWD_FIXED_S + 16 * 201 * cost.FWD_TOKEN_S)
-                                   * cost.REAL_QUANT_SCALE["llada"])
-    assert cost.quant_scale("dream", "w8a8") == cost.QUANT_SCALE     # no FP8 path: fake quant
-    assert cost.quant_scale("dream", "w3a4") == cost.REAL_QUANT_SCALE["dream"]
+                                   * cost.REAL_QUANT_SCALE["llada"]["transform"])
+    assert cost.quant_scale("dream", "w8a8", "fair_calib") == cost.QUANT_SCALE   # fake quant
+    assert cost.quant_scale("dream", "w3a4", "rtn") == cost.REAL_QUANT_SCALE["dream"]["plain"]
+    assert cost.quant_scale("dream", "w4a4", "quarot") == cost.REAL_QUANT_SCALE["dream"]["hadamard"]
+    # a type without a measured structure: the family's slowest
+    assert cost.quant_scale("llada", True, "qdrop") == max(cost.REAL_QUANT_SCALE["llada"].values())
 
 
 def test_paper_grid_projection(repo_root):
