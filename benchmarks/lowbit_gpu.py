@@ -237,11 +237,13 @@ def check_gated_codes(lm, outs, shape, variant):
 
 # --------------------------------------------------------------------------------- forward
 @torch.no_grad()
-def bench_forward(shape, token_shapes, dev, profile, split_best=None):
+def bench_forward(shape, token_shapes, dev, profile, split_best=None, kernel_tuned=None):
     """bf16 FP forward against the real W4A4 forward of each structure (FAIR-Calib/FlatQuant,
     QuaRot, RTN), at each token shape; FAIR-Calib also with
     ``split_best`` (split-kernel settings per tile shape, from the sweep) where given, and with
-    --extra unfused SwiGLU products, FP8-stored weights and W8A8 on INT8."""
+    --extra unfused SwiGLU products, FP8-stored weights and W8A8 on INT8; each structure also
+    with ``kernel_tuned`` ({"tile_warps": ..., "split": ...} from :func:`time_groups`) applied
+    over the module's tables where given."""
     from fair_calib.quant import lowbit_triton as lt
     hd = shapes.SHAPES[shape]["hidden_size"] // shapes.SHAPES[shape]["num_attention_heads"]
     res = {f"{b}x{s}": {} for b, s in token_shapes}
@@ -250,6 +252,14 @@ def bench_forward(shape, token_shapes, dev, profile, split_best=None):
         for b, s in token_shapes:
             t, peak = time_forward(model, ids_for(shape, b, s, dev))
             res[f"{b}x{s}"][name] = (t, peak, dict(HOST))
+        if kernel_tuned and name in ("w4a4_fair_calib", "w4a4_quarot", "w4a4_rtn"):
+            saved = dict(lt.TILE_WARPS_TUNED), dict(lt.SPLIT_TUNED)
+            lt.TILE_WARPS_TUNED.update(kernel_tuned.get("tile_warps", {}))
+            lt.SPLIT_TUNED.update(kernel_tuned.get("split", {}))
+            for b, s in token_shapes:
+                t, peak = time_forward(model, ids_for(shape, b, s, dev))
+                res[f"{b}x{s}"][name + "_kernels_tuned"] = (t, peak, dict(HOST))
+            lt.TILE_WARPS_TUNED, lt.SPLIT_TUNED = saved
 
     lm = shapes.build(shape, device=dev)
     groups = block_groups(lm, dev)
@@ -311,69 +321,87 @@ def profile_forward(model, ids, shape):
     emit({"kind": "profile", "shape": shape, "tokens": list(ids.shape), "top": rows})
 
 
+def split_group(inp) -> bool:
+    return inp.p1 is not None and max(inp.n1, inp.n2) > 64
+
+
 def sweep_configs(inp):
-    """(name, module settings) of the activation kernel variants timed per group."""
-    out = [("default", {})]
-    for w in (4, 8):
-        out.append((f"tok_w{w}", {"NUM_WARPS": w, "PROGRAMS_PER_SM": None}))
-        out.append((f"loop8_w{w}", {"NUM_WARPS": w, "PROGRAMS_PER_SM": 8}))
-    if inp.p1 is not None and max(inp.n1, inp.n2) > 64:
+    """(name, module settings) of the activation kernel variants timed per group: warps of the
+    one-tile kernel; for a split-kernel group cuBLAS first and each of SPLIT_SETTINGS (the
+    per-shape table cleared, so that the module's settings apply)."""
+    out = [("default", {})] + [(f"tok_w{w}", {"NUM_WARPS": w}) for w in (4, 8)]
+    if split_group(inp):
         out.append(("cublas_first", {"WIDE": False, "MAX_FACTOR": 32, "MAX_TILE": 32 * 32}))
         for st in SPLIT_SETTINGS:
-            out.append((f"split_{setting_name(st)}",
-                        {"WIDE": True, "MAX_FACTOR": 64, "MAX_TILE": 64 * 64, **st}))
+            out.append((f"split_{setting_name(st)}", {"SPLIT_TUNED": {}, **st}))
     return out
 
 
 @torch.no_grad()
 def time_groups(shape, tokens, dev):
-    """The activation kernel per input group (one block, ``tokens`` tokens): median time, the
-    bytes it must move (input read once, every reader's codes and scales written once) over
-    that time, for a few warp counts; the cuBLAS transform + torch quantizer (the emulation's
-    operations) for comparison."""
+    """The activation kernel per input group (one block, ``tokens`` tokens, each structure):
+    median time of each of :func:`sweep_configs`, codes against the emulation's, the bytes it
+    must move over that time, and the torch operations for comparison. Returns the settings
+    that beat the defaults: ({(n1, n2, readers): warps} for one-tile groups, {(n1, n2):
+    split settings})."""
     import triton.testing
 
     from fair_calib.quant import lowbit_triton
+    from fair_calib.quant.lowbit import tile_shape
     defaults = {a: getattr(lowbit_triton, a) for a in
-                ("NUM_WARPS", "PROGRAMS_PER_SM", "MAX_FACTOR", "MAX_TILE", "WIDE",
+                ("NUM_WARPS", "MAX_FACTOR", "MAX_TILE", "WIDE", "SPLIT_TUNED",
                  *SPLIT_SETTINGS[0])}
+    tile_warps, split_tuned = {}, {}
     hd = shapes.SHAPES[shape]["hidden_size"] // shapes.SHAPES[shape]["num_attention_heads"]
-    for variant in ("fair_calib", "quarot"):
+    for variant in ("fair_calib", "quarot", "rtn"):
         lm = shapes.build(shape, layers=1, device=dev)
         groups = block_groups(lm, dev)
         if variant == "fair_calib":
             quantize_fair_calib(lm, groups)
-        else:
+        elif variant == "quarot":
             quantize_quarot(lm, groups, hd)
+        else:
+            quantize_rtn(lm, groups)
         for g in groups:
-            be = lm.blocks[0].get_submodule(g.names[0]).backend
+            inp = lm.blocks[0].get_submodule(g.names[0]).backend.inp
             x2 = torch.randn(tokens, g.in_features, device=dev, dtype=torch.bfloat16)
             x2[:, :8] *= 20
-            nbytes = x2.numel() * 2 + be.inp.n_readers * (x2.numel() + tokens * 4)
+            nbytes = x2.numel() * 2 + inp.n_readers * (x2.numel() + tokens * 4)
             rec = {"kind": "act_kernel", "shape": shape, "variant": variant, "group": g.names[0],
-                   "tokens": tokens, "dim": g.in_features, "readers": be.inp.n_readers,
-                   "tile": [be.inp.n1, be.inp.n2], "ideal_us_at_3TBs": nbytes / 3e12 * 1e6}
-            ref_c, _ = be.inp.scales_and_codes(be.inp.transform(x2))
-            for key, cfg in sweep_configs(be.inp):
+                   "tokens": tokens, "dim": g.in_features, "readers": inp.n_readers,
+                   "tile": [inp.n1, inp.n2], "ideal_us_at_3TBs": nbytes / 3e12 * 1e6}
+            ref_c, _ = inp.scales_and_codes(inp.transform(x2))
+            for key, cfg in sweep_configs(inp):
                 for attr, val in cfg.items():
                     setattr(lowbit_triton, attr, val)
                 try:
-                    c, _ = be.inp.quantize(x2)
+                    c, _ = inp.quantize(x2)
                     bad = (c.float() != ref_c).float().mean().item()
-                    t = triton.testing.do_bench(lambda: be.inp.quantize(x2), return_mode="median")
+                    t = triton.testing.do_bench(lambda: inp.quantize(x2), return_mode="median")
                     rec[key] = [round(t * 1e3, 1), bad]
                 except Exception as err:  # noqa: BLE001 - e.g. out of resources
                     rec[key] = repr(err)[:80]
                 for attr, val in defaults.items():
                     setattr(lowbit_triton, attr, val)
             ok = {k: v[0] for k, v in rec.items() if isinstance(v, list) and v[1] < 2e-3}
-            rec["best"] = min(ok, key=ok.get) if ok else None
-            t = triton.testing.do_bench(lambda: be.inp.scales_and_codes(be.inp.transform(x2)),
+            best = rec["best"] = min(ok, key=ok.get) if ok else None
+            if best and best != "default" and ok[best] < 0.97 * ok["default"]:
+                if best.startswith("tok_w") and not split_group(inp):
+                    n1, n2 = (inp.n1, inp.n2) if inp.p1 is not None else tile_shape(inp.dim)
+                    tile_warps[(n1, n2, inp.n_readers)] = int(best[5:])
+                elif best.startswith("split_"):
+                    st = next(st for st in SPLIT_SETTINGS if best == f"split_{setting_name(st)}")
+                    split_tuned[(inp.n1, inp.n2)] = st
+            t = triton.testing.do_bench(lambda: inp.scales_and_codes(inp.transform(x2)),
                                         return_mode="median")
             rec["torch_ops_us"] = t * 1e3
             emit(rec)
         del lm
         torch.cuda.empty_cache()
+    emit({"kind": "kernel_choice", "shape": shape,
+          "tile_warps": {f"{k[0]}x{k[1]}x{k[2]}": v for k, v in tile_warps.items()},
+          "split": {f"{k[0]}x{k[1]}": v for k, v in split_tuned.items()}})
+    return tile_warps, split_tuned
 
 
 # ----------------------------------------------------------------------- split kernel sweep
@@ -404,12 +432,15 @@ class SyntheticInput:
 
 
 SPLIT_SETTINGS = [
-    {"SPLIT_BR": br, "SPLIT_WARPS": w, "SPLIT_UNROLL": un}
-    for br, w in ((64, 4), (128, 8), (64, 8)) for un in (True, False)]
+    {"SPLIT_BR": br, "SPLIT_BC": 64, "SPLIT_WARPS": w, "SPLIT_UNROLL": un}
+    for br, w in ((64, 4), (128, 8), (64, 8)) for un in (True, False)] + [
+    {"SPLIT_BR": br, "SPLIT_BC": 128, "SPLIT_WARPS": w, "SPLIT_UNROLL": un}
+    for br, w, un in ((128, 8, False), (64, 4, True))]
 
 
 def setting_name(st: dict) -> str:
-    return f"br{st['SPLIT_BR']}_w{st['SPLIT_WARPS']}_{'unroll' if st['SPLIT_UNROLL'] else 'loop'}"
+    return (f"br{st['SPLIT_BR']}_bc{st['SPLIT_BC']}_w{st['SPLIT_WARPS']}_"
+            f"{'unroll' if st['SPLIT_UNROLL'] else 'loop'}")
 
 
 @torch.no_grad()
@@ -423,7 +454,8 @@ def split_sweep(dev, tokens=4096):
 
     from fair_calib.quant import lowbit_triton as lt
     cases = [(128, 148, {}), (96, 128, {}), (148, 128, {"diag": False})]
-    defaults = {k: getattr(lt, k) for k in SPLIT_SETTINGS[0]}
+    defaults = {k: getattr(lt, k) for k in (*SPLIT_SETTINGS[0], "SPLIT_TUNED")}
+    lt.SPLIT_TUNED = {}                # the module's settings apply while sweeping
     tuned = {}
     for n1, n2, kw in cases:
         inp = SyntheticInput(n1, n2, dev, **kw)
@@ -442,6 +474,7 @@ def split_sweep(dev, tokens=4096):
         for i, st in enumerate(SPLIT_SETTINGS):
             for k, v in st.items():
                 setattr(lt, k, v)
+            lt.SPLIT_TUNED = {}
             name = setting_name(st)
             try:
                 c, sc = lt.quantize_input(inp, prod)
@@ -553,10 +586,12 @@ def main(argv=None):
           "mode": lowbit.resolve_mode(torch.device("cuda"), "real")})
     token_shapes = [tuple(int(v) for v in t.split("x")) for t in args.tokens]
     for shape in args.shapes:
+        tuned = {}
         for stage, fn in (("layers", lambda: check_layers(shape, 2048, dev)),
-                          ("kernels", lambda: time_groups(shape, 4096, dev)),
+                          ("kernels", lambda: tuned.update(
+                              zip(("tile_warps", "split"), time_groups(shape, 4096, dev)))),
                           ("forward", lambda: [bench_forward(shape, token_shapes, dev, r == 0,
-                                                             split_best)
+                                                             split_best, tuned or None)
                                                for r in range(args.repeat)]),
                           ("decode", lambda: decode_batch(shape, args.decode_layers, dev))):
             if stage in skip:

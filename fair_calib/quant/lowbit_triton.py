@@ -50,6 +50,9 @@ GATED_TILE_MAX = 4096
 SPLIT_BR = 64          # rows of the product per chunk in the split kernel
 SPLIT_WARPS = 4
 SPLIT_UNROLL = True    # the split kernel's loops over chunks unrolled (else run-time loops)
+# warps of the one-tile kernel per (n1, n2, readers) where the sweep measured another count
+# faster than the default (4 up to 4096 tile elements, else 8)
+TILE_WARPS_TUNED: dict[tuple[int, int, int], int] = {}
 # per tile shape (n1, n2): settings that beat the defaults in benchmarks/lowbit_gpu.py's sweep
 # (H100, 4096 tokens, 2026-11-27: Dream's down_proj 372 vs 482 us, LLaDA's 168 vs 191 us)
 SPLIT_TUNED: dict[tuple[int, int], dict] = {
@@ -403,7 +406,8 @@ def quantize_input(inp, x2: torch.Tensor, up: torch.Tensor | None = None
                  HAS_D=d is not None, HAS_P1=p1 is not None, HAS_P2=p2t is not None,
                  K=inp.n_readers, QMAX=2 ** (inp.bits - 1) - 1, STATIC=inp.static,
                  FP32=x2.dtype == torch.float32)
-    warps = NUM_WARPS or (4 if B1 * B2 <= 4096 else 8)
+    warps = NUM_WARPS or TILE_WARPS_TUNED.get((n1, n2, inp.n_readers),
+                                              4 if B1 * B2 <= 4096 else 8)
     _act_quant_kernel[(_grid(T, x2.device),)](*ops, **flags, num_warps=warps)
     return codes, scales
 
@@ -445,20 +449,20 @@ def _quantize_split(inp, x2, up, nw, eps, d, p1, p2t, n1, n2):
     codes, scales = _outputs(inp, T, dim, x2.device)
     if T == 0:
         return codes, scales
-    if min(_pow2(n2), SPLIT_BC) < 64 and p2t is not None:
-        raise ValueError(f"lowbit_triton.SPLIT_BC={SPLIT_BC}: column chunks below 64 are refused "
-                         "(wrong products on Triton 3.6, H100 and H200)")
+    st = split_settings(n1, n2)
+    if min(_pow2(n2), st["SPLIT_BC"]) < 64 and p2t is not None:
+        raise ValueError(f"lowbit_triton.SPLIT_BC={st['SPLIT_BC']}: column chunks below 64 are "
+                         "refused (wrong products on Triton 3.6, H100 and H200)")
     if up is not None:
         x2 = silu_mul(x2, up)
     z = torch.empty_like(x2)
     CH = 2048
     (ra, rb), (ca, cb) = split_pow2(n1), split_pow2(n2)
-    st = split_settings(n1, n2)
     _act_quant_split_kernel[(T,)](
         x2, *_operands(inp, x2, None, nw, d, p1, p2t, scales)[1:],
         z, codes, scales, T, float(2 ** (inp.bits - 1) - 1), eps,
         N1=n1, N2=n2, RA=ra, RB=max(rb, 16), SR=rb > 0, CA=ca, CB=max(cb, 16), SC=cb > 0,
-        BR=min(_pow2(n1), st["SPLIT_BR"]), BC=min(_pow2(n2), SPLIT_BC),
+        BR=min(_pow2(n1), st["SPLIT_BR"]), BC=min(_pow2(n2), st["SPLIT_BC"]),
         UNROLL=st["SPLIT_UNROLL"], HAS_NORM=nw is not None, HAS_D=d is not None,
         HAS_P2=p2t is not None, K=inp.n_readers, QMAX=2 ** (inp.bits - 1) - 1,
         STATIC=inp.static, CH=CH, NCH=triton.cdiv(dim, CH), num_warps=st["SPLIT_WARPS"])
@@ -468,8 +472,8 @@ def _quantize_split(inp, x2, up, nw, eps, d, p1, p2t, n1, n2):
 def split_settings(n1: int, n2: int) -> dict:
     """Rows per chunk, warps and unrolling of the split kernel for an n1 x n2 tile: the
     module's defaults, overridden by the measured choice for that shape (SPLIT_TUNED)."""
-    return {"SPLIT_BR": SPLIT_BR, "SPLIT_WARPS": SPLIT_WARPS, "SPLIT_UNROLL": SPLIT_UNROLL,
-            **SPLIT_TUNED.get((n1, n2), {})}
+    return {"SPLIT_BR": SPLIT_BR, "SPLIT_BC": SPLIT_BC, "SPLIT_WARPS": SPLIT_WARPS,
+            "SPLIT_UNROLL": SPLIT_UNROLL, **SPLIT_TUNED.get((n1, n2), {})}
 
 
 @triton.jit
