@@ -242,8 +242,8 @@ def bench_forward(shape, token_shapes, dev, profile, split_best=None, kernel_tun
     QuaRot, RTN), at each token shape; FAIR-Calib also with
     ``split_best`` (split-kernel settings per tile shape, from the sweep) where given, and with
     --extra unfused SwiGLU products, FP8-stored weights and W8A8 on INT8; each structure also
-    with ``kernel_tuned`` ({"tile_warps": ..., "split": ...} from :func:`time_groups`) applied
-    over the module's tables where given."""
+    with ``kernel_tuned`` ({"tile_warps": ..., "split": ...} from :func:`time_groups`; the
+    split settings applied over the module's table) where given."""
     from fair_calib.quant import lowbit_triton as lt
     hd = shapes.SHAPES[shape]["hidden_size"] // shapes.SHAPES[shape]["num_attention_heads"]
     res = {f"{b}x{s}": {} for b, s in token_shapes}
@@ -252,14 +252,14 @@ def bench_forward(shape, token_shapes, dev, profile, split_best=None, kernel_tun
         for b, s in token_shapes:
             t, peak = time_forward(model, ids_for(shape, b, s, dev))
             res[f"{b}x{s}"][name] = (t, peak, dict(HOST))
-        if kernel_tuned and name in ("w4a4_fair_calib", "w4a4_quarot", "w4a4_rtn"):
-            saved = dict(lt.TILE_WARPS_TUNED), dict(lt.SPLIT_TUNED)
-            lt.TILE_WARPS_TUNED.update(kernel_tuned.get("tile_warps", {}))
-            lt.SPLIT_TUNED.update(kernel_tuned.get("split", {}))
+        if kernel_tuned and kernel_tuned.get("split") and name in (
+                "w4a4_fair_calib", "w4a4_quarot", "w4a4_rtn"):
+            saved = dict(lt.SPLIT_TUNED)
+            lt.SPLIT_TUNED.update(kernel_tuned["split"])
             for b, s in token_shapes:
                 t, peak = time_forward(model, ids_for(shape, b, s, dev))
                 res[f"{b}x{s}"][name + "_kernels_tuned"] = (t, peak, dict(HOST))
-            lt.TILE_WARPS_TUNED, lt.SPLIT_TUNED = saved
+            lt.SPLIT_TUNED = saved
 
     lm = shapes.build(shape, device=dev)
     groups = block_groups(lm, dev)
@@ -342,8 +342,8 @@ def time_groups(shape, tokens, dev):
     """The activation kernel per input group (one block, ``tokens`` tokens, each structure):
     median time of each of :func:`sweep_configs`, codes against the emulation's, the bytes it
     must move over that time, and the torch operations for comparison. Returns the settings
-    that beat the defaults: ({(n1, n2, readers): warps} for one-tile groups, {(n1, n2):
-    split settings})."""
+    that beat the defaults by 3%: ({(n1, n2, readers): warps} for one-tile groups, reported
+    only: NUM_WARPS is one setting for all, and {(n1, n2): split settings})."""
     import triton.testing
 
     from fair_calib.quant import lowbit_triton

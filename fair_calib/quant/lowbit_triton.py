@@ -50,9 +50,6 @@ GATED_TILE_MAX = 4096
 SPLIT_BR = 64          # rows of the product per chunk in the split kernel
 SPLIT_WARPS = 4
 SPLIT_UNROLL = True    # the split kernel's loops over chunks unrolled (else run-time loops)
-# warps of the one-tile kernel per (n1, n2, readers) where the sweep measured another count
-# faster than the default (4 up to 4096 tile elements, else 8)
-TILE_WARPS_TUNED: dict[tuple[int, int, int], int] = {}
 # per tile shape (n1, n2): settings that beat the defaults in benchmarks/lowbit_gpu.py's sweep
 # (H100, 4096 tokens, 2026-11-27: Dream's down_proj 372 vs 482 us, LLaDA's 168 vs 191 us)
 SPLIT_TUNED: dict[tuple[int, int], dict] = {
@@ -406,8 +403,7 @@ def quantize_input(inp, x2: torch.Tensor, up: torch.Tensor | None = None
                  HAS_D=d is not None, HAS_P1=p1 is not None, HAS_P2=p2t is not None,
                  K=inp.n_readers, QMAX=2 ** (inp.bits - 1) - 1, STATIC=inp.static,
                  FP32=x2.dtype == torch.float32)
-    warps = NUM_WARPS or TILE_WARPS_TUNED.get((n1, n2, inp.n_readers),
-                                              4 if B1 * B2 <= 4096 else 8)
+    warps = NUM_WARPS or (4 if B1 * B2 <= 4096 else 8)
     _act_quant_kernel[(_grid(T, x2.device),)](*ops, **flags, num_warps=warps)
     return codes, scales
 
