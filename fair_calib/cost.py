@@ -33,13 +33,13 @@ QUANT_SCALE = 1.26             # fake-quant W4A4 forward / FP forward (issue 6: 
 # 80GB, random weights; docs/benchmarks.md): codes of <= 5 bits run on FP8 tensor cores
 # (FAIR_CALIB_LOWBIT=auto), RMSNorms and SwiGLU products fused, split-kernel settings per tile.
 # Per family and quantized structure, the slower token shape (8 x 512 or 32 x 104) of the median
-# over that code's measurements (2026-11-27 calls 3-6: FAIR-Calib 2, QuaRot 5, RTN 3 per shape).
+# over that code's measurements (2026-11-26/27 calls 3-7: FAIR-Calib 3, QuaRot 6, RTN 4 each).
 # "transform": FlatQuant-style online Kronecker transforms (fair_calib, flatquant);
 # "hadamard": QuaRot's online Hadamards; "plain": per-token quantization alone (rtn).
 # W8A8 keeps fake quantization under auto (INT8 measured 1.5-1.8x FP).
 REAL_QUANT_SCALE = {
-    "llada": {"transform": 0.723, "hadamard": 0.794, "plain": 0.684},
-    "dream": {"transform": 0.782, "hadamard": 0.742, "plain": 0.722},
+    "llada": {"transform": 0.728, "hadamard": 0.795, "plain": 0.727},
+    "dream": {"transform": 0.777, "hadamard": 0.742, "plain": 0.718},
 }
 METHOD_STRUCTURE = {"fair_calib": "transform", "flatquant": "transform", "quarot": "hadamard",
                     "rtn": "plain"}
