@@ -4,19 +4,19 @@
   one token's row viewed as [n1, n2]: for a fused SwiGLU down_proj the product SiLU(gate) * up
   (:func:`lowbit.fuse_block_gated`; the kernel reads gate's and up's outputs), the group's
   RMSNorm where it is fused (:func:`lowbit.fuse_block_norms`; the input is then the norm's
-  input), d (bf16 product, as
-  the fake quant), P1 X P2^T on the
-  tensor cores (bf16 operands, float32 accumulation, each product rounded to the model dtype
-  as ``kron_last`` rounds it), the token's max/min once, then for every reader the codes (FP8
+  input), d (bf16 product, as the fake quant), P1 X P2^T on the tensor cores (bf16 operands,
+  float32 accumulation, each product rounded to the model dtype as ``kron_last`` rounds it), the token's max/min once, then for every reader the codes (FP8
   e4m3 or int8) and the float32 scale. Divisions are IEEE (``div_rn``) and rounding is
   half-to-even (``rint``), as torch's, so the codes are those of
   :meth:`LowBitInput.scales_and_codes` on the same transformed values. Two factors of which
   one is wider than 64 (LLaDA's 96 x 128, Dream's 128 x 148 and 148 x 128) take
-  :func:`_act_quant_split_kernel`, which forms the product 64 rows at a time through a scratch
-  row, each side of the tile split into two power-of-two pieces (148 = 128 + 32) rather than
-  padded to one (256); a factor wider than 256 (QuaRot's 1024-wide
-  Hadamard on LLaDA's down_proj input) is applied by cuBLAS first (``kron_last``, the fake
-  quant's own operations) and the kernel quantizes. Timings of each choice: ``docs/benchmarks.md``.
+  :func:`_act_quant_split_kernel`, which forms the product a chunk of rows at a time through a
+  scratch row, each side of the tile split into two power-of-two pieces (148 = 128 + 32)
+  rather than padded to one (256), with settings per tile shape (``SPLIT_TUNED``); its SwiGLU
+  product comes from the one-pass :func:`silu_mul` (formed inside it, it cost more than it
+  saved). A factor wider than 256 (QuaRot's 1024-wide Hadamard on LLaDA's down_proj input) is
+  applied by cuBLAS first (``kron_last``, the fake quant's own operations) and the kernel
+  quantizes. Timings of each choice: ``docs/benchmarks.md``.
 - :func:`gemm`: FP8 codes x FP8 codes on the tensor cores (``torch._scaled_mm``, float32
   accumulation, per-token x per-channel scales and the bias in the epilogue, bf16 out), or
   int8 x int8 (``torch._int_mm``, int32 accumulation, scales applied after). 4-bit packed
