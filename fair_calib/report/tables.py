@@ -289,7 +289,7 @@ def main_table(eval_df: pd.DataFrame, models: Sequence[str], methods: Sequence[s
     """One family table (paper Tables 1-2): a ``\\multirow`` group per model, the FP row shaded
     on every cell, then (when ``chance`` and eval rows carry it) an unshaded Chance row, then
     the quantized methods at ``bits``; per-task columns and Avg. (mean over tasks, ``--`` when
-    any task is missing). Cells carry their ± and bold follows the noise rule (module
+    any task is missing; no Avg. for a single task, which it would repeat). Cells carry their ± and bold follows the noise rule (module
     docstring); ``records`` (a list) receives the cells frame's rows.
 
     ``labels`` has ``models`` / ``methods`` / ``tasks`` name -> label (or {"label": ...}), and
@@ -297,10 +297,11 @@ def main_table(eval_df: pd.DataFrame, models: Sequence[str], methods: Sequence[s
     """
     cells = _Cells(eval_df, tasks, labels)
     records = [] if records is None else records
-    columns = list(tasks) + ["avg"]
+    with_avg = len(tasks) > 1
+    columns = list(tasks) + (["avg"] if with_avg else [])
     quant = [m for m in methods if m != fp_method]
     show_chance = chance and any(cells.chance(t).value is not None for t in tasks)
-    ncol = len(tasks) + 1
+    ncol = len(columns)
     lines = [
         "{\\renewcommand{\\arraystretch}{0.92}",
         "\\setlength{\\tabcolsep}{3.7pt}",
@@ -309,12 +310,12 @@ def main_table(eval_df: pd.DataFrame, models: Sequence[str], methods: Sequence[s
         "\\toprule",
         " & ".join(["\\textbf{Model}", "\\textbf{Method}"]
                    + [f"\\textbf{{{_label(labels, 'tasks', t)}}}" for t in tasks]
-                   + ["\\textbf{Avg.}"]) + " \\\\",
+                   + (["\\textbf{Avg.}"] if with_avg else [])) + " \\\\",
     ]
 
     def row_cells(model, method):
         vals = [cells.get(model, method, bits, t, fp_method) for t in tasks]
-        return vals + [_avg(vals)]
+        return vals + ([_avg(vals)] if with_avg else [])
 
     for model in models:
         lines.append("\\midrule")
@@ -328,7 +329,7 @@ def main_table(eval_df: pd.DataFrame, models: Sequence[str], methods: Sequence[s
             records += _records(name, model, fp_method, "fp", columns, vals)
         if show_chance:
             cv = [cells.chance(t) for t in tasks]
-            cv.append(_avg(cv))
+            cv += [_avg(cv)] if with_avg else []
             lines.append("& " + " & ".join(["Chance"] + [_fmt_cell(v) for v in cv]) + " \\\\")
             records += _records(name, model, "chance", None, columns, cv)
         qvals = [row_cells(model, m) for m in quant]
