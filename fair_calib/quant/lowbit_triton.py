@@ -319,9 +319,9 @@ def _act_quant_split_kernel(x_ptr, nw_ptr, d_ptr, p1_ptr, p2t_ptr, rmax_ptr, rmi
     a time (its columns in chunks of BC), each product rounded to the model dtype as the whole
     products are, written to a scratch row ``z`` while the token's max/min accumulate, then
     quantized from it. The contractions add the pieces' float32 partial sums before rounding
-    (another summation order, as cuBLAS has its own). UNROLL: the loops over chunks unrolled
-    (else run-time loops: fewer registers for Dream's 128 x 148, more programs per
-    multiprocessor). A SwiGLU product reaches this kernel
+    (another summation order, as cuBLAS has its own). UNROLL: the loops over chunks unrolled,
+    else run-time loops (measured faster for Dream's 128 x 148 at 128 rows and 8 warps:
+    ``SPLIT_TUNED``). A SwiGLU product reaches this kernel
     formed by :func:`silu_mul` (formed here, it cost more than it saved: docs/benchmarks.md)."""
     t = tl.program_id(0).to(tl.int64)
     xr = x_ptr + t * (N1 * N2)
