@@ -63,16 +63,25 @@ def block_groups(lm, dev):
         return discover_groups(lm.blocks[0], lambda: call_block(lm.blocks[0], probe, 0))
 
 
-def quantize_fair_calib(lm, groups, mode="real", bits=4):
-    """FAIR-Calib/FlatQuant structure at its initialisation (random orthogonal Kronecker
-    factors, clip logits 4, o_proj's head_dim factor folded into v_proj), integer backend."""
-    method = make_method({"type": "fair_calib"}, bits, bits, seed=0)
+def quantize_method(lm, groups, method_type, mode="real", bits=4):
+    """A method's structure at its initialisation with the integer backend: "fair_calib"
+    (FlatQuant's: random orthogonal Kronecker factors, clip logits 4, o_proj's head_dim factor
+    folded into v_proj) or "rtn" (per-token activation quantization, no transform)."""
+    method = make_method({"type": method_type}, bits, bits, seed=0)
     method.prepare_model(lm)
     for i, block in enumerate(lm.blocks):
         method.quantize_block(block, groups, None, i)
         lowbit.attach_block(block, mode)
     fuse(lm)
     lm.model.eval()
+
+
+def quantize_fair_calib(lm, groups, mode="real", bits=4):
+    quantize_method(lm, groups, "fair_calib", mode, bits)
+
+
+def quantize_rtn(lm, groups, mode="real"):
+    quantize_method(lm, groups, "rtn", mode)
 
 
 def fuse(lm):
@@ -80,17 +89,6 @@ def fuse(lm):
     the group that reads it (as load_quantized)."""
     n = lowbit.fuse_inputs(lm)
     emit({"kind": "inputs_fused", **n, "blocks": len(lm.blocks)})
-
-
-def quantize_rtn(lm, groups, mode="real"):
-    """RTN's structure: per-token activation quantization, no transform."""
-    method = make_method({"type": "rtn"}, 4, 4, seed=0)
-    method.prepare_model(lm)
-    for i, block in enumerate(lm.blocks):
-        method.quantize_block(block, groups, None, i)
-        lowbit.attach_block(block, mode)
-    fuse(lm)
-    lm.model.eval()
 
 
 def quantize_quarot(lm, groups, hd, mode="real"):
@@ -248,17 +246,18 @@ def bench_forward(shape, token_shapes, dev, profile, split_best=None, kernel_tun
     hd = shapes.SHAPES[shape]["hidden_size"] // shapes.SHAPES[shape]["num_attention_heads"]
     res = {f"{b}x{s}": {} for b, s in token_shapes}
 
-    def measure(name, model):
+    def timed(name, model):
         for b, s in token_shapes:
             t, peak = time_forward(model, ids_for(shape, b, s, dev))
             res[f"{b}x{s}"][name] = (t, peak, dict(HOST))
+
+    def measure(name, model):
+        timed(name, model)
         if kernel_tuned and kernel_tuned.get("split") and name in (
                 "w4a4_fair_calib", "w4a4_quarot", "w4a4_rtn"):
             saved = dict(lt.SPLIT_TUNED)
             lt.SPLIT_TUNED.update(kernel_tuned["split"])
-            for b, s in token_shapes:
-                t, peak = time_forward(model, ids_for(shape, b, s, dev))
-                res[f"{b}x{s}"][name + "_kernels_tuned"] = (t, peak, dict(HOST))
+            timed(name + "_kernels_tuned", model)
             lt.SPLIT_TUNED = saved
 
     lm = shapes.build(shape, device=dev)
@@ -471,7 +470,7 @@ def split_sweep(dev, tokens=4096):
                                                       return_mode="median") * 1e3,
                "torch_silu_mul_us": triton.testing.do_bench(lambda: lowbit.silu_mul(x, up),
                                                             return_mode="median") * 1e3}
-        for i, st in enumerate(SPLIT_SETTINGS):
+        for st in SPLIT_SETTINGS:
             for k, v in st.items():
                 setattr(lt, k, v)
             lt.SPLIT_TUNED = {}

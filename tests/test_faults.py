@@ -302,12 +302,11 @@ def test_corrupt_jsonl_line_names_file_and_line(tmp_path):
         data.read_jsonl(path)
 
 
-def test_garbage_block_file_is_discarded_and_recomputed(tmp_path):
-    """A garbage blocks/{i}.safetensors (full disk, bad copy) never stops a resume: the block
-    and those after it are recomputed, with a warning, and the result equals a fresh run."""
+def _flatquant_run(layers):
+    """run(out, log): a one-epoch FlatQuant calibration of a tiny random Llama into ``out``
+    (the same model, ids and seed every call)."""
     import torch
 
-    from fair_calib import io
     from fair_calib.calibrate import calibrate
     from fair_calib.methods import make_method
     from fair_calib.quant.toy import tiny_random_loaded
@@ -316,9 +315,19 @@ def test_garbage_block_file_is_discarded_and_recomputed(tmp_path):
 
     def run(out, log=lambda s: None):
         method = make_method({"type": "flatquant", "epochs": 1, "lr": 5e-3}, 4, 4, seed=0)
-        return calibrate(tiny_random_loaded("llama", layers=2), method, ids, out, batch_size=4,
-                         log=log)
+        return calibrate(tiny_random_loaded("llama", layers=layers), method, ids, out,
+                         batch_size=4, log=log)
+    return run
 
+
+def test_garbage_block_file_is_discarded_and_recomputed(tmp_path):
+    """A garbage blocks/{i}.safetensors (full disk, bad copy) never stops a resume: the block
+    and those after it are recomputed, with a warning, and the result equals a fresh run."""
+    import torch
+
+    from fair_calib import io
+
+    run = _flatquant_run(layers=2)
     run(tmp_path / "a")
     run(tmp_path / "b")
     (tmp_path / "b/meta.json").unlink()                # as if killed before the end
@@ -339,17 +348,8 @@ def test_block_file_without_stats_is_not_resumed_from(tmp_path):
     import torch
 
     from fair_calib import io
-    from fair_calib.calibrate import calibrate
-    from fair_calib.methods import make_method
-    from fair_calib.quant.toy import tiny_random_loaded
 
-    ids = torch.randint(0, 60, (4, 16), generator=torch.Generator().manual_seed(0))
-
-    def run(out, log=lambda s: None):
-        method = make_method({"type": "flatquant", "epochs": 1, "lr": 5e-3}, 4, 4, seed=0)
-        return calibrate(tiny_random_loaded("llama", layers=3), method, ids, out, batch_size=4,
-                         log=log)
-
+    run = _flatquant_run(layers=3)
     run(tmp_path / "a")
     run(tmp_path / "b")
     (tmp_path / "b/meta.json").unlink()

@@ -574,9 +574,10 @@ def set_gated_fusion(model: nn.Module, on: bool) -> int:
 
 
 def _find_gated(block: nn.Module, qls: dict[str, QuantLinear], run):
-    """(mlp name, gate, up, down) of every module of ``block`` that computes exactly
+    """((mlp name, gate, up, down) of every module of ``block`` that computes exactly
     down(silu(gate(x)) * up(x)) with three low-bit linears, down the only reader of its
-    group; found from one run of the block (tensor identity and the product's bits)."""
+    group; the block's output), from one run of the block (tensor identity and the product's
+    bits)."""
     ins: dict[str, torch.Tensor] = {}
     outs: dict[str, torch.Tensor] = {}
 
@@ -587,7 +588,7 @@ def _find_gated(block: nn.Module, qls: dict[str, QuantLinear], run):
         return hook
     hooks = [m.register_forward_hook(record(n)) for n, m in block.named_modules() if n]
     try:
-        run()
+        out = run()
     finally:
         for h in hooks:
             h.remove()
@@ -606,7 +607,7 @@ def _find_gated(block: nn.Module, qls: dict[str, QuantLinear], run):
             cut = len(parent) + 1
             found.append((parent, gn[cut:], un[cut:], leaf))
             break
-    return found
+    return found, out
 
 
 @torch.no_grad()
@@ -619,8 +620,7 @@ def fuse_block_gated(block: nn.Module, run, hidden: torch.Tensor) -> int:
            if isinstance(m, QuantLinear) and isinstance(m.backend, LowBitLinear)}
     if len(qls) < 3:
         return 0
-    out0 = run()
-    found = _find_gated(block, qls, run)
+    found, out0 = _find_gated(block, qls, run)
     for parent, gate, up, down in found:
         _set_gated(block.get_submodule(parent), (gate, up, down), True)
     if found and _block_update_change(out0, run(), hidden) > FUSE_TOLERANCE:

@@ -89,6 +89,21 @@ def _rms_norm(x, nw, eps, n):
 
 
 @triton.jit
+def _reader_scale(k, hi, lo, rmax_ptr, rmin_ptr, floor_ptr, static_ptr, qmax_f,
+                  STATIC: tl.constexpr):
+    """Reader k's scale for a token of max ``hi`` >= 0 and -min ``lo`` >= 0: its static scale,
+    or max(lo r_min, hi r_max) / qmax floored (1 where the token is all zero), as
+    :meth:`lowbit.LowBitInput.scales_and_codes` computes it."""
+    if STATIC:
+        s = tl.load(static_ptr + k)
+    else:
+        m = tl.maximum(lo * tl.load(rmin_ptr + k), hi * tl.load(rmax_ptr + k))
+        s = tl.maximum(libdevice.div_rn(m, qmax_f), tl.load(floor_ptr + k))
+        s = tl.where(m == 0.0, 1.0, s)
+    return s
+
+
+@triton.jit
 def _act_quant_kernel(x_ptr, u_ptr, nw_ptr, d_ptr, p1_ptr, p2t_ptr, rmax_ptr, rmin_ptr, floor_ptr,
                       static_ptr, codes_ptr, scales_ptr, T, qmax_f, eps,
                       N1: tl.constexpr, N2: tl.constexpr, B1: tl.constexpr, B2: tl.constexpr,
@@ -137,12 +152,8 @@ def _act_quant_kernel(x_ptr, u_ptr, nw_ptr, d_ptr, p1_ptr, p2t_ptr, rmax_ptr, rm
         hi = tl.maximum(tl.max(tl.max(xf, axis=1), axis=0), 0.0)
         lo = -tl.minimum(tl.min(tl.min(xf, axis=1), axis=0), 0.0)
         for k in tl.static_range(K):
-            if STATIC:
-                s = tl.load(static_ptr + k)
-            else:
-                m = tl.maximum(lo * tl.load(rmin_ptr + k), hi * tl.load(rmax_ptr + k))
-                s = tl.maximum(libdevice.div_rn(m, qmax_f), tl.load(floor_ptr + k))
-                s = tl.where(m == 0.0, 1.0, s)
+            s = _reader_scale(k, hi, lo, rmax_ptr, rmin_ptr, floor_ptr, static_ptr, qmax_f,
+                              STATIC)
             q = libdevice.rint(libdevice.div_rn(xf, s))
             q = tl.minimum(tl.maximum(q, -QMAX - 1.0), QMAX * 1.0)
             row = k * T + t
@@ -345,12 +356,7 @@ def _act_quant_split_kernel(x_ptr, nw_ptr, d_ptr, p1_ptr, p2t_ptr, rmax_ptr, rmi
     tl.debug_barrier()                 # the scratch row is read back by other threads
     lo = -lo
     for k in tl.static_range(K):
-        if STATIC:
-            s = tl.load(static_ptr + k)
-        else:
-            m = tl.maximum(lo * tl.load(rmin_ptr + k), hi * tl.load(rmax_ptr + k))
-            s = tl.maximum(libdevice.div_rn(m, qmax_f), tl.load(floor_ptr + k))
-            s = tl.where(m == 0.0, 1.0, s)
+        s = _reader_scale(k, hi, lo, rmax_ptr, rmin_ptr, floor_ptr, static_ptr, qmax_f, STATIC)
         tl.store(scales_ptr + k * T + t, s)
         for ch in tl.static_range(NCH):
             o = ch * CH + tl.arange(0, CH)
