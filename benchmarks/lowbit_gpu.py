@@ -43,6 +43,7 @@ from fair_calib.quant.qlinear import InputQuant, QuantLinear  # noqa: E402
 from fair_calib.quant.quantizers import ActQuantizer, WeightQuantizer  # noqa: E402
 
 OUT = None
+COMPARE: dict = {}  # --compare: lowbit_triton settings of an extra FAIR-Calib measurement
 EXTRA = False      # --extra: also FP8-stored weights and W8A8 on INT8 in the forward stage
 
 
@@ -240,7 +241,7 @@ def bench_forward(shape, token_shapes, dev, profile, split_best=None, kernel_tun
     QuaRot, RTN), at each token shape; FAIR-Calib also with
     ``split_best`` (split-kernel settings per tile shape, from the sweep) where given, and with
     --extra unfused SwiGLU products, FP8-stored weights and W8A8 on INT8; each structure also
-    with ``kernel_tuned`` ({"tile_warps": ..., "split": ...} from :func:`time_groups`; the
+    with ``kernel_tuned`` ({"tile": ..., "split": ...} from :func:`time_groups`; the
     split settings applied over the module's table) where given."""
     from fair_calib.quant import lowbit_triton as lt
     hd = shapes.SHAPES[shape]["hidden_size"] // shapes.SHAPES[shape]["num_attention_heads"]
@@ -268,13 +269,31 @@ def bench_forward(shape, token_shapes, dev, profile, split_best=None, kernel_tun
     torch.cuda.synchronize()
     attach_s = time.perf_counter() - t0
     measure("w4a4_fair_calib", lm.model)
+    if COMPARE:                  # the same model under other kernel settings (--compare)
+        saved = {k: getattr(lt, k) for k in COMPARE}
+        for k, v in COMPARE.items():
+            setattr(lt, k, {tuple(int(n) for n in key.split("x")): st for key, st in v.items()}
+                    if k == "SPLIT_TUNED" else v)
+        measure("w4a4_fair_calib_compare", lm.model)
+        for k, v in saved.items():
+            setattr(lt, k, v)
     if profile:
         profile_forward(lm.model, ids_for(shape, *token_shapes[0], dev), shape)
     if split_best:
         tuned = {tuple(int(v) for v in k.split("x")): st for k, st in split_best.items()}
         default, lt.SPLIT_TUNED = lt.SPLIT_TUNED, tuned
         measure("w4a4_fair_calib_split_swept", lm.model)
-        lt.SPLIT_TUNED = default
+        fast, lt.FAST_DIV = lt.FAST_DIV, True        # the one-tile kernels' codes too
+        measure("w4a4_fair_calib_split_swept_fast", lm.model)
+        tile = (kernel_tuned or {}).get("tile") or {}
+        if tile:                                     # the one-tile kernel's swept setting
+            saved = {k: getattr(lt, k) for k in tile}
+            for k, v in tile.items():
+                setattr(lt, k, v)
+            measure("w4a4_fair_calib_split_swept_tile", lm.model)
+            for k, v in saved.items():
+                setattr(lt, k, v)
+        lt.SPLIT_TUNED, lt.FAST_DIV = default, fast
     if EXTRA:
         lowbit.set_gated_fusion(lm.model, False)
         measure("w4a4_fair_calib_ungated", lm.model)
@@ -328,8 +347,10 @@ def sweep_configs(inp):
     """(name, module settings) of the activation kernel variants timed per group: warps of the
     one-tile kernel; for a split-kernel group cuBLAS first and each of SPLIT_SETTINGS (the
     per-shape table cleared, so that the module's settings apply)."""
-    out = [("default", {})] + [(f"tok_w{w}", {"NUM_WARPS": w}) for w in (4, 8)]
-    if split_group(inp):
+    out = [("default", {}), ("fast", {"FAST_DIV": True})] + [
+        (f"fast_w{w}_r{r}", {"FAST_DIV": True, "NUM_WARPS": w, "TILE_MAXNREG": r})
+        for w, r in ((4, 128), (4, 96), (4, 80), (8, 64))]
+    if inp is not None and split_group(inp):
         out.append(("cublas_first", {"WIDE": False, "MAX_FACTOR": 32, "MAX_TILE": 32 * 32}))
         for st in SPLIT_SETTINGS:
             out.append((f"split_{setting_name(st)}", {"SPLIT_TUNED": {}, **st}))
@@ -341,16 +362,16 @@ def time_groups(shape, tokens, dev):
     """The activation kernel per input group (one block, ``tokens`` tokens, each structure):
     median time of each of :func:`sweep_configs`, codes against the emulation's, the bytes it
     must move over that time, and the torch operations for comparison. Returns the settings
-    that beat the defaults by 3%: ({(n1, n2, readers): warps} for one-tile groups, reported
-    only: NUM_WARPS is one setting for all, and {(n1, n2): split settings})."""
+    that beat the defaults by 3%: (the one-tile kernel's setting of least summed time over the
+    FAIR-Calib groups that take it (its settings are one for all groups), and {(n1, n2): split
+    settings})."""
     import triton.testing
 
     from fair_calib.quant import lowbit_triton
-    from fair_calib.quant.lowbit import tile_shape
     defaults = {a: getattr(lowbit_triton, a) for a in
-                ("NUM_WARPS", "MAX_FACTOR", "MAX_TILE", "WIDE", "SPLIT_TUNED",
+                ("NUM_WARPS", "MAX_FACTOR", "MAX_TILE", "WIDE", "SPLIT_TUNED", "TILE_MAXNREG",
                  *SPLIT_SETTINGS[0])}
-    tile_warps, split_tuned = {}, {}
+    tile_sum, split_tuned = {}, {}
     hd = shapes.SHAPES[shape]["hidden_size"] // shapes.SHAPES[shape]["num_attention_heads"]
     for variant in ("fair_calib", "quarot", "rtn"):
         lm = shapes.build(shape, layers=1, device=dev)
@@ -385,22 +406,24 @@ def time_groups(shape, tokens, dev):
             ok = {k: v[0] for k, v in rec.items() if isinstance(v, list) and v[1] < 2e-3}
             best = rec["best"] = min(ok, key=ok.get) if ok else None
             if best and best != "default" and ok[best] < 0.97 * ok["default"]:
-                if best.startswith("tok_w") and not split_group(inp):
-                    n1, n2 = (inp.n1, inp.n2) if inp.p1 is not None else tile_shape(inp.dim)
-                    tile_warps[(n1, n2, inp.n_readers)] = int(best[5:])
-                elif best.startswith("split_"):
+                if best.startswith("split_"):
                     st = next(st for st in SPLIT_SETTINGS if best == f"split_{setting_name(st)}")
                     split_tuned[(inp.n1, inp.n2)] = st
+            if variant == "fair_calib" and not split_group(inp):
+                for k, v in ok.items():
+                    tile_sum[k] = tile_sum.get(k, 0.0) + v
             t = triton.testing.do_bench(lambda: inp.scales_and_codes(inp.transform(x2)),
                                         return_mode="median")
             rec["torch_ops_us"] = t * 1e3
             emit(rec)
         del lm
         torch.cuda.empty_cache()
-    emit({"kind": "kernel_choice", "shape": shape,
-          "tile_warps": {f"{k[0]}x{k[1]}x{k[2]}": v for k, v in tile_warps.items()},
+    configs = dict(sweep_configs(None))
+    best = min(tile_sum, key=tile_sum.get) if tile_sum else "default"
+    tile = configs[best] if tile_sum and tile_sum[best] < 0.97 * tile_sum["default"] else {}
+    emit({"kind": "kernel_choice", "shape": shape, "tile_sums": tile_sum, "tile": tile,
           "split": {f"{k[0]}x{k[1]}": v for k, v in split_tuned.items()}})
-    return tile_warps, split_tuned
+    return tile, split_tuned
 
 
 # ----------------------------------------------------------------------- split kernel sweep
@@ -430,16 +453,29 @@ class SyntheticInput:
         self.n_readers = k
 
 
+def _split(br, w, unroll=False, regs=False, gated=False, fast=False, bc=64, maxnreg=None):
+    return {"SPLIT_BR": br, "SPLIT_BC": bc, "SPLIT_WARPS": w, "SPLIT_UNROLL": unroll,
+            "SPLIT_REGS": regs, "SPLIT_GATED": gated, "FAST_DIV": fast, "SPLIT_MAXNREG": maxnreg}
+
+
+# the module's default, the tuned table's two, then: codes by the reciprocal (FAST_DIV), the
+# SwiGLU product in the kernel (GATED), the transformed token in registers (REGS), a register
+# cap (measured: no change, the kernel already has 128 registers a thread on Triton 3.6)
 SPLIT_SETTINGS = [
-    {"SPLIT_BR": br, "SPLIT_BC": 64, "SPLIT_WARPS": w, "SPLIT_UNROLL": un}
-    for br, w in ((64, 4), (128, 8), (64, 8)) for un in (True, False)] + [
-    {"SPLIT_BR": br, "SPLIT_BC": 128, "SPLIT_WARPS": w, "SPLIT_UNROLL": un}
-    for br, w, un in ((128, 8, False), (64, 4, True))]
+    _split(64, 4, unroll=True), _split(128, 8), _split(128, 8, unroll=True),
+    _split(128, 8, fast=True), _split(64, 4, unroll=True, fast=True),
+    _split(128, 8, gated=True, fast=True), _split(128, 8, unroll=True, gated=True, fast=True),
+    _split(64, 4, unroll=True, gated=True, fast=True),
+    _split(128, 8, regs=True, gated=True, fast=True), _split(128, 8, regs=True, fast=True),
+    _split(128, 8, gated=True, fast=True, maxnreg=128)]
 
 
 def setting_name(st: dict) -> str:
+    flags = "".join(f"_{k}" for k, on in (("regs", st["SPLIT_REGS"]), ("gated", st["SPLIT_GATED"]),
+                                           ("fast", st["FAST_DIV"])) if on)
+    cap = f"_r{st['SPLIT_MAXNREG']}" if st["SPLIT_MAXNREG"] else ""
     return (f"br{st['SPLIT_BR']}_bc{st['SPLIT_BC']}_w{st['SPLIT_WARPS']}_"
-            f"{'unroll' if st['SPLIT_UNROLL'] else 'loop'}")
+            f"{'unroll' if st['SPLIT_UNROLL'] else 'loop'}{flags}{cap}")
 
 
 @torch.no_grad()
@@ -475,11 +511,11 @@ def split_sweep(dev, tokens=4096):
                 setattr(lt, k, v)
             lt.SPLIT_TUNED = {}
             name = setting_name(st)
-            try:
-                c, sc = lt.quantize_input(inp, prod)
+            try:       # gate and up in: every setting's time includes the SwiGLU product
+                c, sc = lt.quantize_input(inp, x, up)
                 bad = (c.float() != ref.float()).float().mean().item()
                 srel = ((sc - ref_s).abs() / ref_s).max().item()
-                t = triton.testing.do_bench(lambda: lt.quantize_input(inp, prod),
+                t = triton.testing.do_bench(lambda: lt.quantize_input(inp, x, up),
                                             return_mode="median") * 1e3
             except Exception as err:  # noqa: BLE001 - e.g. out of resources
                 bad, srel, t = 1.0, 1.0, float("inf")
@@ -514,6 +550,11 @@ def split_sweep_subprocess():
     if r.returncode:
         emit({"kind": "error", "stage": "split", "rc": r.returncode, "stderr": r.stderr[-800:]})
     return best
+
+
+def _time_groups_into(tuned: dict, shape: str, dev) -> None:
+    tile, split = time_groups(shape, 4096, dev)
+    tuned.update(tile={**tuned.get("tile", {}), **tile}, split=split)
 
 
 # ------------------------------------------------------------------------ decode batching
@@ -557,7 +598,8 @@ def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", nargs="+", default=["llada-8b", "dream-7b"])
     ap.add_argument("--tokens", nargs="+", default=["8x512", "32x104"])
-    ap.add_argument("--skip", default="", help="comma list of: split,layers,kernels,forward,decode")
+    ap.add_argument("--skip", default="",
+                    help="comma list of: split,micro,layers,kernels,forward,decode")
     ap.add_argument("--decode-layers", type=int, default=8)
     ap.add_argument("--repeat", type=int, default=1, help="run the forward stage this often")
     ap.add_argument("--out", default=None)
@@ -565,8 +607,13 @@ def main(argv=None):
                     help="run the split-kernel sweep alone (the full run starts it as a child)")
     ap.add_argument("--extra", action="store_true",
                     help="forward stage: also FP8-stored weights and W8A8 (INT8)")
+    ap.add_argument("--compare", default=None,
+                    help='JSON of lowbit_triton settings for a second FAIR-Calib measurement of '
+                         'the same model, e.g. \'{"FAST_DIV": false, "SPLIT_TUNED": {"128x148": '
+                         '{"SPLIT_BR": 128}}}\'')
     args = ap.parse_args(argv)
     OUT, EXTRA = args.out, args.extra
+    COMPARE.update(json.loads(args.compare) if args.compare else {})
     dev = "cuda"
     skip = set(filter(None, args.skip.split(",")))
     if args.split_only:
@@ -584,11 +631,14 @@ def main(argv=None):
           "cc": list(torch.cuda.get_device_capability()),
           "mode": lowbit.resolve_mode(torch.device("cuda"), "real")})
     token_shapes = [tuple(int(v) for v in t.split("x")) for t in args.tokens]
+    module_best = {}
+    if "micro" not in skip:
+        from benchmarks.lowbit_micro import micro_kernels
+        module_best = micro_kernels(dev, emit)
     for shape in args.shapes:
-        tuned = {}
+        tuned = {"tile": dict(module_best)}
         for stage, fn in (("layers", lambda: check_layers(shape, 2048, dev)),
-                          ("kernels", lambda: tuned.update(
-                              zip(("tile_warps", "split"), time_groups(shape, 4096, dev)))),
+                          ("kernels", lambda: _time_groups_into(tuned, shape, dev)),
                           ("forward", lambda: [bench_forward(shape, token_shapes, dev, r == 0,
                                                              split_best, tuned or None)
                                                for r in range(args.repeat)]),

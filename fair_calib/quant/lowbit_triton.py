@@ -51,11 +51,26 @@ SPLIT_BR = 64          # rows of the product per chunk in the split kernel
 SPLIT_WARPS = 4
 SPLIT_UNROLL = True    # the split kernel's loops over chunks unrolled (else run-time loops)
 # per tile shape (n1, n2): settings that beat the defaults in benchmarks/lowbit_gpu.py's sweep
-# (H100, 4096 tokens, 2026-11-27: Dream's down_proj 372 vs 482 us, LLaDA's 168 vs 191 us)
+# (H100, 4096 tokens, SwiGLU product included, 2026-11-27: Dream's down_proj 503 us against
+# 642 at the defaults and 538 at its previous setting; LLaDA's product formed in the kernel
+# swept 240-347 us against 276 and was slower in the model, so LLaDA keeps its setting)
 SPLIT_TUNED: dict[tuple[int, int], dict] = {
-    (128, 148): {"SPLIT_BR": 128, "SPLIT_WARPS": 8, "SPLIT_UNROLL": False},
+    (128, 148): {"SPLIT_BR": 128, "SPLIT_WARPS": 8, "SPLIT_UNROLL": False, "SPLIT_REGS": True,
+                 "SPLIT_GATED": True},
     (96, 128): {"SPLIT_BR": 128, "SPLIT_WARPS": 8, "SPLIT_UNROLL": True},
 }
+# the split kernel keeps the transformed token in registers (one row chunk covering the tile,
+# at most 4 column chunks) instead of a scratch row read back after the max/min
+SPLIT_REGS = False
+# the split kernel forms a SwiGLU product itself (else the one-pass product kernel first)
+SPLIT_GATED = False
+# codes as rint(z * (1/s)), the exact division only for pieces where a half-integer is near
+# (:func:`_codes`): the same codes as rint(z / s), fewer instructions
+FAST_DIV = True
+# register cap a thread (Triton's ``maxnreg``) of the split kernel and of the one-tile kernel:
+# fewer registers, more programs resident on a multiprocessor; None: the compiler's choice
+SPLIT_MAXNREG: int | None = None
+TILE_MAXNREG: int | None = None
 # columns of the right product per chunk. Seen on an H100 and an H200 (Triton 3.6): chunks of
 # 32 columns (and a 32-column piece) gave wrong products and illegal memory accesses
 SPLIT_BC = 64
@@ -104,13 +119,32 @@ def _reader_scale(k, hi, lo, rmax_ptr, rmin_ptr, floor_ptr, static_ptr, qmax_f,
 
 
 @triton.jit
+def _codes(zf, s, r, QMAX: tl.constexpr, FAST: tl.constexpr):
+    """clamp(rint(zf / s)) with zf / s rounded as IEEE division rounds it (torch's division).
+    FAST: q = zf * r (r = 1/s rounded) is within 1.5 ulp of zf / s, so within 2 ulp of the
+    rounded quotient; where no element's q lies within 2^-20 |q| of a half-integer (8 ulp,
+    NaN and inf included by the negated test) both round to the same integer, and only a
+    piece with such an element pays for the division."""
+    if FAST:
+        q = zf * r
+        h = tl.floor(q) + 0.5
+        risky = (tl.abs(q - h) > tl.abs(q) * 9.5367431640625e-07) == 0
+        if tl.max(risky.to(tl.int32), axis=None) > 0:
+            q = libdevice.div_rn(zf, s)
+        q = libdevice.rint(q)
+    else:
+        q = libdevice.rint(libdevice.div_rn(zf, s))
+    return tl.minimum(tl.maximum(q, -QMAX - 1.0), QMAX * 1.0)
+
+
+@triton.jit
 def _act_quant_kernel(x_ptr, u_ptr, nw_ptr, d_ptr, p1_ptr, p2t_ptr, rmax_ptr, rmin_ptr, floor_ptr,
                       static_ptr, codes_ptr, scales_ptr, T, qmax_f, eps,
                       N1: tl.constexpr, N2: tl.constexpr, B1: tl.constexpr, B2: tl.constexpr,
                       GATED: tl.constexpr, HAS_NORM: tl.constexpr, HAS_D: tl.constexpr,
                       HAS_P1: tl.constexpr, HAS_P2: tl.constexpr,
                       K: tl.constexpr, QMAX: tl.constexpr, STATIC: tl.constexpr,
-                      FP32: tl.constexpr):
+                      FP32: tl.constexpr, FAST: tl.constexpr):
     # programs loop over tokens (pid, pid + grid, ...): the factors are read once per program
     i = tl.arange(0, B1)[:, None]
     j = tl.arange(0, B2)[None, :]
@@ -154,8 +188,7 @@ def _act_quant_kernel(x_ptr, u_ptr, nw_ptr, d_ptr, p1_ptr, p2t_ptr, rmax_ptr, rm
         for k in tl.static_range(K):
             s = _reader_scale(k, hi, lo, rmax_ptr, rmin_ptr, floor_ptr, static_ptr, qmax_f,
                               STATIC)
-            q = libdevice.rint(libdevice.div_rn(xf, s))
-            q = tl.minimum(tl.maximum(q, -QMAX - 1.0), QMAX * 1.0)
+            q = _codes(xf, s, libdevice.div_rn(1.0, s), QMAX, FAST)
             row = k * T + t
             tl.store(codes_ptr + row * (N1 * N2) + off, q.to(codes_ptr.dtype.element_ty),
                      mask=mask)
@@ -177,7 +210,11 @@ def _silu_mul(g, u):
     values) rounded once. Zero padding stays zero."""
     dt = g.dtype
     gf = g.to(tl.float32)
-    a = libdevice.div_rn(gf, 1.0 + libdevice.exp(-gf)).to(dt)
+    # a zero numerator sends IEEE division down its slow path (a tile's zero padding made
+    # whole warps take it); SiLU(+-0) = +-0 / 2 = +-0 is taken directly
+    zero = gf == 0.0
+    gs = tl.where(zero, 1.0, gf)
+    a = tl.where(zero, gf, libdevice.div_rn(gs, 1.0 + libdevice.exp(-gs))).to(dt)
     return (a.to(tl.float32) * u.to(tl.float32)).to(dt)
 
 
@@ -218,34 +255,44 @@ def _token_rinv(xr, eps, RA: tl.constexpr, RB: tl.constexpr, SR: tl.constexpr, C
 
 
 @triton.jit
-def _x_pieces(xr, nw_ptr, d_ptr, rinv, RA: tl.constexpr, RB: tl.constexpr, SR: tl.constexpr,
+def _x_piece(xr, ur, nw_ptr, d_ptr, rinv, r0, RP: tl.constexpr, c0, CP: tl.constexpr,
+             N1: tl.constexpr, N2: tl.constexpr, GATED: tl.constexpr, HAS_NORM: tl.constexpr,
+             HAS_D: tl.constexpr):
+    x = _piece(xr, r0, RP, c0, CP, N1, N2)
+    if GATED:
+        x = _silu_mul(x, _piece(ur, r0, RP, c0, CP, N1, N2))
+    return _prep(x, nw_ptr, d_ptr, rinv, r0, RP, c0, CP, N1, N2, HAS_NORM, HAS_D)
+
+
+@triton.jit
+def _x_pieces(xr, ur, nw_ptr, d_ptr, rinv, RA: tl.constexpr, RB: tl.constexpr, SR: tl.constexpr,
               CA: tl.constexpr, CB: tl.constexpr, SC: tl.constexpr, N1: tl.constexpr,
-              N2: tl.constexpr, HAS_NORM: tl.constexpr, HAS_D: tl.constexpr):
-    """The token's four pieces (rows RA | RB x columns CA | CB), normalized and scaled by the
-    diagonal; an absent piece (SR / SC false) is returned as the first, unused."""
-    xaa = _prep(_piece(xr, 0, RA, 0, CA, N1, N2), nw_ptr, d_ptr, rinv, 0, RA, 0, CA, N1, N2,
-                HAS_NORM, HAS_D)
+              N2: tl.constexpr, GATED: tl.constexpr, HAS_NORM: tl.constexpr,
+              HAS_D: tl.constexpr):
+    """The token's four pieces (rows RA | RB x columns CA | CB), the SwiGLU product formed
+    (GATED: x is the gate, u up), normalized and scaled by the diagonal; an absent piece
+    (SR / SC false) is returned as the first, unused."""
+    xaa = _x_piece(xr, ur, nw_ptr, d_ptr, rinv, 0, RA, 0, CA, N1, N2, GATED, HAS_NORM, HAS_D)
     xab = xaa
     xba = xaa
     xbb = xaa
     if SC:
-        xab = _prep(_piece(xr, 0, RA, CA, CB, N1, N2), nw_ptr, d_ptr, rinv, 0, RA, CA, CB, N1,
-                    N2, HAS_NORM, HAS_D)
+        xab = _x_piece(xr, ur, nw_ptr, d_ptr, rinv, 0, RA, CA, CB, N1, N2, GATED, HAS_NORM,
+                       HAS_D)
     if SR:
-        xba = _prep(_piece(xr, RA, RB, 0, CA, N1, N2), nw_ptr, d_ptr, rinv, RA, RB, 0, CA, N1,
-                    N2, HAS_NORM, HAS_D)
+        xba = _x_piece(xr, ur, nw_ptr, d_ptr, rinv, RA, RB, 0, CA, N1, N2, GATED, HAS_NORM,
+                       HAS_D)
         if SC:
-            xbb = _prep(_piece(xr, RA, RB, CA, CB, N1, N2), nw_ptr, d_ptr, rinv, RA, RB, CA, CB,
-                        N1, N2, HAS_NORM, HAS_D)
+            xbb = _x_piece(xr, ur, nw_ptr, d_ptr, rinv, RA, RB, CA, CB, N1, N2, GATED,
+                           HAS_NORM, HAS_D)
     return xaa, xab, xba, xbb
 
 
 @triton.jit
-def _row_chunk(r, xaa, xab, xba, xbb, p1_ptr, p2t_ptr, zrow, hi, lo, RA: tl.constexpr,
-               RB: tl.constexpr, SR: tl.constexpr, CA: tl.constexpr, CB: tl.constexpr,
-               SC: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr, N1: tl.constexpr,
-               N2: tl.constexpr, HAS_P2: tl.constexpr, UNROLL: tl.constexpr):
-    """Rows r * BR .. of Z = P1 X P2^T into the scratch row; the running max and min."""
+def _left_product(r, xaa, xab, xba, xbb, p1_ptr, RA: tl.constexpr, RB: tl.constexpr,
+                  SR: tl.constexpr, SC: tl.constexpr, BR: tl.constexpr, N1: tl.constexpr):
+    """Rows r * BR .. of P1 X as its column pieces (ya [BR, CA], yb [BR, CB]; yb = ya where
+    SC is false), the row pieces' float32 partial sums added, rounded to the model dtype."""
     dt = xaa.dtype
     ka = tl.arange(0, RA)
     kb = RA + tl.arange(0, RB)
@@ -265,7 +312,18 @@ def _row_chunk(r, xaa, xab, xba, xbb, p1_ptr, p2t_ptr, zrow, hi, lo, RA: tl.cons
     if SC:
         yb = yb.to(dt)
     else:
-        yb = ya                       # unused (SC false): keeps the helper's signature
+        yb = ya                       # unused (SC false): keeps the helpers' signatures
+    return ya, yb
+
+
+@triton.jit
+def _row_chunk(r, xaa, xab, xba, xbb, p1_ptr, p2t_ptr, zrow, hi, lo, RA: tl.constexpr,
+               RB: tl.constexpr, SR: tl.constexpr, CA: tl.constexpr, CB: tl.constexpr,
+               SC: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr, N1: tl.constexpr,
+               N2: tl.constexpr, HAS_P2: tl.constexpr, UNROLL: tl.constexpr):
+    """Rows r * BR .. of Z = P1 X P2^T into the scratch row; the running max and min."""
+    ya, yb = _left_product(r, xaa, xab, xba, xbb, p1_ptr, RA, RB, SR, SC, BR, N1)
+    rr = r * BR + tl.arange(0, BR)
     if HAS_P2:
         if UNROLL:
             for c in tl.static_range((N2 + BC - 1) // BC):
@@ -280,6 +338,67 @@ def _row_chunk(r, xaa, xab, xba, xbb, p1_ptr, p2t_ptr, zrow, hi, lo, RA: tl.cons
         if SC:
             hi, lo = _store_tracking(zrow, yb, rr, CA, CB, N1, N2, hi, lo)
     return hi, lo
+
+
+@triton.jit
+def _max_min(z, hi, lo):
+    zf = z.to(tl.float32)
+    return (tl.maximum(hi, tl.max(tl.max(zf, axis=1), axis=0)),
+            tl.minimum(lo, tl.min(tl.min(zf, axis=1), axis=0)))
+
+
+@triton.jit
+def _store_codes(z, s, rs, crow, c0, CP: tl.constexpr, BR: tl.constexpr, N1: tl.constexpr,
+                 N2: tl.constexpr, QMAX: tl.constexpr, FAST: tl.constexpr):
+    """A [BR, CP] piece of the transformed token (columns c0..) quantized into its codes row."""
+    rr = tl.arange(0, BR)
+    cc = c0 + tl.arange(0, CP)
+    q = _codes(z.to(tl.float32), s, rs, QMAX, FAST)
+    tl.store(crow + rr[:, None] * N2 + cc[None, :], q.to(crow.dtype.element_ty),
+             mask=(rr[:, None] < N1) & (cc[None, :] < N2))
+
+
+@triton.jit
+def _token_in_registers(xaa, xab, xba, xbb, p1_ptr, p2t_ptr, rmax_ptr, rmin_ptr, floor_ptr,
+                        static_ptr, codes_ptr, scales_ptr, t, T, qmax_f, RA: tl.constexpr,
+                        RB: tl.constexpr, SR: tl.constexpr, CA: tl.constexpr,
+                        CB: tl.constexpr, SC: tl.constexpr, BR: tl.constexpr,
+                        BC: tl.constexpr, NCC: tl.constexpr, N1: tl.constexpr,
+                        N2: tl.constexpr, K: tl.constexpr, QMAX: tl.constexpr,
+                        STATIC: tl.constexpr, FAST: tl.constexpr):
+    """The whole of Z = P1 X P2^T held as up to four [BR, BC] column chunks (BR covers the
+    rows), the max/min taken over them, then each reader's codes written from them: no
+    scratch row."""
+    ya, yb = _left_product(0, xaa, xab, xba, xbb, p1_ptr, RA, RB, SR, SC, BR, N1)
+    hi = tl.zeros([], dtype=tl.float32)
+    lo = tl.zeros([], dtype=tl.float32)
+    z0 = _right_product(ya, yb, p2t_ptr, 0, BC, CA, CB, SC, N2)
+    hi, lo = _max_min(z0, hi, lo)
+    z1 = z0
+    z2 = z0
+    z3 = z0
+    if NCC > 1:
+        z1 = _right_product(ya, yb, p2t_ptr, BC, BC, CA, CB, SC, N2)
+        hi, lo = _max_min(z1, hi, lo)
+    if NCC > 2:
+        z2 = _right_product(ya, yb, p2t_ptr, 2 * BC, BC, CA, CB, SC, N2)
+        hi, lo = _max_min(z2, hi, lo)
+    if NCC > 3:
+        z3 = _right_product(ya, yb, p2t_ptr, 3 * BC, BC, CA, CB, SC, N2)
+        hi, lo = _max_min(z3, hi, lo)
+    lo = -lo
+    for k in tl.static_range(K):
+        s = _reader_scale(k, hi, lo, rmax_ptr, rmin_ptr, floor_ptr, static_ptr, qmax_f, STATIC)
+        tl.store(scales_ptr + k * T + t, s)
+        rs = libdevice.div_rn(1.0, s)
+        crow = codes_ptr + (k * T + t) * (N1 * N2)
+        _store_codes(z0, s, rs, crow, 0, BC, BR, N1, N2, QMAX, FAST)
+        if NCC > 1:
+            _store_codes(z1, s, rs, crow, BC, BC, BR, N1, N2, QMAX, FAST)
+        if NCC > 2:
+            _store_codes(z2, s, rs, crow, 2 * BC, BC, BR, N1, N2, QMAX, FAST)
+        if NCC > 3:
+            _store_codes(z3, s, rs, crow, 3 * BC, BC, BR, N1, N2, QMAX, FAST)
 
 
 @triton.jit
@@ -315,56 +434,66 @@ def _store_tracking(zrow, z, rr, c0, CP: tl.constexpr, N1: tl.constexpr, N2: tl.
 
 
 @triton.jit
-def _act_quant_split_kernel(x_ptr, nw_ptr, d_ptr, p1_ptr, p2t_ptr, rmax_ptr, rmin_ptr,
+def _act_quant_split_kernel(x_ptr, u_ptr, nw_ptr, d_ptr, p1_ptr, p2t_ptr, rmax_ptr, rmin_ptr,
                             floor_ptr, static_ptr, z_ptr, codes_ptr, scales_ptr, T, qmax_f, eps,
                             N1: tl.constexpr, N2: tl.constexpr, RA: tl.constexpr,
                             RB: tl.constexpr, SR: tl.constexpr, CA: tl.constexpr,
                             CB: tl.constexpr, SC: tl.constexpr, BR: tl.constexpr,
-                            BC: tl.constexpr, UNROLL: tl.constexpr,
+                            BC: tl.constexpr, UNROLL: tl.constexpr, REGS: tl.constexpr,
+                            NCC: tl.constexpr, GATED: tl.constexpr,
                             HAS_NORM: tl.constexpr, HAS_D: tl.constexpr,
                             HAS_P2: tl.constexpr, K: tl.constexpr, QMAX: tl.constexpr,
-                            STATIC: tl.constexpr, CH: tl.constexpr, NCH: tl.constexpr):
+                            STATIC: tl.constexpr, FAST: tl.constexpr, CH: tl.constexpr,
+                            NCH: tl.constexpr):
     """Factors wider than one tile: each side of the token's [N1, N2] tile split in two
     power-of-two pieces (RA + RB rows, CA + CB columns; SR / SC: whether there is a second
     piece; Dream's 148 is 128 + 32) rather than padded to one, Z = P1 X P2^T formed BR rows at
     a time (its columns in chunks of BC), each product rounded to the model dtype as the whole
-    products are, written to a scratch row ``z`` while the token's max/min accumulate, then
-    quantized from it. The contractions add the pieces' float32 partial sums before rounding
-    (another summation order, as cuBLAS has its own). UNROLL: the loops over chunks unrolled,
-    else run-time loops (measured faster for Dream's 128 x 148 at 128 rows and 8 warps:
-    ``SPLIT_TUNED``). A SwiGLU product reaches this kernel
-    formed by :func:`silu_mul` (formed here, it cost more than it saved: docs/benchmarks.md)."""
+    products are. The contractions add the pieces' float32 partial sums before rounding
+    (another summation order, as cuBLAS has its own). REGS (one row chunk, NCC <= 4 column
+    chunks): Z stays in registers (:func:`_token_in_registers`); else it is written to a
+    scratch row ``z`` while the token's max/min accumulate, then quantized from it. UNROLL:
+    the loops over chunks unrolled, else run-time loops. GATED: the SwiGLU product formed
+    here from gate (x) and up (u); else it reaches this kernel formed by :func:`silu_mul`.
+    Settings per tile shape: ``SPLIT_TUNED``; timings: docs/benchmarks.md."""
     t = tl.program_id(0).to(tl.int64)
     xr = x_ptr + t * (N1 * N2)
+    ur = u_ptr + t * (N1 * N2)
     zrow = z_ptr + t * (N1 * N2)
     if HAS_NORM:
         rinv = _token_rinv(xr, eps, RA, RB, SR, CA, CB, SC, N1, N2)
     else:
         rinv = 1.0
-    xaa, xab, xba, xbb = _x_pieces(xr, nw_ptr, d_ptr, rinv, RA, RB, SR, CA, CB, SC, N1, N2,
-                                   HAS_NORM, HAS_D)
-    hi = tl.zeros([], dtype=tl.float32)
-    lo = tl.zeros([], dtype=tl.float32)
-    if UNROLL:
-        for r in tl.static_range((N1 + BR - 1) // BR):
-            hi, lo = _row_chunk(r, xaa, xab, xba, xbb, p1_ptr, p2t_ptr, zrow, hi, lo, RA, RB, SR,
-                                CA, CB, SC, BR, BC, N1, N2, HAS_P2, UNROLL)
+    xaa, xab, xba, xbb = _x_pieces(xr, ur, nw_ptr, d_ptr, rinv, RA, RB, SR, CA, CB, SC, N1,
+                                   N2, GATED, HAS_NORM, HAS_D)
+    if REGS:
+        _token_in_registers(xaa, xab, xba, xbb, p1_ptr, p2t_ptr, rmax_ptr, rmin_ptr, floor_ptr,
+                            static_ptr, codes_ptr, scales_ptr, t, T, qmax_f, RA, RB, SR, CA,
+                            CB, SC, BR, BC, NCC, N1, N2, K, QMAX, STATIC, FAST)
     else:
-        for r in tl.range(0, (N1 + BR - 1) // BR, num_stages=1):
-            hi, lo = _row_chunk(r, xaa, xab, xba, xbb, p1_ptr, p2t_ptr, zrow, hi, lo, RA, RB, SR,
-                                CA, CB, SC, BR, BC, N1, N2, HAS_P2, UNROLL)
-    tl.debug_barrier()                 # the scratch row is read back by other threads
-    lo = -lo
-    for k in tl.static_range(K):
-        s = _reader_scale(k, hi, lo, rmax_ptr, rmin_ptr, floor_ptr, static_ptr, qmax_f, STATIC)
-        tl.store(scales_ptr + k * T + t, s)
-        for ch in tl.static_range(NCH):
-            o = ch * CH + tl.arange(0, CH)
-            zf = tl.load(zrow + o, mask=o < N1 * N2, other=0.0).to(tl.float32)
-            q = libdevice.rint(libdevice.div_rn(zf, s))
-            q = tl.minimum(tl.maximum(q, -QMAX - 1.0), QMAX * 1.0)
-            tl.store(codes_ptr + (k * T + t) * (N1 * N2) + o, q.to(codes_ptr.dtype.element_ty),
-                     mask=o < N1 * N2)
+        hi = tl.zeros([], dtype=tl.float32)
+        lo = tl.zeros([], dtype=tl.float32)
+        if UNROLL:
+            for r in tl.static_range((N1 + BR - 1) // BR):
+                hi, lo = _row_chunk(r, xaa, xab, xba, xbb, p1_ptr, p2t_ptr, zrow, hi, lo, RA,
+                                    RB, SR, CA, CB, SC, BR, BC, N1, N2, HAS_P2, UNROLL)
+        else:
+            for r in tl.range(0, (N1 + BR - 1) // BR, num_stages=1):
+                hi, lo = _row_chunk(r, xaa, xab, xba, xbb, p1_ptr, p2t_ptr, zrow, hi, lo, RA,
+                                    RB, SR, CA, CB, SC, BR, BC, N1, N2, HAS_P2, UNROLL)
+        tl.debug_barrier()                 # the scratch row is read back by other threads
+        lo = -lo
+        for k in tl.static_range(K):
+            s = _reader_scale(k, hi, lo, rmax_ptr, rmin_ptr, floor_ptr, static_ptr, qmax_f,
+                              STATIC)
+            tl.store(scales_ptr + k * T + t, s)
+            rs = libdevice.div_rn(1.0, s)
+            for ch in tl.static_range(NCH):
+                o = ch * CH + tl.arange(0, CH)
+                zf = tl.load(zrow + o, mask=o < N1 * N2, other=0.0).to(tl.float32)
+                q = _codes(zf, s, rs, QMAX, FAST)
+                tl.store(codes_ptr + (k * T + t) * (N1 * N2) + o,
+                         q.to(codes_ptr.dtype.element_ty), mask=o < N1 * N2)
 
 
 def quantize_input(inp, x2: torch.Tensor, up: torch.Tensor | None = None
@@ -408,9 +537,10 @@ def quantize_input(inp, x2: torch.Tensor, up: torch.Tensor | None = None
     flags = dict(N1=n1, N2=n2, B1=B1, B2=B2, GATED=up is not None, HAS_NORM=nw is not None,
                  HAS_D=d is not None, HAS_P1=p1 is not None, HAS_P2=p2t is not None,
                  K=inp.n_readers, QMAX=2 ** (inp.bits - 1) - 1, STATIC=inp.static,
-                 FP32=x2.dtype == torch.float32)
+                 FP32=x2.dtype == torch.float32, FAST=FAST_DIV)
     warps = NUM_WARPS or (4 if B1 * B2 <= 4096 else 8)
-    _act_quant_kernel[(_grid(T, x2.device),)](*ops, **flags, num_warps=warps)
+    _act_quant_kernel[(_grid(T, x2.device),)](*ops, **flags, num_warps=warps,
+                                              **_cap(TILE_MAXNREG))
     return codes, scales
 
 
@@ -455,27 +585,37 @@ def _quantize_split(inp, x2, up, nw, eps, d, p1, p2t, n1, n2):
     if min(_pow2(n2), st["SPLIT_BC"]) < 64 and p2t is not None:
         raise ValueError(f"lowbit_triton.SPLIT_BC={st['SPLIT_BC']}: column chunks below 64 are "
                          "refused (wrong products on Triton 3.6, H100 and H200)")
-    if up is not None:
-        x2 = silu_mul(x2, up)
-    z = torch.empty_like(x2)
+    gated = up is not None and st["SPLIT_GATED"] and nw is None
+    if up is not None and not gated:
+        x2, up = silu_mul(x2, up), None
+    BR, BC = min(_pow2(n1), st["SPLIT_BR"]), min(_pow2(n2), st["SPLIT_BC"])
+    ncc = triton.cdiv(n2, BC)
+    regs = st["SPLIT_REGS"] and p2t is not None and BR >= n1 and ncc <= 4
+    z = scales if regs else torch.empty_like(x2)          # no scratch row in registers
     CH = 2048
     (ra, rb), (ca, cb) = split_pow2(n1), split_pow2(n2)
     _act_quant_split_kernel[(T,)](
-        x2, *_operands(inp, x2, None, nw, d, p1, p2t, scales)[1:],
+        x2, *_operands(inp, x2, up, nw, d, p1, p2t, scales),
         z, codes, scales, T, float(2 ** (inp.bits - 1) - 1), eps,
         N1=n1, N2=n2, RA=ra, RB=max(rb, 16), SR=rb > 0, CA=ca, CB=max(cb, 16), SC=cb > 0,
-        BR=min(_pow2(n1), st["SPLIT_BR"]), BC=min(_pow2(n2), st["SPLIT_BC"]),
-        UNROLL=st["SPLIT_UNROLL"], HAS_NORM=nw is not None, HAS_D=d is not None,
+        BR=BR, BC=BC, UNROLL=st["SPLIT_UNROLL"], REGS=regs, NCC=ncc, GATED=gated,
+        HAS_NORM=nw is not None, HAS_D=d is not None,
         HAS_P2=p2t is not None, K=inp.n_readers, QMAX=2 ** (inp.bits - 1) - 1,
-        STATIC=inp.static, CH=CH, NCH=triton.cdiv(dim, CH), num_warps=st["SPLIT_WARPS"])
+        STATIC=inp.static, FAST=st["FAST_DIV"], CH=CH, NCH=triton.cdiv(dim, CH),
+        num_warps=st["SPLIT_WARPS"], **_cap(st["SPLIT_MAXNREG"]))
     return codes, scales
+
+
+def _cap(maxnreg: int | None) -> dict:
+    return {} if maxnreg is None else {"maxnreg": maxnreg}
 
 
 def split_settings(n1: int, n2: int) -> dict:
     """Rows per chunk, warps and unrolling of the split kernel for an n1 x n2 tile: the
     module's defaults, overridden by the measured choice for that shape (SPLIT_TUNED)."""
     return {"SPLIT_BR": SPLIT_BR, "SPLIT_BC": SPLIT_BC, "SPLIT_WARPS": SPLIT_WARPS,
-            "SPLIT_UNROLL": SPLIT_UNROLL, **SPLIT_TUNED.get((n1, n2), {})}
+            "SPLIT_UNROLL": SPLIT_UNROLL, "SPLIT_REGS": SPLIT_REGS, "SPLIT_GATED": SPLIT_GATED,
+            "FAST_DIV": FAST_DIV, "SPLIT_MAXNREG": SPLIT_MAXNREG, **SPLIT_TUNED.get((n1, n2), {})}
 
 
 @triton.jit
@@ -513,12 +653,41 @@ def _unpack_int4_kernel(p_ptr, out_ptr, n_bytes, BLOCK: tl.constexpr):
     tl.store(out_ptr + o, v.to(out_ptr.dtype.element_ty), mask=o < 2 * n_bytes)
 
 
+# bytes a program and warps of the unpacking kernel; PAIRS: each byte's two codes stored as
+# one 16-bit word (no interleaving of two tensors)
+UNPACK_BLOCK = 2048
+UNPACK_WARPS = 4
+UNPACK_PAIRS = False
+
+
+@triton.jit
+def _unpack_int4_pairs_kernel(p_ptr, out_ptr, n_bytes, FP8: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n_bytes
+    b = tl.load(p_ptr + offs, mask=m, other=0).to(tl.int32)
+    lo = ((b & 0xF) ^ 8) - 8                     # the nibbles sign-extended
+    hi = (((b >> 4) & 0xF) ^ 8) - 8
+    if FP8:
+        lo = lo.to(tl.float32).to(tl.float8e4nv).to(tl.uint8, bitcast=True)
+        hi = hi.to(tl.float32).to(tl.float8e4nv).to(tl.uint8, bitcast=True)
+    else:
+        lo = lo.to(tl.int8).to(tl.uint8, bitcast=True)
+        hi = hi.to(tl.int8).to(tl.uint8, bitcast=True)
+    word = lo.to(tl.uint16) | (hi.to(tl.uint16) << 8)     # little-endian: low nibble first
+    tl.store(out_ptr + offs, word, mask=m)
+
+
 def unpack_int4(packed: torch.Tensor, n: int, dtype: torch.dtype) -> torch.Tensor:
     """uint8 [out, n / 2] (two codes a byte, low nibble first) -> codes [out, n] in ``dtype``."""
     out = torch.empty(packed.shape[0], n, device=packed.device, dtype=dtype)
     nb = packed.numel()
-    BLOCK = 2048
-    _unpack_int4_kernel[(triton.cdiv(nb, BLOCK),)](packed, out, nb, BLOCK=BLOCK, num_warps=4)
+    if UNPACK_PAIRS and n % 2 == 0 and dtype in (torch.float8_e4m3fn, torch.int8):
+        _unpack_int4_pairs_kernel[(triton.cdiv(nb, UNPACK_BLOCK),)](
+            packed, out.view(torch.uint16), nb, FP8=dtype == torch.float8_e4m3fn,
+            BLOCK=UNPACK_BLOCK, num_warps=UNPACK_WARPS)
+        return out
+    _unpack_int4_kernel[(triton.cdiv(nb, UNPACK_BLOCK),)](packed, out, nb, BLOCK=UNPACK_BLOCK,
+                                                          num_warps=UNPACK_WARPS)
     return out
 
 

@@ -352,27 +352,41 @@ def check(inp, x, up, run):
     return bad, rel
 
 
+TUNED = lt.SPLIT_TUNED
 for n1, n2, p2 in ((128, 148, True), (96, 128, True), (28, 128, False)):
     inp = Group(n1, n2, p2)
     x = torch.randn(3, n1 * n2, generator=torch.Generator().manual_seed(1)) * 3
     x[:, :5] *= 30
+    x[:, 5], x[:, 6] = 0.0, -0.0
     up = torch.randn(3, n1 * n2, generator=torch.Generator().manual_seed(2))
     for gated in (False, True):
         if gated:
             inp.norm = None        # a down_proj group: the product, no norm
         u = up if gated else None
         nw, eps = lt._fused_norm(inp, x)
-        for unroll in (True, False):
-            lt.SPLIT_UNROLL = unroll
+        # loops unrolled / run-time; Z in registers (one 128-row chunk) or through the
+        # scratch row; the SwiGLU product formed in the kernel; codes by the reciprocal; then
+        # the module's table of per-shape settings
+        for unroll, regs, in_kernel, fast, table in ((True, False, False, False, False),
+                                                     (False, False, True, True, False),
+                                                     (True, True, False, True, False),
+                                                     (False, True, True, False, False),
+                                                     (True, False, False, True, True)):
+            lt.SPLIT_UNROLL, lt.SPLIT_REGS, lt.SPLIT_GATED, lt.FAST_DIV = unroll, regs, in_kernel, fast
+            lt.SPLIT_BR = 128 if regs else 64
+            lt.SPLIT_TUNED = TUNED if table else {}
             bad, rel = check(inp, x, u, lambda: lt._quantize_split(
                 inp, x, u, nw, eps, inp.d, inp.p1, inp.p2t, n1, n2))
-            print(n1, n2, gated, unroll, bad, rel)
-            assert bad == 0.0 and rel < 1e-5, (n1, n2, gated, unroll, bad, rel)
+            print(n1, n2, gated, unroll, regs, in_kernel, fast, table, bad, rel)
+            assert bad == 0.0 and rel < 1e-5, (n1, n2, gated, unroll, regs, in_kernel, fast, bad, rel)
+lt.SPLIT_UNROLL, lt.SPLIT_REGS, lt.SPLIT_GATED, lt.FAST_DIV, lt.SPLIT_BR = True, False, False, True, 64
 
 # the one-pass SwiGLU product (odd length: the last block masked)
+# (zeros of both signs in the gate: SiLU's division skipped for them, the bits kept)
 g = torch.randn(3, 1001, generator=torch.Generator().manual_seed(5)) * 4
+g[0, :4], g[0, 4:8] = 0.0, -0.0
 u = torch.randn(3, 1001, generator=torch.Generator().manual_seed(6))
-assert torch.equal(lt.silu_mul(g, u), silu_mul_numpy(g, u))
+assert torch.equal(lt.silu_mul(g, u).view(torch.int32), silu_mul_numpy(g, u).view(torch.int32))
 
 # the one-tile kernel (q/k/v-sized factors, and a group without factors) with a gated input
 for n1, n2, factors in ((16, 32, True), (8, 64, False)):
@@ -392,6 +406,33 @@ inp = Group(16, 32, True)
 inp.static, inp.static_scale = True, torch.tensor([0.7, 0.3])
 x = torch.randn(5, 512, generator=torch.Generator().manual_seed(7))
 assert check(inp, x, None, lambda: lt.quantize_input(inp, x)) == (0.0, 0.0)
+
+# codes by the reciprocal: quotients on half-integers (ties to even) and a hair off them take
+# the division; the rest the product, all as the division rounds
+inp = Group(8, 64, True)
+inp.p1 = inp.p2t = inp.d = inp.norm = None
+inp.static, inp.static_scale = True, torch.tensor([0.5, 0.3])
+x = torch.arange(-9.0, 9.0, 0.25).repeat(8)[:512].reshape(1, 512).repeat(4, 1)
+x[1] = torch.nextafter(x[1], torch.full_like(x[1], 9.0))
+x[2] = torch.randn(512, generator=torch.Generator().manual_seed(8)) * 3
+half = (torch.arange(-8.0, 8.0).repeat(32)[:512] + 0.5) * 0.3
+x[3] = torch.nextafter(half, half * (1 + (torch.arange(512) % 3 - 1.0)))
+# the plain product by the reciprocal gets some of these wrong: the test can see the fallback
+ref_c, _ = inp.scales_and_codes(x)
+naive = torch.clamp(torch.round(x * (1 / inp.static_scale).reshape(2, 1, 1)), -8, 7)
+assert (naive != ref_c).any()
+for fast in (False, True):
+    lt.FAST_DIV = fast
+    assert check(inp, x, None, lambda: lt.quantize_input(inp, x)) == (0.0, 0.0), fast
+
+# the 4-bit unpacking, byte-interleaved and as 16-bit pairs, to int8 and FP8 codes
+from fair_calib.quant.export import pack_int4
+codes = torch.randint(-8, 8, (7, 66), generator=torch.Generator().manual_seed(9), dtype=torch.int8)
+for pairs in (False, True):
+    lt.UNPACK_PAIRS = pairs
+    assert torch.equal(lt.unpack_int4(pack_int4(codes), 66, torch.int8), codes), pairs
+    fp8 = lt.unpack_int4(pack_int4(codes), 66, torch.float8_e4m3fn)
+    assert torch.equal(fp8.float(), codes.float()), pairs
 print("ok")
 """
 
