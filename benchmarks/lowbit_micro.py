@@ -1,8 +1,7 @@
 """Two small measurements of the low-bit backend's kernels (issue 20), run by
 ``benchmarks/lowbit_gpu.py`` (stage ``micro``):
 
-- the 4-bit unpacking (``lowbit_triton.unpack_int4``: codes interleaved byte by byte, or
-  stored as 16-bit pairs) at a few block sizes and warps, on
+- the 4-bit unpacking (``lowbit_triton.unpack_int4``) at a few block sizes and warps, on
   Dream-7B's down_proj / gate_proj and q_proj weights: time, bytes read + written over time,
   and bitwise equality with the module's setting;
 - the codes' division (``lowbit_triton._codes``) on random numerators against numerators a
@@ -34,25 +33,24 @@ def _median_us(fn) -> float:
 
 @torch.no_grad()
 def unpack_sweep(dev, res: dict) -> dict:
-    """Per setting "b{block}_w{warps}[_pairs]": summed microseconds over the three weights (inf where the
+    """Per setting "b{block}_w{warps}": summed microseconds over the three weights (inf where the
     codes differ from the module's setting)."""
     sums = {}
-    saved = lt.UNPACK_BLOCK, lt.UNPACK_WARPS, lt.UNPACK_PAIRS
+    saved = lt.UNPACK_BLOCK, lt.UNPACK_WARPS
     for rows, cols in ((18944, 3584), (3584, 18944), (3584, 3584)):
         packed = torch.randint(0, 256, (rows, cols // 2), device=dev, dtype=torch.uint8)
         ref = lt.unpack_int4(packed, cols, torch.float8_e4m3fn).view(torch.uint8)
-        for pairs in (False, True):
-            for blk in (1024, 2048, 4096, 8192):
-                for w in (4, 8):
-                    lt.UNPACK_BLOCK, lt.UNPACK_WARPS, lt.UNPACK_PAIRS = blk, w, pairs
-                    out = lt.unpack_int4(packed, cols, torch.float8_e4m3fn).view(torch.uint8)
-                    same = bool(torch.equal(out, ref))
-                    us = _median_us(lambda: lt.unpack_int4(packed, cols, torch.float8_e4m3fn))
-                    key = f"b{blk}_w{w}" + ("_pairs" if pairs else "")
-                    res[f"unpack_{rows}x{cols}_{key}"] = [
-                        us, round(packed.numel() * 3 / us / 1e6, 2), same]
-                    sums[key] = sums.get(key, 0.0) + (us if same else float("inf"))
-        lt.UNPACK_BLOCK, lt.UNPACK_WARPS, lt.UNPACK_PAIRS = saved
+        for blk in (1024, 2048, 4096, 8192):
+            for w in (4, 8):
+                lt.UNPACK_BLOCK, lt.UNPACK_WARPS = blk, w
+                out = lt.unpack_int4(packed, cols, torch.float8_e4m3fn).view(torch.uint8)
+                same = bool(torch.equal(out, ref))
+                us = _median_us(lambda: lt.unpack_int4(packed, cols, torch.float8_e4m3fn))
+                key = f"b{blk}_w{w}"
+                res[f"unpack_{rows}x{cols}_{key}"] = [us, round(packed.numel() * 3 / us / 1e6, 2),
+                                                      same]
+                sums[key] = sums.get(key, 0.0) + (us if same else float("inf"))
+        lt.UNPACK_BLOCK, lt.UNPACK_WARPS = saved
     return sums
 
 
@@ -80,5 +78,5 @@ def micro_kernels(dev, emit) -> dict:
     division_check(dev, res)
     best = res["unpack_best"] = min(sums, key=sums.get)
     emit(res)
-    blk, w = best[1:].replace("_pairs", "").split("_w")
-    return {"UNPACK_BLOCK": int(blk), "UNPACK_WARPS": int(w), "UNPACK_PAIRS": "_pairs" in best}
+    blk, w = best[1:].split("_w")
+    return {"UNPACK_BLOCK": int(blk), "UNPACK_WARPS": int(w)}

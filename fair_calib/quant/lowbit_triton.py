@@ -119,6 +119,15 @@ def _reader_scale(k, hi, lo, rmax_ptr, rmin_ptr, floor_ptr, static_ptr, qmax_f,
 
 
 @triton.jit
+def _tile_max_min(hi_t, lo_t):
+    """(max of hi_t, min of lo_t) over a 2-D tile, as float32. (One two-valued reduction
+    instead of the two measured the same in the model: docs/benchmarks.md.)"""
+    h = tl.max(tl.max(hi_t, axis=1), axis=0)
+    lo = tl.min(tl.min(lo_t, axis=1), axis=0)
+    return h.to(tl.float32), lo.to(tl.float32)
+
+
+@triton.jit
 def _codes(zf, s, r, QMAX: tl.constexpr, FAST: tl.constexpr):
     """clamp(rint(zf / s)) with zf / s rounded as IEEE division rounds it (torch's division).
     FAST: q = zf * r (r = 1/s rounded) is within 1.5 ulp of zf / s, so within 2 ulp of the
@@ -183,8 +192,9 @@ def _act_quant_kernel(x_ptr, u_ptr, nw_ptr, d_ptr, p1_ptr, p2t_ptr, rmax_ptr, rm
                 else:
                     x = tl.dot(x, p2).to(dt)
         xf = x.to(tl.float32)
-        hi = tl.maximum(tl.max(tl.max(xf, axis=1), axis=0), 0.0)
-        lo = -tl.minimum(tl.min(tl.min(xf, axis=1), axis=0), 0.0)
+        hi, lo = _tile_max_min(xf, xf)
+        hi = tl.maximum(hi, 0.0)
+        lo = -tl.minimum(lo, 0.0)
         for k in tl.static_range(K):
             s = _reader_scale(k, hi, lo, rmax_ptr, rmin_ptr, floor_ptr, static_ptr, qmax_f,
                               STATIC)
@@ -341,13 +351,6 @@ def _row_chunk(r, xaa, xab, xba, xbb, p1_ptr, p2t_ptr, zrow, hi, lo, RA: tl.cons
 
 
 @triton.jit
-def _max_min(z, hi, lo):
-    zf = z.to(tl.float32)
-    return (tl.maximum(hi, tl.max(tl.max(zf, axis=1), axis=0)),
-            tl.minimum(lo, tl.min(tl.min(zf, axis=1), axis=0)))
-
-
-@triton.jit
 def _store_codes(z, s, rs, crow, c0, CP: tl.constexpr, BR: tl.constexpr, N1: tl.constexpr,
                  N2: tl.constexpr, QMAX: tl.constexpr, FAST: tl.constexpr):
     """A [BR, CP] piece of the transformed token (columns c0..) quantized into its codes row."""
@@ -370,22 +373,27 @@ def _token_in_registers(xaa, xab, xba, xbb, p1_ptr, p2t_ptr, rmax_ptr, rmin_ptr,
     rows), the max/min taken over them, then each reader's codes written from them: no
     scratch row."""
     ya, yb = _left_product(0, xaa, xab, xba, xbb, p1_ptr, RA, RB, SR, SC, BR, N1)
-    hi = tl.zeros([], dtype=tl.float32)
-    lo = tl.zeros([], dtype=tl.float32)
     z0 = _right_product(ya, yb, p2t_ptr, 0, BC, CA, CB, SC, N2)
-    hi, lo = _max_min(z0, hi, lo)
+    hi_t = z0                          # elementwise over the chunks, then one reduction
+    lo_t = z0
     z1 = z0
     z2 = z0
     z3 = z0
     if NCC > 1:
         z1 = _right_product(ya, yb, p2t_ptr, BC, BC, CA, CB, SC, N2)
-        hi, lo = _max_min(z1, hi, lo)
+        hi_t = tl.maximum(hi_t, z1)
+        lo_t = tl.minimum(lo_t, z1)
     if NCC > 2:
         z2 = _right_product(ya, yb, p2t_ptr, 2 * BC, BC, CA, CB, SC, N2)
-        hi, lo = _max_min(z2, hi, lo)
+        hi_t = tl.maximum(hi_t, z2)
+        lo_t = tl.minimum(lo_t, z2)
     if NCC > 3:
         z3 = _right_product(ya, yb, p2t_ptr, 3 * BC, BC, CA, CB, SC, N2)
-        hi, lo = _max_min(z3, hi, lo)
+        hi_t = tl.maximum(hi_t, z3)
+        lo_t = tl.minimum(lo_t, z3)
+    hi, lo = _tile_max_min(hi_t, lo_t)
+    hi = tl.maximum(hi, 0.0)           # the padding's zeros, as the scratch path counts them
+    lo = tl.minimum(lo, 0.0)
     lo = -lo
     for k in tl.static_range(K):
         s = _reader_scale(k, hi, lo, rmax_ptr, rmin_ptr, floor_ptr, static_ptr, qmax_f, STATIC)
@@ -653,39 +661,16 @@ def _unpack_int4_kernel(p_ptr, out_ptr, n_bytes, BLOCK: tl.constexpr):
     tl.store(out_ptr + o, v.to(out_ptr.dtype.element_ty), mask=o < 2 * n_bytes)
 
 
-# bytes a program and warps of the unpacking kernel; PAIRS: each byte's two codes stored as
-# one 16-bit word (no interleaving of two tensors)
+# bytes a program and warps of the unpacking kernel (a sweep of 1024-8192 bytes and 4 or 8
+# warps changed nothing beyond 5%: docs/benchmarks.md)
 UNPACK_BLOCK = 2048
 UNPACK_WARPS = 4
-UNPACK_PAIRS = False
-
-
-@triton.jit
-def _unpack_int4_pairs_kernel(p_ptr, out_ptr, n_bytes, FP8: tl.constexpr, BLOCK: tl.constexpr):
-    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    m = offs < n_bytes
-    b = tl.load(p_ptr + offs, mask=m, other=0).to(tl.int32)
-    lo = ((b & 0xF) ^ 8) - 8                     # the nibbles sign-extended
-    hi = (((b >> 4) & 0xF) ^ 8) - 8
-    if FP8:
-        lo = lo.to(tl.float32).to(tl.float8e4nv).to(tl.uint8, bitcast=True)
-        hi = hi.to(tl.float32).to(tl.float8e4nv).to(tl.uint8, bitcast=True)
-    else:
-        lo = lo.to(tl.int8).to(tl.uint8, bitcast=True)
-        hi = hi.to(tl.int8).to(tl.uint8, bitcast=True)
-    word = lo.to(tl.uint16) | (hi.to(tl.uint16) << 8)     # little-endian: low nibble first
-    tl.store(out_ptr + offs, word, mask=m)
 
 
 def unpack_int4(packed: torch.Tensor, n: int, dtype: torch.dtype) -> torch.Tensor:
     """uint8 [out, n / 2] (two codes a byte, low nibble first) -> codes [out, n] in ``dtype``."""
     out = torch.empty(packed.shape[0], n, device=packed.device, dtype=dtype)
     nb = packed.numel()
-    if UNPACK_PAIRS and n % 2 == 0 and dtype in (torch.float8_e4m3fn, torch.int8):
-        _unpack_int4_pairs_kernel[(triton.cdiv(nb, UNPACK_BLOCK),)](
-            packed, out.view(torch.uint16), nb, FP8=dtype == torch.float8_e4m3fn,
-            BLOCK=UNPACK_BLOCK, num_warps=UNPACK_WARPS)
-        return out
     _unpack_int4_kernel[(triton.cdiv(nb, UNPACK_BLOCK),)](packed, out, nb, BLOCK=UNPACK_BLOCK,
                                                           num_warps=UNPACK_WARPS)
     return out
