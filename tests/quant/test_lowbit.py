@@ -451,3 +451,25 @@ def test_chunked_kernels_equal_the_emulation_in_the_triton_interpreter():
     r = subprocess.run([sys.executable, "-c", CHUNKED_KERNEL_SCRIPT], env=env,
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stdout + r.stderr[-2000:]
+
+
+def test_codes_by_the_reciprocal_only_for_groups_whose_clip_ratios_are_not_one():
+    """With a clip ratio of 1 the scale is max / qmax and an element at half the token's max
+    is an exact tie in almost every token, so such groups (QuaRot's, RTN's) keep the division;
+    FAIR-Calib's learned ratios, and static scales, take the reciprocal; the switch is honoured;
+    the decision is read once per group."""
+    pytest.importorskip("triton")
+    from fair_calib.quant import lowbit_triton as lt
+
+    class Group:
+        def __init__(self, r_max, r_min, static=False):
+            self.static = static
+            self.r_max, self.r_min = torch.tensor(r_max), torch.tensor(r_min)
+
+    assert lt._fast_codes(Group([0.98, 0.97], [0.98, 0.9]), True)
+    assert not lt._fast_codes(Group([0.98, 1.0], [0.98, 0.9]), True)
+    assert not lt._fast_codes(Group([0.98], [1.0]), True)
+    assert lt._fast_codes(Group([1.0], [1.0], static=True), True)
+    assert not lt._fast_codes(Group([0.98], [0.98]), False)
+    g = Group([0.98], [0.98])
+    assert lt._fast_codes(g, True) and g._fast_codes is True
