@@ -6,11 +6,13 @@ compiles, and only the second pass is inside the profiler's range::
 
     ncu --profile-from-start off -k regex:act_quant --section SpeedOfLight \\
         --section Occupancy --section WarpStateStats \\
-        python benchmarks/lowbit_ncu.py --shape dream-7b [--fast] [--regs] [--gated]
+        python benchmarks/lowbit_ncu.py --shape dream-7b [--no-fast] [--no-regs] [--no-gated]
 
-``--fast``, ``--regs``, ``--gated``, ``--warps``, ``--maxnreg``, ``--tile-maxnreg``: the settings under test
-(``lowbit_triton.FAST_DIV``, TILE_MAXNREG; the split kernel's SPLIT_REGS, SPLIT_GATED, SPLIT_WARPS,
-SPLIT_MAXNREG for the down_proj tile). Timings are not taken here: ncu serializes and replays each kernel.
+``--[no-]fast``, ``--[no-]regs``, ``--[no-]gated``, ``--warps``, ``--maxnreg``,
+``--tile-maxnreg``: settings under test over the module's (``lowbit_triton.FAST_DIV``,
+TILE_MAXNREG; the split kernel's SPLIT_REGS, SPLIT_GATED, SPLIT_WARPS, SPLIT_MAXNREG for the
+tiles in ``SPLIT_TUNED``); unset, the module's own. Timings are not taken here: ncu
+serializes and replays each kernel.
 """
 from __future__ import annotations
 
@@ -32,19 +34,21 @@ def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--shape", default="dream-7b")
     ap.add_argument("--tokens", type=int, default=4096)
-    ap.add_argument("--fast", action="store_true")
-    ap.add_argument("--regs", action="store_true")
-    ap.add_argument("--gated", action="store_true")
+    flag = argparse.BooleanOptionalAction
+    ap.add_argument("--fast", action=flag, default=None)
+    ap.add_argument("--regs", action=flag, default=None)
+    ap.add_argument("--gated", action=flag, default=None)
     ap.add_argument("--warps", type=int, default=None)
     ap.add_argument("--maxnreg", type=int, default=None, help="the split kernel's register cap")
     ap.add_argument("--tile-maxnreg", type=int, default=None)
     args = ap.parse_args(argv)
-    lt.FAST_DIV = args.fast
-    over = {"FAST_DIV": args.fast, "SPLIT_REGS": args.regs, "SPLIT_GATED": args.gated}
-    if args.warps:
-        over["SPLIT_WARPS"] = args.warps
-    over["SPLIT_MAXNREG"] = args.maxnreg
-    lt.TILE_MAXNREG = args.tile_maxnreg
+    over = {k: v for k, v in (("FAST_DIV", args.fast), ("SPLIT_REGS", args.regs),
+                              ("SPLIT_GATED", args.gated), ("SPLIT_WARPS", args.warps),
+                              ("SPLIT_MAXNREG", args.maxnreg)) if v is not None}
+    if args.fast is not None:
+        lt.FAST_DIV = args.fast
+    if args.tile_maxnreg is not None:
+        lt.TILE_MAXNREG = args.tile_maxnreg
     lt.SPLIT_TUNED = {k: {**v, **over} for k, v in lt.SPLIT_TUNED.items()}
     lm = shapes.build(args.shape, layers=1, device="cuda")
     groups = block_groups(lm, "cuda")

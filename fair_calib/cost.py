@@ -33,13 +33,14 @@ QUANT_SCALE = 1.26             # fake-quant W4A4 forward / FP forward (issue 6: 
 # 80GB, random weights; docs/benchmarks.md): codes of <= 5 bits run on FP8 tensor cores
 # (FAIR_CALIB_LOWBIT=auto), RMSNorms and SwiGLU products fused, split-kernel settings per tile.
 # Per family and quantized structure, the slower token shape (8 x 512 or 32 x 104) of the median
-# over that code's measurements (2026-11-26/27 calls 3-7: FAIR-Calib 3, QuaRot 6, RTN 4 each).
+# over the GPU-bound measurements of the current code (host enqueue < 0.9 x wall; 2026-11-27
+# calls 5-7 for the transforms, 1-3 for QuaRot and RTN, whose kernels did not change since).
 # "transform": FlatQuant-style online Kronecker transforms (fair_calib, flatquant);
 # "hadamard": QuaRot's online Hadamards; "plain": per-token quantization alone (rtn).
 # W8A8 keeps fake quantization under auto (INT8 measured 1.5-1.8x FP).
 REAL_QUANT_SCALE = {
-    "llada": {"transform": 0.728, "hadamard": 0.795, "plain": 0.727},
-    "dream": {"transform": 0.777, "hadamard": 0.742, "plain": 0.718},
+    "llada": {"transform": 0.726, "hadamard": 0.791, "plain": 0.681},
+    "dream": {"transform": 0.750, "hadamard": 0.739, "plain": 0.720},
 }
 METHOD_STRUCTURE = {"fair_calib": "transform", "flatquant": "transform", "quarot": "hadamard",
                     "rtn": "plain"}

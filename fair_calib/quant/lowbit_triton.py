@@ -5,18 +5,21 @@
   (:func:`lowbit.fuse_block_gated`; the kernel reads gate's and up's outputs), the group's
   RMSNorm where it is fused (:func:`lowbit.fuse_block_norms`; the input is then the norm's
   input), d (bf16 product, as the fake quant), P1 X P2^T on the tensor cores (bf16 operands,
-  float32 accumulation, each product rounded to the model dtype as ``kron_last`` rounds it), the token's max/min once, then for every reader the codes (FP8
-  e4m3 or int8) and the float32 scale. Divisions are IEEE (``div_rn``) and rounding is
-  half-to-even (``rint``), as torch's, so the codes are those of
-  :meth:`LowBitInput.scales_and_codes` on the same transformed values. Two factors of which
-  one is wider than 64 (LLaDA's 96 x 128, Dream's 128 x 148 and 148 x 128) take
-  :func:`_act_quant_split_kernel`, which forms the product a chunk of rows at a time through a
-  scratch row, each side of the tile split into two power-of-two pieces (148 = 128 + 32)
-  rather than padded to one (256), with settings per tile shape (``SPLIT_TUNED``); its SwiGLU
-  product comes from the one-pass :func:`silu_mul` (formed inside it, it cost more than it
-  saved). A factor wider than 256 (QuaRot's 1024-wide Hadamard on LLaDA's down_proj input) is
-  applied by cuBLAS first (``kron_last``, the fake quant's own operations) and the kernel
-  quantizes. Timings of each choice: ``docs/benchmarks.md``.
+  float32 accumulation, each product rounded to the model dtype as ``kron_last`` rounds it),
+  the token's max/min once, then for every reader the codes (FP8 e4m3 or int8) and the
+  float32 scale. Divisions are IEEE (``div_rn``) and rounding is half-to-even (``rint``), as
+  torch's, so the codes are those of :meth:`LowBitInput.scales_and_codes` on the same
+  transformed values; for groups with learned clip ratios the codes come from the reciprocal
+  with the division only where a half-integer is near (:func:`_codes`, the same codes). Two
+  factors of which one is wider than 64 (LLaDA's 96 x 128, Dream's 128 x 148 and 148 x 128)
+  take :func:`_act_quant_split_kernel`, each side of the tile split into two power-of-two
+  pieces (148 = 128 + 32) rather than padded to one (256), the product formed a chunk of rows
+  at a time through a scratch row or, for one row chunk, held in registers; settings per tile
+  shape (``SPLIT_TUNED``): Dream's tile forms its SwiGLU product inside the kernel, the others
+  take it from the one-pass :func:`silu_mul`. A factor wider than 256 (QuaRot's 1024-wide
+  Hadamard on LLaDA's down_proj input) is applied by cuBLAS first (``kron_last``, the fake
+  quant's own operations) and the kernel quantizes. Timings of each choice:
+  ``docs/benchmarks.md``.
 - :func:`gemm`: FP8 codes x FP8 codes on the tensor cores (``torch._scaled_mm``, float32
   accumulation, per-token x per-channel scales and the bias in the epilogue, bf16 out), or
   int8 x int8 (``torch._int_mm``, int32 accumulation, scales applied after). 4-bit packed
@@ -51,9 +54,9 @@ SPLIT_BR = 64          # rows of the product per chunk in the split kernel
 SPLIT_WARPS = 4
 SPLIT_UNROLL = True    # the split kernel's loops over chunks unrolled (else run-time loops)
 # per tile shape (n1, n2): settings that beat the defaults in benchmarks/lowbit_gpu.py's sweep
-# (H100, 4096 tokens, SwiGLU product included, 2026-11-27: Dream's down_proj 503 us against
-# 642 at the defaults and 538 at its previous setting; LLaDA's product formed in the kernel
-# swept 240-347 us against 276 and was slower in the model, so LLaDA keeps its setting)
+# (H100, 4096 tokens, SwiGLU product included, 2026-11-27: Dream's down_proj 481 us against
+# 647 at the defaults and 535 at its previous setting; LLaDA's product formed in the kernel
+# swept 237-347 us against 272-276 and was slower in the model, so LLaDA keeps its setting)
 SPLIT_TUNED: dict[tuple[int, int], dict] = {
     (128, 148): {"SPLIT_BR": 128, "SPLIT_WARPS": 8, "SPLIT_UNROLL": False, "SPLIT_REGS": True,
                  "SPLIT_GATED": True},
@@ -68,8 +71,9 @@ SPLIT_GATED = False
 # (:func:`_codes`): the same codes as rint(z / s), fewer instructions; for groups whose clip
 # ratios are not 1 (:func:`_fast_codes`)
 FAST_DIV = True
-# register cap a thread (Triton's ``maxnreg``) of the split kernel and of the one-tile kernel:
-# fewer registers, more programs resident on a multiprocessor; None: the compiler's choice
+# register cap a thread (Triton's ``maxnreg``) of the split kernel and of the one-tile kernel,
+# for sweeps; None: the compiler's choice (a cap of 128 measured no change: on Triton 3.6 both
+# kernels already use 124-128 registers)
 SPLIT_MAXNREG: int | None = None
 TILE_MAXNREG: int | None = None
 # columns of the right product per chunk. Seen on an H100 and an H200 (Triton 3.6): chunks of
@@ -640,7 +644,8 @@ def split_settings(n1: int, n2: int) -> dict:
     module's defaults, overridden by the measured choice for that shape (SPLIT_TUNED)."""
     return {"SPLIT_BR": SPLIT_BR, "SPLIT_BC": SPLIT_BC, "SPLIT_WARPS": SPLIT_WARPS,
             "SPLIT_UNROLL": SPLIT_UNROLL, "SPLIT_REGS": SPLIT_REGS, "SPLIT_GATED": SPLIT_GATED,
-            "FAST_DIV": FAST_DIV, "SPLIT_MAXNREG": SPLIT_MAXNREG, **SPLIT_TUNED.get((n1, n2), {})}
+            "FAST_DIV": FAST_DIV, "SPLIT_MAXNREG": SPLIT_MAXNREG,
+            **SPLIT_TUNED.get((n1, n2), {})}
 
 
 @triton.jit
