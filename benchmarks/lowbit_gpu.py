@@ -283,8 +283,6 @@ def bench_forward(shape, token_shapes, dev, profile, split_best=None, kernel_tun
         tuned = {tuple(int(v) for v in k.split("x")): st for k, st in split_best.items()}
         default, lt.SPLIT_TUNED = lt.SPLIT_TUNED, tuned
         measure("w4a4_fair_calib_split_swept", lm.model)
-        fast, lt.FAST_DIV = lt.FAST_DIV, True        # the one-tile kernels' codes too
-        measure("w4a4_fair_calib_split_swept_fast", lm.model)
         tile = (kernel_tuned or {}).get("tile") or {}
         if tile:                                     # the one-tile kernel's swept setting
             saved = {k: getattr(lt, k) for k in tile}
@@ -293,7 +291,7 @@ def bench_forward(shape, token_shapes, dev, profile, split_best=None, kernel_tun
             measure("w4a4_fair_calib_split_swept_tile", lm.model)
             for k, v in saved.items():
                 setattr(lt, k, v)
-        lt.SPLIT_TUNED, lt.FAST_DIV = default, fast
+        lt.SPLIT_TUNED = default
     if EXTRA:
         lowbit.set_gated_fusion(lm.model, False)
         measure("w4a4_fair_calib_ungated", lm.model)
@@ -453,9 +451,9 @@ class SyntheticInput:
         self.n_readers = k
 
 
-def _split(br, w, unroll=False, regs=False, gated=False, fast=False, bc=64, maxnreg=None):
+def _split(br, w, unroll=False, regs=False, gated=False, fast=False, bc=64):
     return {"SPLIT_BR": br, "SPLIT_BC": bc, "SPLIT_WARPS": w, "SPLIT_UNROLL": unroll,
-            "SPLIT_REGS": regs, "SPLIT_GATED": gated, "FAST_DIV": fast, "SPLIT_MAXNREG": maxnreg}
+            "SPLIT_REGS": regs, "SPLIT_GATED": gated, "FAST_DIV": fast, "SPLIT_MAXNREG": None}
 
 
 # the module's default, the previous table's two, then: codes by the reciprocal (FAST_DIV),

@@ -124,23 +124,23 @@ def _reader_scale(k, hi, lo, rmax_ptr, rmin_ptr, floor_ptr, static_ptr, qmax_f,
 
 
 @triton.jit
-def _tile_max_min(hi_t, lo_t):
-    """(max of hi_t, min of lo_t) over a 2-D tile, as float32. (One two-valued reduction
-    instead of the two measured the same in the model: docs/benchmarks.md.)"""
-    h = tl.max(tl.max(hi_t, axis=1), axis=0)
-    lo = tl.min(tl.min(lo_t, axis=1), axis=0)
-    return h.to(tl.float32), lo.to(tl.float32)
+def _token_extremes(hi_t, lo_t):
+    """(hi, lo) of a token for :func:`_reader_scale`: max(max of hi_t, 0) and -min(min of
+    lo_t, 0) over a 2-D tile, as float32 (zero counts, as the tile's padding does)."""
+    hi = tl.max(tl.max(hi_t, axis=1), axis=0).to(tl.float32)
+    lo = tl.min(tl.min(lo_t, axis=1), axis=0).to(tl.float32)
+    return tl.maximum(hi, 0.0), -tl.minimum(lo, 0.0)
 
 
 @triton.jit
-def _codes(zf, s, r, QMAX: tl.constexpr, FAST: tl.constexpr):
+def _codes(zf, s, QMAX: tl.constexpr, FAST: tl.constexpr):
     """clamp(rint(zf / s)) with zf / s rounded as IEEE division rounds it (torch's division).
     FAST: q = zf * r (r = 1/s rounded) is within 1.5 ulp of zf / s, so within 2 ulp of the
     rounded quotient; where no element's q lies within 2^-20 |q| of a half-integer (8 ulp,
     NaN and inf included by the negated test) both round to the same integer, and only a
     piece with such an element pays for the division."""
     if FAST:
-        q = zf * r
+        q = zf * libdevice.div_rn(1.0, s)
         h = tl.floor(q) + 0.5
         risky = (tl.abs(q - h) > tl.abs(q) * 9.5367431640625e-07) == 0
         if tl.max(risky.to(tl.int32), axis=None) > 0:
@@ -197,13 +197,11 @@ def _act_quant_kernel(x_ptr, u_ptr, nw_ptr, d_ptr, p1_ptr, p2t_ptr, rmax_ptr, rm
                 else:
                     x = tl.dot(x, p2).to(dt)
         xf = x.to(tl.float32)
-        hi, lo = _tile_max_min(xf, xf)
-        hi = tl.maximum(hi, 0.0)
-        lo = -tl.minimum(lo, 0.0)
+        hi, lo = _token_extremes(xf, xf)
         for k in tl.static_range(K):
             s = _reader_scale(k, hi, lo, rmax_ptr, rmin_ptr, floor_ptr, static_ptr, qmax_f,
                               STATIC)
-            q = _codes(xf, s, libdevice.div_rn(1.0, s), QMAX, FAST)
+            q = _codes(xf, s, QMAX, FAST)
             row = k * T + t
             tl.store(codes_ptr + row * (N1 * N2) + off, q.to(codes_ptr.dtype.element_ty),
                      mask=mask)
@@ -356,12 +354,12 @@ def _row_chunk(r, xaa, xab, xba, xbb, p1_ptr, p2t_ptr, zrow, hi, lo, RA: tl.cons
 
 
 @triton.jit
-def _store_codes(z, s, rs, crow, c0, CP: tl.constexpr, BR: tl.constexpr, N1: tl.constexpr,
+def _store_codes(z, s, crow, c0, CP: tl.constexpr, BR: tl.constexpr, N1: tl.constexpr,
                  N2: tl.constexpr, QMAX: tl.constexpr, FAST: tl.constexpr):
     """A [BR, CP] piece of the transformed token (columns c0..) quantized into its codes row."""
     rr = tl.arange(0, BR)
     cc = c0 + tl.arange(0, CP)
-    q = _codes(z.to(tl.float32), s, rs, QMAX, FAST)
+    q = _codes(z.to(tl.float32), s, QMAX, FAST)
     tl.store(crow + rr[:, None] * N2 + cc[None, :], q.to(crow.dtype.element_ty),
              mask=(rr[:, None] < N1) & (cc[None, :] < N2))
 
@@ -396,22 +394,18 @@ def _token_in_registers(xaa, xab, xba, xbb, p1_ptr, p2t_ptr, rmax_ptr, rmin_ptr,
         z3 = _right_product(ya, yb, p2t_ptr, 3 * BC, BC, CA, CB, SC, N2)
         hi_t = tl.maximum(hi_t, z3)
         lo_t = tl.minimum(lo_t, z3)
-    hi, lo = _tile_max_min(hi_t, lo_t)
-    hi = tl.maximum(hi, 0.0)           # the padding's zeros, as the scratch path counts them
-    lo = tl.minimum(lo, 0.0)
-    lo = -lo
+    hi, lo = _token_extremes(hi_t, lo_t)
     for k in tl.static_range(K):
         s = _reader_scale(k, hi, lo, rmax_ptr, rmin_ptr, floor_ptr, static_ptr, qmax_f, STATIC)
         tl.store(scales_ptr + k * T + t, s)
-        rs = libdevice.div_rn(1.0, s)
         crow = codes_ptr + (k * T + t) * (N1 * N2)
-        _store_codes(z0, s, rs, crow, 0, BC, BR, N1, N2, QMAX, FAST)
+        _store_codes(z0, s, crow, 0, BC, BR, N1, N2, QMAX, FAST)
         if NCC > 1:
-            _store_codes(z1, s, rs, crow, BC, BC, BR, N1, N2, QMAX, FAST)
+            _store_codes(z1, s, crow, BC, BC, BR, N1, N2, QMAX, FAST)
         if NCC > 2:
-            _store_codes(z2, s, rs, crow, 2 * BC, BC, BR, N1, N2, QMAX, FAST)
+            _store_codes(z2, s, crow, 2 * BC, BC, BR, N1, N2, QMAX, FAST)
         if NCC > 3:
-            _store_codes(z3, s, rs, crow, 3 * BC, BC, BR, N1, N2, QMAX, FAST)
+            _store_codes(z3, s, crow, 3 * BC, BC, BR, N1, N2, QMAX, FAST)
 
 
 @triton.jit
@@ -500,11 +494,10 @@ def _act_quant_split_kernel(x_ptr, u_ptr, nw_ptr, d_ptr, p1_ptr, p2t_ptr, rmax_p
             s = _reader_scale(k, hi, lo, rmax_ptr, rmin_ptr, floor_ptr, static_ptr, qmax_f,
                               STATIC)
             tl.store(scales_ptr + k * T + t, s)
-            rs = libdevice.div_rn(1.0, s)
             for ch in tl.static_range(NCH):
                 o = ch * CH + tl.arange(0, CH)
                 zf = tl.load(zrow + o, mask=o < N1 * N2, other=0.0).to(tl.float32)
-                q = _codes(zf, s, rs, QMAX, FAST)
+                q = _codes(zf, s, QMAX, FAST)
                 tl.store(codes_ptr + (k * T + t) * (N1 * N2) + o,
                          q.to(codes_ptr.dtype.element_ty), mask=o < N1 * N2)
 
