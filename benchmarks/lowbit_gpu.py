@@ -23,6 +23,7 @@ line per measurement:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import time
@@ -43,7 +44,7 @@ from fair_calib.quant.qlinear import InputQuant, QuantLinear  # noqa: E402
 from fair_calib.quant.quantizers import ActQuantizer, WeightQuantizer  # noqa: E402
 
 OUT = None
-COMPARE: dict = {}  # --compare: lowbit_triton settings of an extra FAIR-Calib measurement
+COMPARE: dict = {}  # --compare: {name: lowbit_triton settings} of extra measurements per model
 EXTRA = False      # --extra: also FP8-stored weights and W8A8 on INT8 in the forward stage
 
 
@@ -254,6 +255,10 @@ def bench_forward(shape, token_shapes, dev, profile, split_best=None, kernel_tun
 
     def measure(name, model):
         timed(name, model)
+        if name in ("w4a4_fair_calib", "w4a4_quarot", "w4a4_rtn"):
+            for cname, settings in COMPARE.items():    # the same model, other kernel settings
+                with kernel_settings(settings):
+                    timed(f"{name}_{cname}", model)
         if kernel_tuned and kernel_tuned.get("split") and name in (
                 "w4a4_fair_calib", "w4a4_quarot", "w4a4_rtn"):
             saved = dict(lt.SPLIT_TUNED)
@@ -269,14 +274,6 @@ def bench_forward(shape, token_shapes, dev, profile, split_best=None, kernel_tun
     torch.cuda.synchronize()
     attach_s = time.perf_counter() - t0
     measure("w4a4_fair_calib", lm.model)
-    if COMPARE:                  # the same model under other kernel settings (--compare)
-        saved = {k: getattr(lt, k) for k in COMPARE}
-        for k, v in COMPARE.items():
-            setattr(lt, k, {tuple(int(n) for n in key.split("x")): st for key, st in v.items()}
-                    if k == "SPLIT_TUNED" else v)
-        measure("w4a4_fair_calib_compare", lm.model)
-        for k, v in saved.items():
-            setattr(lt, k, v)
     if profile:
         profile_forward(lm.model, ids_for(shape, *token_shapes[0], dev), shape)
     if split_best:
@@ -326,6 +323,21 @@ def bench_forward(shape, token_shapes, dev, profile, split_best=None, kernel_tun
               **{f"{k}_wall_s": v[2]["wall_s"] for k, v in r.items() if k != "bf16"}})
 
 
+@contextlib.contextmanager
+def kernel_settings(settings: dict):
+    """lowbit_triton's module settings replaced for the block ("SPLIT_TUNED" keyed "n1xn2")."""
+    from fair_calib.quant import lowbit_triton as lt
+    saved = {k: getattr(lt, k) for k in settings}
+    for k, v in settings.items():
+        setattr(lt, k, {tuple(int(n) for n in key.split("x")): st for key, st in v.items()}
+                if k == "SPLIT_TUNED" else v)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            setattr(lt, k, v)
+
+
 def profile_forward(model, ids, shape):
     from torch.profiler import ProfilerActivity, profile
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -346,7 +358,8 @@ def sweep_configs(inp):
     kernel with IEEE division, at 2 or 8 warps, with a register cap; for
     a split-kernel group cuBLAS first and each of SPLIT_SETTINGS (the per-shape table cleared,
     so that the module's settings apply)."""
-    out = [("default", {}), ("divide", {"FAST_DIV": False}), ("w2", {"NUM_WARPS": 2}),
+    out = [("default", {}), ("divide", {"FAST_DIV": False}),
+           ("not_zero_safe", {"ZERO_SAFE_DIV": False}), ("w2", {"NUM_WARPS": 2}),
            ("w8", {"NUM_WARPS": 8}), ("r128", {"TILE_MAXNREG": 128})]
     if inp is not None and split_group(inp):
         out.append(("cublas_first", {"WIDE": False, "MAX_FACTOR": 32, "MAX_TILE": 32 * 32}))
@@ -590,6 +603,20 @@ def decode_batch(shape, layers, dev, n_prompts=16, gen=64):
     torch.cuda.empty_cache()
 
 
+def parse_compare(items: list[str]) -> dict:
+    """{name: settings} of the --compare arguments ("NAME=JSON" or "JSON")."""
+    out = {}
+    for item in items:
+        name, sep, text = item.partition("=")
+        if not sep or name.lstrip().startswith("{"):
+            name, text = "compare", item
+        try:
+            out[name.strip()] = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise SystemExit(f"--compare {item!r}: not [NAME=]JSON ({err})") from err
+    return out
+
+
 def main(argv=None):
     global OUT, EXTRA
     ap = argparse.ArgumentParser()
@@ -604,13 +631,15 @@ def main(argv=None):
                     help="run the split-kernel sweep alone (the full run starts it as a child)")
     ap.add_argument("--extra", action="store_true",
                     help="forward stage: also FP8-stored weights and W8A8 (INT8)")
-    ap.add_argument("--compare", default=None,
-                    help='JSON of lowbit_triton settings for a second FAIR-Calib measurement of '
-                         'the same model, e.g. \'{"FAST_DIV": false, "SPLIT_TUNED": {"128x148": '
+    ap.add_argument("--compare", action="append", default=[],
+                    help='[NAME=]JSON of lowbit_triton settings for another measurement of each '
+                         'quantized model (FAIR-Calib, QuaRot, RTN), recorded as '
+                         '"<structure>_NAME" (default name "compare"); repeatable, e.g. '
+                         '\'nozs={"ZERO_SAFE_DIV": false, "SPLIT_TUNED": {"128x148": '
                          '{"SPLIT_BR": 128}}}\'')
     args = ap.parse_args(argv)
     OUT, EXTRA = args.out, args.extra
-    COMPARE.update(json.loads(args.compare) if args.compare else {})
+    COMPARE.update(parse_compare(args.compare))
     dev = "cuda"
     skip = set(filter(None, args.skip.split(",")))
     if args.split_only:

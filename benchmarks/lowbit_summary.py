@@ -32,7 +32,8 @@ def main(path: str) -> None:
             print(f"profile {r['shape']} {r['tokens']}")
             for row in r["top"]:
                 print(f"  {row['ms']:8.2f} ms {row['calls']:5d}  {row['name']}")
-        elif k in ("split_sweep", "split_choice", "inputs_fused", "env", "error", "stage_time"):
+        elif k in ("split_sweep", "split_choice", "inputs_fused", "env", "error", "stage_time",
+                   "micro"):
             print(json.dumps(r))
 
 

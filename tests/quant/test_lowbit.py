@@ -366,20 +366,23 @@ for n1, n2, p2 in ((128, 148, True), (96, 128, True), (28, 128, False)):
         nw, eps = lt._fused_norm(inp, x)
         # loops unrolled / run-time; Z in registers (one 128-row chunk) or through the
         # scratch row; the SwiGLU product formed in the kernel; codes by the reciprocal; then
-        # the module's table of per-shape settings
-        for unroll, regs, in_kernel, fast, table in ((True, False, False, False, False),
-                                                     (False, False, True, True, False),
-                                                     (True, True, False, True, False),
-                                                     (False, True, True, False, False),
-                                                     (True, False, False, True, True)):
-            lt.SPLIT_UNROLL, lt.SPLIT_REGS, lt.SPLIT_GATED, lt.FAST_DIV = unroll, regs, in_kernel, fast
+        # zero numerators answered without the division or not; the module's table of
+        # per-shape settings
+        for unroll, regs, in_kernel, fast, zs, table in (
+                (True, False, False, False, False, False), (False, False, True, True, True, False),
+                (True, True, False, True, False, False), (False, True, True, False, True, False),
+                (True, False, False, True, True, True)):
+            lt.SPLIT_UNROLL, lt.SPLIT_REGS, lt.SPLIT_GATED = unroll, regs, in_kernel
+            lt.FAST_DIV, lt.ZERO_SAFE_DIV = fast, zs
             lt.SPLIT_BR = 128 if regs else 64
             lt.SPLIT_TUNED = TUNED if table else {}
             bad, rel = check(inp, x, u, lambda: lt._quantize_split(
                 inp, x, u, nw, eps, inp.d, inp.p1, inp.p2t, n1, n2))
-            print(n1, n2, gated, unroll, regs, in_kernel, fast, table, bad, rel)
-            assert bad == 0.0 and rel < 1e-5, (n1, n2, gated, unroll, regs, in_kernel, fast, bad, rel)
-lt.SPLIT_UNROLL, lt.SPLIT_REGS, lt.SPLIT_GATED, lt.FAST_DIV, lt.SPLIT_BR = True, False, False, True, 64
+            case = (n1, n2, gated, unroll, regs, in_kernel, fast, zs, table)
+            print(*case, bad, rel)
+            assert bad == 0.0 and rel < 1e-5, (case, bad, rel)
+lt.SPLIT_UNROLL, lt.SPLIT_REGS, lt.SPLIT_GATED, lt.SPLIT_BR = True, False, False, 64
+lt.FAST_DIV, lt.ZERO_SAFE_DIV = True, True
 
 # the one-pass SwiGLU product (odd length: the last block masked)
 # (zeros of both signs in the gate: SiLU's division skipped for them, the bits kept)
@@ -421,9 +424,18 @@ x[3] = torch.nextafter(half, half * (1 + (torch.arange(512) % 3 - 1.0)))
 ref_c, _ = inp.scales_and_codes(x)
 naive = torch.clamp(torch.round(x * (1 / inp.static_scale).reshape(2, 1, 1)), -8, 7)
 assert (naive != ref_c).any()
+# (x holds zeros: the zero-safe division's direct answer, with and without the reciprocal)
+x[0, :2] = torch.tensor([0.0, -0.0])
+inp.kind = "fp8"
 for fast in (False, True):
-    lt.FAST_DIV = fast
-    assert check(inp, x, None, lambda: lt.quantize_input(inp, x)) == (0.0, 0.0), fast
+    for zs in (False, True):
+        lt.FAST_DIV, lt.ZERO_SAFE_DIV = fast, zs
+        c, _ = lt.quantize_input(inp, x)
+        assert check(inp, x, None, lambda: (c, _)) == (0.0, 0.0), (fast, zs)
+        # the sign of a zero code as the division gives it (an FP8 code keeps it)
+        assert torch.equal(torch.signbit(c[:, 0, :2].float()),
+                           torch.signbit(torch.tensor([[0.0, -0.0]] * 2))), (fast, zs)
+lt.FAST_DIV, lt.ZERO_SAFE_DIV = True, True
 
 # the 4-bit unpacking to int8 and FP8 codes
 from fair_calib.quant.export import pack_int4
