@@ -247,6 +247,7 @@ def bench_forward(shape, token_shapes, dev, profile, split_best=None, kernel_tun
     from fair_calib.quant import lowbit_triton as lt
     hd = shapes.SHAPES[shape]["hidden_size"] // shapes.SHAPES[shape]["num_attention_heads"]
     res = {f"{b}x{s}": {} for b, s in token_shapes}
+    same = {}
 
     def timed(name, model):
         for b, s in token_shapes:
@@ -255,10 +256,18 @@ def bench_forward(shape, token_shapes, dev, profile, split_best=None, kernel_tun
 
     def measure(name, model):
         timed(name, model)
-        if name in ("w4a4_fair_calib", "w4a4_quarot", "w4a4_rtn"):
-            for cname, settings in COMPARE.items():    # the same model, other kernel settings
+        if name in ("w4a4_fair_calib", "w4a4_quarot", "w4a4_rtn") and COMPARE:
+            # the same model under other kernel settings: timed, and its logits compared
+            # bit for bit with the module settings' at the first token shape (held on the
+            # host, out of the peak-memory measurements)
+            ids = ids_for(shape, *token_shapes[0], dev)
+            ref = model(input_ids=ids).logits.cpu()
+            for cname, settings in COMPARE.items():
                 with kernel_settings(settings):
                     timed(f"{name}_{cname}", model)
+                    same[f"{name}_{cname}_same_logits"] = bool(
+                        torch.equal(model(input_ids=ids).logits.cpu(), ref))
+            del ref
         if kernel_tuned and kernel_tuned.get("split") and name in (
                 "w4a4_fair_calib", "w4a4_quarot", "w4a4_rtn"):
             saved = dict(lt.SPLIT_TUNED)
@@ -320,7 +329,8 @@ def bench_forward(shape, token_shapes, dev, profile, split_best=None, kernel_tun
               **{f"{k}_ratio": v[0] / fp_t for k, v in r.items() if k != "bf16"},
               **{f"{k}_peak_ratio": v[1] / fp_m for k, v in r.items() if k != "bf16"},
               **{f"{k}_enqueue_s": v[2]["enqueue_s"] for k, v in r.items() if k != "bf16"},
-              **{f"{k}_wall_s": v[2]["wall_s"] for k, v in r.items() if k != "bf16"}})
+              **{f"{k}_wall_s": v[2]["wall_s"] for k, v in r.items() if k != "bf16"},
+              **same})
 
 
 @contextlib.contextmanager

@@ -17,6 +17,9 @@ def main(path: str) -> None:
             names = sorted(n[:-6] for n in r if n.endswith("_ratio") and "peak" not in n)
             print(f"forward {r['shape']} {r['tokens']} bf16 {r['bf16_s'] * 1e3:.1f} ms "
                   f"(enqueue {r['bf16_enqueue_s'] * 1e3:.0f} / wall {r['bf16_wall_s'] * 1e3:.0f})")
+            same = {n: v for n, v in r.items() if n.endswith("_same_logits")}
+            if same:
+                print("  logits equal to the module settings':", same)
             for n in names:
                 print(f"  {n}: {r[n + '_ratio']:.3f}x  {r[n + '_s'] * 1e3:.1f} ms  peak "
                       f"{r[n + '_peak_ratio']:.2f}x  enqueue {r[n + '_enqueue_s'] * 1e3:.0f} / "

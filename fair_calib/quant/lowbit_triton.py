@@ -73,7 +73,7 @@ SPLIT_GATED = False
 FAST_DIV = True
 # codes' IEEE divisions answer zero numerators directly (:func:`_divide`, the same quotient):
 # a zero numerator takes div_rn's slow path, and a tile's zero padding sent whole warps there
-ZERO_SAFE_DIV = True
+ZERO_SAFE_DIV = False
 # register cap a thread (Triton's ``maxnreg``) of the split kernel and of the one-tile kernel,
 # for sweeps; None: the compiler's choice (a cap of 128 measured no change: on Triton 3.6 both
 # kernels already use 124-128 registers)
@@ -714,12 +714,76 @@ def unpack_int4(packed: torch.Tensor, n: int, dtype: torch.dtype) -> torch.Tenso
     return out
 
 
+def _operand_dtype(lin) -> torch.dtype:
+    return torch.float8_e4m3fn if lin.kind == "fp8" else torch.int8
+
+
 def weight_codes(lin) -> torch.Tensor:
-    """The linear's weight codes [out, in] in the GEMM's operand dtype."""
-    want = torch.float8_e4m3fn if lin.kind == "fp8" else torch.int8
+    """The linear's weight codes [out, in] in the GEMM's operand dtype: those unpacked ahead
+    by :func:`prefetch_weights` (the current stream waits for them), else unpacked now."""
+    ahead = lin.__dict__.pop("_unpacked_ahead", None)
+    if ahead is not None:
+        w, ready = ahead
+        stream = _streams.current(w.device)
+        stream.wait_event(ready)
+        _streams.keep_for(w, stream)      # made on the side stream, freed after this use
+        return w
     if lin.packed:
-        return unpack_int4(lin.qweight, lin.in_features, want)
-    return lin.qweight if lin.qweight.dtype == want else lin.qweight.to(want)
+        return unpack_int4(lin.qweight, lin.in_features, _operand_dtype(lin))
+    return lin.qweight if lin.qweight.dtype == _operand_dtype(lin) else lin.qweight.to(
+        _operand_dtype(lin))
+
+
+class _CudaStreams:
+    """The streams and events :func:`prefetch_weights` uses (one side stream per device)."""
+
+    def __init__(self):
+        self._side: dict[int, torch.cuda.Stream] = {}
+
+    def current(self, device):
+        return torch.cuda.current_stream(device)
+
+    def side(self, device):
+        idx = device.index if device.index is not None else torch.cuda.current_device()
+        if idx not in self._side:
+            self._side[idx] = torch.cuda.Stream(device=idx)
+        return self._side[idx]
+
+    def on(self, stream):
+        return torch.cuda.stream(stream)
+
+    def event(self):
+        return torch.cuda.Event()
+
+    def keep_for(self, t: torch.Tensor, stream) -> None:
+        t.record_stream(stream)
+
+
+_streams = _CudaStreams()
+# 4-bit weights unpacked on a side stream while the group's activation kernel runs
+# (:func:`prefetch_weights`): the unpacking is memory-bound, the activation kernels are
+# latency-bound; the same codes, the two overlapped. Off: each unpacked just before its GEMM
+OVERLAP_UNPACK = True
+
+
+def prefetch_weights(linears) -> None:
+    """Unpack the packed weight codes of an input group's linears on the device's side stream,
+    after the work already queued on the current stream (so after the weights are written) and
+    alongside the group's activation kernel queued next; one event marks them ready and
+    :func:`weight_codes` hands each to its GEMM once. A linear whose codes wait unused keeps
+    them (the weights do not change), nothing is unpacked twice."""
+    todo = [lin for lin in linears if lin.packed and "_unpacked_ahead" not in lin.__dict__]
+    if not OVERLAP_UNPACK or not todo:
+        return
+    dev = todo[0].qweight.device
+    side = _streams.side(dev)
+    side.wait_stream(_streams.current(dev))
+    with _streams.on(side):
+        ws = [unpack_int4(lin.qweight, lin.in_features, _operand_dtype(lin)) for lin in todo]
+        ready = _streams.event()
+        ready.record(side)
+    for lin, w in zip(todo, ws):
+        lin.__dict__["_unpacked_ahead"] = (w, ready)
 
 
 def gemm(lin, xc: torch.Tensor, xs: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:

@@ -442,6 +442,65 @@ from fair_calib.quant.export import pack_int4
 codes = torch.randint(-8, 8, (7, 66), generator=torch.Generator().manual_seed(9), dtype=torch.int8)
 assert torch.equal(lt.unpack_int4(pack_int4(codes), 66, torch.int8), codes)
 assert torch.equal(lt.unpack_int4(pack_int4(codes), 66, torch.float8_e4m3fn).float(), codes.float())
+
+# weights unpacked ahead on a side stream (prefetch_weights): the same codes, each handed to
+# its GEMM once with the current stream waiting for them; nothing unpacked twice while they
+# wait; nothing ahead for unpacked storage, or when switched off
+import contextlib
+
+
+class FakeStreams:  # what prefetch_weights and weight_codes ask of the CUDA streams, logged
+    def __init__(self):
+        self.log = []
+
+    def current(self, device):
+        return self
+
+    def side(self, device):
+        return self
+
+    def wait_stream(self, other):
+        self.log.append("side waits for current")
+
+    def on(self, stream):
+        self.log.append("on side")
+        return contextlib.nullcontext()
+
+    def event(self):
+        return self
+
+    def record(self, stream):
+        self.log.append("ready recorded")
+
+    def wait_event(self, event):
+        self.log.append("current waits for ready")
+
+    def keep_for(self, t, stream):
+        self.log.append("kept for current")
+
+
+class Lin:
+    kind = "fp8"
+
+    def __init__(self, codes, packed=True):
+        self.packed, self.in_features = packed, codes.shape[1]
+        self.qweight = pack_int4(codes) if packed else codes.to(torch.float8_e4m3fn)
+
+
+lins = [Lin(codes), Lin(codes.flip(0)), Lin(codes, packed=False)]
+fake = lt._streams = FakeStreams()
+lt.prefetch_weights(lins)
+lt.prefetch_weights(lins)
+assert fake.log == ["side waits for current", "on side", "ready recorded"], fake.log
+assert "_unpacked_ahead" not in lins[2].__dict__
+for lin, ref in zip(lins, (codes, codes.flip(0), codes)):
+    assert torch.equal(lt.weight_codes(lin).float(), ref.float())
+    assert "_unpacked_ahead" not in lin.__dict__
+assert fake.log[3:] == ["current waits for ready", "kept for current"] * 2, fake.log
+lt.OVERLAP_UNPACK = False
+lt.prefetch_weights(lins)
+assert not any("_unpacked_ahead" in lin.__dict__ for lin in lins) and len(fake.log) == 7
+lt.OVERLAP_UNPACK = True
 print("ok")
 """
 
