@@ -368,8 +368,7 @@ def sweep_configs(inp):
     kernel with IEEE division, at 2 or 8 warps, with a register cap; for
     a split-kernel group cuBLAS first and each of SPLIT_SETTINGS (the per-shape table cleared,
     so that the module's settings apply)."""
-    out = [("default", {}), ("divide", {"FAST_DIV": False}),
-           ("not_zero_safe", {"ZERO_SAFE_DIV": False}), ("w2", {"NUM_WARPS": 2}),
+    out = [("default", {}), ("divide", {"FAST_DIV": False}), ("w2", {"NUM_WARPS": 2}),
            ("w8", {"NUM_WARPS": 8}), ("r128", {"TILE_MAXNREG": 128})]
     if inp is not None and split_group(inp):
         out.append(("cublas_first", {"WIDE": False, "MAX_FACTOR": 32, "MAX_TILE": 32 * 32}))
@@ -645,7 +644,7 @@ def main(argv=None):
                     help='[NAME=]JSON of lowbit_triton settings for another measurement of each '
                          'quantized model (FAIR-Calib, QuaRot, RTN), recorded as '
                          '"<structure>_NAME" (default name "compare"); repeatable, e.g. '
-                         '\'nozs={"ZERO_SAFE_DIV": false, "SPLIT_TUNED": {"128x148": '
+                         '\'div={"FAST_DIV": false, "SPLIT_TUNED": {"128x148": '
                          '{"SPLIT_BR": 128}}}\'')
     args = ap.parse_args(argv)
     OUT, EXTRA = args.out, args.extra

@@ -8,10 +8,10 @@ compiles, and only the second pass is inside the profiler's range::
         --section Occupancy --section WarpStateStats \\
         python benchmarks/lowbit_ncu.py --shape dream-7b [--no-fast] [--no-regs] [--no-gated]
 
-``--[no-]fast``, ``--[no-]zero-safe``, ``--[no-]regs``, ``--[no-]gated``, ``--warps``,
-``--maxnreg``, ``--tile-maxnreg``: settings under test over the module's
-(``lowbit_triton.FAST_DIV``, ZERO_SAFE_DIV, TILE_MAXNREG; the split kernel's SPLIT_REGS,
-SPLIT_GATED, SPLIT_WARPS, SPLIT_MAXNREG for the tiles in ``SPLIT_TUNED``); unset, the module's own. Timings are not taken here: ncu
+``--[no-]fast``, ``--[no-]regs``, ``--[no-]gated``, ``--warps``, ``--maxnreg``,
+``--tile-maxnreg``: settings under test over the module's (``lowbit_triton.FAST_DIV``,
+TILE_MAXNREG; the split kernel's SPLIT_REGS, SPLIT_GATED, SPLIT_WARPS, SPLIT_MAXNREG for the
+tiles in ``SPLIT_TUNED``); unset, the module's own. Timings are not taken here: ncu
 serializes and replays each kernel.
 """
 from __future__ import annotations
@@ -36,21 +36,17 @@ def main(argv=None):
     ap.add_argument("--tokens", type=int, default=4096)
     flag = argparse.BooleanOptionalAction
     ap.add_argument("--fast", action=flag, default=None)
-    ap.add_argument("--zero-safe", action=flag, default=None)
     ap.add_argument("--regs", action=flag, default=None)
     ap.add_argument("--gated", action=flag, default=None)
     ap.add_argument("--warps", type=int, default=None)
     ap.add_argument("--maxnreg", type=int, default=None, help="the split kernel's register cap")
     ap.add_argument("--tile-maxnreg", type=int, default=None)
     args = ap.parse_args(argv)
-    over = {k: v for k, v in (("FAST_DIV", args.fast), ("ZERO_SAFE_DIV", args.zero_safe),
-                              ("SPLIT_REGS", args.regs),
+    over = {k: v for k, v in (("FAST_DIV", args.fast), ("SPLIT_REGS", args.regs),
                               ("SPLIT_GATED", args.gated), ("SPLIT_WARPS", args.warps),
                               ("SPLIT_MAXNREG", args.maxnreg)) if v is not None}
     if args.fast is not None:
         lt.FAST_DIV = args.fast
-    if args.zero_safe is not None:
-        lt.ZERO_SAFE_DIV = args.zero_safe
     if args.tile_maxnreg is not None:
         lt.TILE_MAXNREG = args.tile_maxnreg
     lt.SPLIT_TUNED = {k: {**v, **over} for k, v in lt.SPLIT_TUNED.items()}

@@ -178,8 +178,6 @@ class LowBitInput(nn.Module):
             floor = 0.0 if (inq.rotation is None and all(a.scale is None for a in acts)) else 1e-8
             self.register_buffer("floor", torch.full((len(acts),), floor, device=dev))
         self._cache: tuple | None = None
-        # the group's LowBitLinears (attach_block), whose weights are unpacked together
-        self.linears: list = []
         # (weight, eps) of the RMSNorm whose output this group reads, when that norm is fused
         # into this group (:func:`fuse_block_norms`): the input is then the norm's input
         self.norm: tuple[torch.Tensor, float] | None = None
@@ -306,11 +304,9 @@ class LowBitLinear(nn.Module):
     def forward(self, x: torch.Tensor, up: torch.Tensor | None = None) -> torch.Tensor:
         """y for input x, or with ``up`` for input :func:`silu_mul` (x, up) (a fused SwiGLU
         MLP's down_proj: the product is formed inside the quantizing kernel)."""
-        if self.mode == "real":
-            from . import lowbit_triton
-            lowbit_triton.prefetch_weights(self.inp.linears)   # alongside the activation kernel
         xc, xs = self.inp(x, self.user, up)
         if self.mode == "real":
+            from . import lowbit_triton
             y = lowbit_triton.gemm(self, xc, xs, x.dtype)
         else:
             y = emulate_gemm(xc, xs, self.weight_int(), self.w_scale, self.bias, x.dtype)
@@ -362,7 +358,6 @@ def attach_block(block: nn.Module, mode: str, storage: str = PACKED_STORAGE,
             inp = inputs[id(ql.inq)] = LowBitInput(ql.inq, dtype, ql.linear.weight.device, mode,
                                                    kind)
         ql.backend = LowBitLinear(ql, inp, dtype, mode, kind, storage)
-        inp.linears.append(ql.backend)
         ql.linear.weight = _dropped_weight(ql.linear.weight)
         ql.w_folded = None
         ql.b_folded = None

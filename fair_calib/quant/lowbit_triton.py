@@ -71,9 +71,6 @@ SPLIT_GATED = False
 # (:func:`_codes`): the same codes as rint(z / s), fewer instructions; for groups whose clip
 # ratios are not 1 (:func:`_fast_codes`)
 FAST_DIV = True
-# codes' IEEE divisions answer zero numerators directly (:func:`_divide`, the same quotient):
-# a zero numerator takes div_rn's slow path, and a tile's zero padding sent whole warps there
-ZERO_SAFE_DIV = False
 # register cap a thread (Triton's ``maxnreg``) of the split kernel and of the one-tile kernel,
 # for sweeps; None: the compiler's choice (a cap of 128 measured no change: on Triton 3.6 both
 # kernels already use 124-128 registers)
@@ -136,33 +133,21 @@ def _token_extremes(hi_t, lo_t):
 
 
 @triton.jit
-def _divide(zf, s, ZERO_SAFE: tl.constexpr):
-    """zf / s rounded as IEEE division rounds it. ZERO_SAFE: a zero numerator answered
-    directly (+-0 / s = +-0 for s > 0, the division's own result): div_rn takes its slow path
-    for a zero numerator, and a warp with one such lane (a tile's zero padding) pays for it."""
-    if ZERO_SAFE:
-        zero = zf == 0.0
-        return tl.where(zero, zf, libdevice.div_rn(tl.where(zero, 1.0, zf), s))
-    return libdevice.div_rn(zf, s)
-
-
-@triton.jit
-def _codes(zf, s, QMAX: tl.constexpr, DIV: tl.constexpr):
+def _codes(zf, s, QMAX: tl.constexpr, FAST: tl.constexpr):
     """clamp(rint(zf / s)) with zf / s rounded as IEEE division rounds it (torch's division).
-    DIV (:func:`_div_mode`): bit 0, zero numerators answered without the division
-    (:func:`_divide`); bit 1, the reciprocal first: q = zf * r (r = 1/s rounded) is within
-    1.5 ulp of zf / s, so within 2 ulp of the rounded quotient; where no element's q lies
-    within 2^-20 |q| of a half-integer (8 ulp, NaN and inf included by the negated test) both
-    round to the same integer, and only a piece with such an element pays for the division."""
-    if DIV >= 2:
+    FAST: q = zf * r (r = 1/s rounded) is within 1.5 ulp of zf / s, so within 2 ulp of the
+    rounded quotient; where no element's q lies within 2^-20 |q| of a half-integer (8 ulp,
+    NaN and inf included by the negated test) both round to the same integer, and only a
+    piece with such an element pays for the division."""
+    if FAST:
         q = zf * libdevice.div_rn(1.0, s)
         h = tl.floor(q) + 0.5
         risky = (tl.abs(q - h) > tl.abs(q) * 9.5367431640625e-07) == 0
         if tl.max(risky.to(tl.int32), axis=None) > 0:
-            q = _divide(zf, s, DIV % 2 == 1)
+            q = libdevice.div_rn(zf, s)
         q = libdevice.rint(q)
     else:
-        q = libdevice.rint(_divide(zf, s, DIV % 2 == 1))
+        q = libdevice.rint(libdevice.div_rn(zf, s))
     return tl.minimum(tl.maximum(q, -QMAX - 1.0), QMAX * 1.0)
 
 
@@ -173,7 +158,7 @@ def _act_quant_kernel(x_ptr, u_ptr, nw_ptr, d_ptr, p1_ptr, p2t_ptr, rmax_ptr, rm
                       GATED: tl.constexpr, HAS_NORM: tl.constexpr, HAS_D: tl.constexpr,
                       HAS_P1: tl.constexpr, HAS_P2: tl.constexpr,
                       K: tl.constexpr, QMAX: tl.constexpr, STATIC: tl.constexpr,
-                      FP32: tl.constexpr, DIV: tl.constexpr):
+                      FP32: tl.constexpr, FAST: tl.constexpr):
     # programs loop over tokens (pid, pid + grid, ...): the factors are read once per program
     i = tl.arange(0, B1)[:, None]
     j = tl.arange(0, B2)[None, :]
@@ -216,7 +201,7 @@ def _act_quant_kernel(x_ptr, u_ptr, nw_ptr, d_ptr, p1_ptr, p2t_ptr, rmax_ptr, rm
         for k in tl.static_range(K):
             s = _reader_scale(k, hi, lo, rmax_ptr, rmin_ptr, floor_ptr, static_ptr, qmax_f,
                               STATIC)
-            q = _codes(xf, s, QMAX, DIV)
+            q = _codes(xf, s, QMAX, FAST)
             row = k * T + t
             tl.store(codes_ptr + row * (N1 * N2) + off, q.to(codes_ptr.dtype.element_ty),
                      mask=mask)
@@ -370,11 +355,11 @@ def _row_chunk(r, xaa, xab, xba, xbb, p1_ptr, p2t_ptr, zrow, hi, lo, RA: tl.cons
 
 @triton.jit
 def _store_codes(z, s, crow, c0, CP: tl.constexpr, BR: tl.constexpr, N1: tl.constexpr,
-                 N2: tl.constexpr, QMAX: tl.constexpr, DIV: tl.constexpr):
+                 N2: tl.constexpr, QMAX: tl.constexpr, FAST: tl.constexpr):
     """A [BR, CP] piece of the transformed token (columns c0..) quantized into its codes row."""
     rr = tl.arange(0, BR)
     cc = c0 + tl.arange(0, CP)
-    q = _codes(z.to(tl.float32), s, QMAX, DIV)
+    q = _codes(z.to(tl.float32), s, QMAX, FAST)
     tl.store(crow + rr[:, None] * N2 + cc[None, :], q.to(crow.dtype.element_ty),
              mask=(rr[:, None] < N1) & (cc[None, :] < N2))
 
@@ -386,7 +371,7 @@ def _token_in_registers(xaa, xab, xba, xbb, p1_ptr, p2t_ptr, rmax_ptr, rmin_ptr,
                         CB: tl.constexpr, SC: tl.constexpr, BR: tl.constexpr,
                         BC: tl.constexpr, NCC: tl.constexpr, N1: tl.constexpr,
                         N2: tl.constexpr, K: tl.constexpr, QMAX: tl.constexpr,
-                        STATIC: tl.constexpr, DIV: tl.constexpr):
+                        STATIC: tl.constexpr, FAST: tl.constexpr):
     """The whole of Z = P1 X P2^T held as up to four [BR, BC] column chunks (BR covers the
     rows), the max/min taken over them, then each reader's codes written from them: no
     scratch row."""
@@ -414,13 +399,13 @@ def _token_in_registers(xaa, xab, xba, xbb, p1_ptr, p2t_ptr, rmax_ptr, rmin_ptr,
         s = _reader_scale(k, hi, lo, rmax_ptr, rmin_ptr, floor_ptr, static_ptr, qmax_f, STATIC)
         tl.store(scales_ptr + k * T + t, s)
         crow = codes_ptr + (k * T + t) * (N1 * N2)
-        _store_codes(z0, s, crow, 0, BC, BR, N1, N2, QMAX, DIV)
+        _store_codes(z0, s, crow, 0, BC, BR, N1, N2, QMAX, FAST)
         if NCC > 1:
-            _store_codes(z1, s, crow, BC, BC, BR, N1, N2, QMAX, DIV)
+            _store_codes(z1, s, crow, BC, BC, BR, N1, N2, QMAX, FAST)
         if NCC > 2:
-            _store_codes(z2, s, crow, 2 * BC, BC, BR, N1, N2, QMAX, DIV)
+            _store_codes(z2, s, crow, 2 * BC, BC, BR, N1, N2, QMAX, FAST)
         if NCC > 3:
-            _store_codes(z3, s, crow, 3 * BC, BC, BR, N1, N2, QMAX, DIV)
+            _store_codes(z3, s, crow, 3 * BC, BC, BR, N1, N2, QMAX, FAST)
 
 
 @triton.jit
@@ -465,7 +450,7 @@ def _act_quant_split_kernel(x_ptr, u_ptr, nw_ptr, d_ptr, p1_ptr, p2t_ptr, rmax_p
                             NCC: tl.constexpr, GATED: tl.constexpr,
                             HAS_NORM: tl.constexpr, HAS_D: tl.constexpr,
                             HAS_P2: tl.constexpr, K: tl.constexpr, QMAX: tl.constexpr,
-                            STATIC: tl.constexpr, DIV: tl.constexpr, CH: tl.constexpr,
+                            STATIC: tl.constexpr, FAST: tl.constexpr, CH: tl.constexpr,
                             NCH: tl.constexpr):
     """Factors wider than one tile: each side of the token's [N1, N2] tile split in two
     power-of-two pieces (RA + RB rows, CA + CB columns; SR / SC: whether there is a second
@@ -491,7 +476,7 @@ def _act_quant_split_kernel(x_ptr, u_ptr, nw_ptr, d_ptr, p1_ptr, p2t_ptr, rmax_p
     if REGS:
         _token_in_registers(xaa, xab, xba, xbb, p1_ptr, p2t_ptr, rmax_ptr, rmin_ptr, floor_ptr,
                             static_ptr, codes_ptr, scales_ptr, t, T, qmax_f, RA, RB, SR, CA,
-                            CB, SC, BR, BC, NCC, N1, N2, K, QMAX, STATIC, DIV)
+                            CB, SC, BR, BC, NCC, N1, N2, K, QMAX, STATIC, FAST)
     else:
         hi = tl.zeros([], dtype=tl.float32)
         lo = tl.zeros([], dtype=tl.float32)
@@ -512,7 +497,7 @@ def _act_quant_split_kernel(x_ptr, u_ptr, nw_ptr, d_ptr, p1_ptr, p2t_ptr, rmax_p
             for ch in tl.static_range(NCH):
                 o = ch * CH + tl.arange(0, CH)
                 zf = tl.load(zrow + o, mask=o < N1 * N2, other=0.0).to(tl.float32)
-                q = _codes(zf, s, QMAX, DIV)
+                q = _codes(zf, s, QMAX, FAST)
                 tl.store(codes_ptr + (k * T + t) * (N1 * N2) + o,
                          q.to(codes_ptr.dtype.element_ty), mask=o < N1 * N2)
 
@@ -558,7 +543,7 @@ def quantize_input(inp, x2: torch.Tensor, up: torch.Tensor | None = None
     flags = dict(N1=n1, N2=n2, B1=B1, B2=B2, GATED=up is not None, HAS_NORM=nw is not None,
                  HAS_D=d is not None, HAS_P1=p1 is not None, HAS_P2=p2t is not None,
                  K=inp.n_readers, QMAX=2 ** (inp.bits - 1) - 1, STATIC=inp.static,
-                 FP32=x2.dtype == torch.float32, DIV=_div_mode(inp, FAST_DIV, ZERO_SAFE_DIV))
+                 FP32=x2.dtype == torch.float32, FAST=_fast_codes(inp, FAST_DIV))
     warps = NUM_WARPS or (4 if B1 * B2 <= 4096 else 8)
     _act_quant_kernel[(_grid(T, x2.device),)](*ops, **flags, num_warps=warps,
                                               **_cap(TILE_MAXNREG))
@@ -622,18 +607,10 @@ def _quantize_split(inp, x2, up, nw, eps, d, p1, p2t, n1, n2):
         BR=BR, BC=BC, UNROLL=st["SPLIT_UNROLL"], REGS=regs, NCC=ncc, GATED=gated,
         HAS_NORM=nw is not None, HAS_D=d is not None,
         HAS_P2=p2t is not None, K=inp.n_readers, QMAX=2 ** (inp.bits - 1) - 1,
-        STATIC=inp.static, DIV=_div_mode(inp, st["FAST_DIV"], st["ZERO_SAFE_DIV"]),
-        CH=CH,
+        STATIC=inp.static, FAST=_fast_codes(inp, st["FAST_DIV"]), CH=CH,
         NCH=triton.cdiv(dim, CH),
         num_warps=st["SPLIT_WARPS"], **_cap(st["SPLIT_MAXNREG"]))
     return codes, scales
-
-
-def _div_mode(inp, reciprocal: bool, zero_safe: bool) -> int:
-    """:func:`_codes`' DIV for a group: bit 1 the reciprocal first (``FAST_DIV``, where
-    :func:`_fast_codes` allows it), bit 0 zero numerators answered directly
-    (``ZERO_SAFE_DIV``)."""
-    return 2 * _fast_codes(inp, reciprocal) + int(zero_safe)
 
 
 def _fast_codes(inp, allowed: bool) -> bool:
@@ -660,7 +637,7 @@ def split_settings(n1: int, n2: int) -> dict:
     module's defaults, overridden by the measured choice for that shape (SPLIT_TUNED)."""
     return {"SPLIT_BR": SPLIT_BR, "SPLIT_BC": SPLIT_BC, "SPLIT_WARPS": SPLIT_WARPS,
             "SPLIT_UNROLL": SPLIT_UNROLL, "SPLIT_REGS": SPLIT_REGS, "SPLIT_GATED": SPLIT_GATED,
-            "FAST_DIV": FAST_DIV, "ZERO_SAFE_DIV": ZERO_SAFE_DIV, "SPLIT_MAXNREG": SPLIT_MAXNREG,
+            "FAST_DIV": FAST_DIV, "SPLIT_MAXNREG": SPLIT_MAXNREG,
             **SPLIT_TUNED.get((n1, n2), {})}
 
 
@@ -714,76 +691,12 @@ def unpack_int4(packed: torch.Tensor, n: int, dtype: torch.dtype) -> torch.Tenso
     return out
 
 
-def _operand_dtype(lin) -> torch.dtype:
-    return torch.float8_e4m3fn if lin.kind == "fp8" else torch.int8
-
-
 def weight_codes(lin) -> torch.Tensor:
-    """The linear's weight codes [out, in] in the GEMM's operand dtype: those unpacked ahead
-    by :func:`prefetch_weights` (the current stream waits for them), else unpacked now."""
-    ahead = lin.__dict__.pop("_unpacked_ahead", None)
-    if ahead is not None:
-        w, ready = ahead
-        stream = _streams.current(w.device)
-        stream.wait_event(ready)
-        _streams.keep_for(w, stream)      # made on the side stream, freed after this use
-        return w
+    """The linear's weight codes [out, in] in the GEMM's operand dtype."""
+    want = torch.float8_e4m3fn if lin.kind == "fp8" else torch.int8
     if lin.packed:
-        return unpack_int4(lin.qweight, lin.in_features, _operand_dtype(lin))
-    return lin.qweight if lin.qweight.dtype == _operand_dtype(lin) else lin.qweight.to(
-        _operand_dtype(lin))
-
-
-class _CudaStreams:
-    """The streams and events :func:`prefetch_weights` uses (one side stream per device)."""
-
-    def __init__(self):
-        self._side: dict[int, torch.cuda.Stream] = {}
-
-    def current(self, device):
-        return torch.cuda.current_stream(device)
-
-    def side(self, device):
-        idx = device.index if device.index is not None else torch.cuda.current_device()
-        if idx not in self._side:
-            self._side[idx] = torch.cuda.Stream(device=idx)
-        return self._side[idx]
-
-    def on(self, stream):
-        return torch.cuda.stream(stream)
-
-    def event(self):
-        return torch.cuda.Event()
-
-    def keep_for(self, t: torch.Tensor, stream) -> None:
-        t.record_stream(stream)
-
-
-_streams = _CudaStreams()
-# 4-bit weights unpacked on a side stream while the group's activation kernel runs
-# (:func:`prefetch_weights`): the unpacking is memory-bound, the activation kernels are
-# latency-bound; the same codes, the two overlapped. Off: each unpacked just before its GEMM
-OVERLAP_UNPACK = True
-
-
-def prefetch_weights(linears) -> None:
-    """Unpack the packed weight codes of an input group's linears on the device's side stream,
-    after the work already queued on the current stream (so after the weights are written) and
-    alongside the group's activation kernel queued next; one event marks them ready and
-    :func:`weight_codes` hands each to its GEMM once. A linear whose codes wait unused keeps
-    them (the weights do not change), nothing is unpacked twice."""
-    todo = [lin for lin in linears if lin.packed and "_unpacked_ahead" not in lin.__dict__]
-    if not OVERLAP_UNPACK or not todo:
-        return
-    dev = todo[0].qweight.device
-    side = _streams.side(dev)
-    side.wait_stream(_streams.current(dev))
-    with _streams.on(side):
-        ws = [unpack_int4(lin.qweight, lin.in_features, _operand_dtype(lin)) for lin in todo]
-        ready = _streams.event()
-        ready.record(side)
-    for lin, w in zip(todo, ws):
-        lin.__dict__["_unpacked_ahead"] = (w, ready)
+        return unpack_int4(lin.qweight, lin.in_features, want)
+    return lin.qweight if lin.qweight.dtype == want else lin.qweight.to(want)
 
 
 def gemm(lin, xc: torch.Tensor, xs: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
