@@ -270,10 +270,8 @@ def bench_forward(shape, token_shapes, dev, profile, split_best=None, kernel_tun
             del ref
         if kernel_tuned and kernel_tuned.get("split") and name in (
                 "w4a4_fair_calib", "w4a4_quarot", "w4a4_rtn"):
-            saved = dict(lt.SPLIT_TUNED)
-            lt.SPLIT_TUNED.update(kernel_tuned["split"])
-            timed(name + "_kernels_tuned", model)
-            lt.SPLIT_TUNED = saved
+            with kernel_settings({"SPLIT_TUNED": {**lt.SPLIT_TUNED, **kernel_tuned["split"]}}):
+                timed(name + "_kernels_tuned", model)
 
     lm = shapes.build(shape, device=dev)
     groups = block_groups(lm, dev)
@@ -286,18 +284,12 @@ def bench_forward(shape, token_shapes, dev, profile, split_best=None, kernel_tun
     if profile:
         profile_forward(lm.model, ids_for(shape, *token_shapes[0], dev), shape)
     if split_best:
-        tuned = {tuple(int(v) for v in k.split("x")): st for k, st in split_best.items()}
-        default, lt.SPLIT_TUNED = lt.SPLIT_TUNED, tuned
-        measure("w4a4_fair_calib_split_swept", lm.model)
-        tile = (kernel_tuned or {}).get("tile") or {}
-        if tile:                                     # the one-tile kernel's swept setting
-            saved = {k: getattr(lt, k) for k in tile}
-            for k, v in tile.items():
-                setattr(lt, k, v)
-            measure("w4a4_fair_calib_split_swept_tile", lm.model)
-            for k, v in saved.items():
-                setattr(lt, k, v)
-        lt.SPLIT_TUNED = default
+        with kernel_settings({"SPLIT_TUNED": split_best}):
+            measure("w4a4_fair_calib_split_swept", lm.model)
+            tile = (kernel_tuned or {}).get("tile") or {}
+            if tile:                                 # the one-tile kernel's swept setting
+                with kernel_settings(tile):
+                    measure("w4a4_fair_calib_split_swept_tile", lm.model)
     if EXTRA:
         lowbit.set_gated_fusion(lm.model, False)
         measure("w4a4_fair_calib_ungated", lm.model)
@@ -333,13 +325,18 @@ def bench_forward(shape, token_shapes, dev, profile, split_best=None, kernel_tun
               **same})
 
 
+def _tile_key(key) -> tuple[int, int]:
+    return key if isinstance(key, tuple) else tuple(int(n) for n in key.split("x"))
+
+
 @contextlib.contextmanager
 def kernel_settings(settings: dict):
-    """lowbit_triton's module settings replaced for the block ("SPLIT_TUNED" keyed "n1xn2")."""
+    """lowbit_triton's module settings replaced for the block ("SPLIT_TUNED" keyed by (n1, n2)
+    or "n1xn2")."""
     from fair_calib.quant import lowbit_triton as lt
     saved = {k: getattr(lt, k) for k in settings}
     for k, v in settings.items():
-        setattr(lt, k, {tuple(int(n) for n in key.split("x")): st for key, st in v.items()}
+        setattr(lt, k, {_tile_key(key): st for key, st in v.items()}
                 if k == "SPLIT_TUNED" else v)
     try:
         yield
@@ -480,8 +477,8 @@ def _split(br, w, unroll=False, regs=False, gated=False, fast=False, bc=64):
 
 # the module's default, the previous table's two, then: codes by the reciprocal (FAST_DIV),
 # the SwiGLU product in the kernel (GATED), the transformed token in registers (REGS).
-# Measured and dropped: 16 warps, register caps (the kernel already has 128 registers a thread
-# on Triton 3.6), one two-valued max/min reduction: docs/benchmarks.md
+# Measured and dropped: 16 warps, register caps (on the scratch-row form, 128 registers a
+# thread on Triton 3.6), one two-valued max/min reduction: docs/benchmarks.md
 SPLIT_SETTINGS = [
     _split(64, 4, unroll=True), _split(128, 8), _split(128, 8, unroll=True),
     _split(128, 8, fast=True), _split(64, 4, unroll=True, fast=True),
@@ -492,9 +489,8 @@ SPLIT_SETTINGS = [
 def setting_name(st: dict) -> str:
     flags = "".join(f"_{k}" for k, on in (("regs", st["SPLIT_REGS"]), ("gated", st["SPLIT_GATED"]),
                                            ("fast", st["FAST_DIV"])) if on)
-    cap = f"_r{st['SPLIT_MAXNREG']}" if st["SPLIT_MAXNREG"] else ""
     return (f"br{st['SPLIT_BR']}_bc{st['SPLIT_BC']}_w{st['SPLIT_WARPS']}_"
-            f"{'unroll' if st['SPLIT_UNROLL'] else 'loop'}{flags}{cap}")
+            f"{'unroll' if st['SPLIT_UNROLL'] else 'loop'}{flags}")
 
 
 @torch.no_grad()

@@ -72,8 +72,9 @@ SPLIT_GATED = False
 # ratios are not 1 (:func:`_fast_codes`)
 FAST_DIV = True
 # register cap a thread (Triton's ``maxnreg``) of the split kernel and of the one-tile kernel,
-# for sweeps; None: the compiler's choice (a cap of 128 measured no change: on Triton 3.6 both
-# kernels already use 124-128 registers)
+# for sweeps; None: the compiler's choice (Nsight Compute, Triton 3.6: one-tile 116-172
+# registers, split 234 in its registers form; a one-tile cap of 128 measured within the
+# spread: docs/benchmarks.md)
 SPLIT_MAXNREG: int | None = None
 TILE_MAXNREG: int | None = None
 # columns of the right product per chunk. Seen on an H100 and an H200 (Triton 3.6): chunks of
