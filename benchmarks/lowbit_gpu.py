@@ -13,6 +13,9 @@ line per measurement:
 - ``forward``: full depth, bf16 FP forward vs the real W4A4 forward (FAIR-Calib/FlatQuant
   structure with 4-bit packed and with FP8 weights; QuaRot structure with online Hadamards),
   at each ``--tokens`` shape, with peak GPU memory of the forward (model included);
+- ``rotary``: one layer's rotary, transformers' function against the fused kernel
+  (``fair_calib.models.rotary``), bit for bit; the forward stage also times the bf16 and the
+  FAIR-Calib forwards with transformers' rotary (``*_native_rotary``) and compares logits;
 - ``profile``: the real forward's top CUDA kernels (LLaDA-8B, first token shape);
 - ``decode_batch``: item 4, greedy bf16 decoding of the same prompts one at a time and in
   padded batches: rows whose tokens differ, and whether the first step's logits are bitwise
@@ -36,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks import shapes  # noqa: E402
 from fair_calib.methods import make_method  # noqa: E402
+from fair_calib.models import rotary  # noqa: E402
 from fair_calib.quant import lowbit  # noqa: E402
 from fair_calib.quant.blockio import call_block, capture_block_inputs  # noqa: E402
 from fair_calib.quant.discovery import discover_groups  # noqa: E402
@@ -46,6 +50,7 @@ from fair_calib.quant.quantizers import ActQuantizer, WeightQuantizer  # noqa: E
 OUT = None
 COMPARE: dict = {}  # --compare: {name: lowbit_triton settings} of extra measurements per model
 EXTRA = False      # --extra: also FP8-stored weights and W8A8 on INT8 in the forward stage
+AUTHORS_ROTARY = False  # --authors-rotary: forward-stage models rotate as their hub loading does
 
 
 def emit(rec: dict) -> None:
@@ -256,6 +261,16 @@ def bench_forward(shape, token_shapes, dev, profile, split_best=None, kernel_tun
 
     def measure(name, model):
         timed(name, model)
+        if name in ("bf16", "w4a4_fair_calib"):
+            # transformers' own rotary (ten elementwise kernels a layer) against the fused
+            # kernel the pipeline runs: timed, and the logits compared bit for bit
+            ids = ids_for(shape, *token_shapes[0], dev)
+            ref = model(input_ids=ids).logits.cpu()
+            with native_rotary():
+                timed(f"{name}_native_rotary", model)
+                same[f"{name}_native_rotary_same_logits"] = bool(
+                    torch.equal(model(input_ids=ids).logits.cpu(), ref))
+            del ref
         if name in ("w4a4_fair_calib", "w4a4_quarot", "w4a4_rtn") and COMPARE:
             # the same model under other kernel settings: timed, and its logits compared
             # bit for bit with the module settings' at the first token shape (held on the
@@ -273,7 +288,7 @@ def bench_forward(shape, token_shapes, dev, profile, split_best=None, kernel_tun
             with kernel_settings({"SPLIT_TUNED": {**lt.SPLIT_TUNED, **kernel_tuned["split"]}}):
                 timed(name + "_kernels_tuned", model)
 
-    lm = shapes.build(shape, device=dev)
+    lm = shapes.build(shape, device=dev, authors_rotary=AUTHORS_ROTARY)
     groups = block_groups(lm, dev)
     measure("bf16", lm.model)
     t0 = time.perf_counter()
@@ -300,13 +315,13 @@ def bench_forward(shape, token_shapes, dev, profile, split_best=None, kernel_tun
     torch.cuda.empty_cache()
     for name, build in (("w4a4_quarot", lambda lm: quantize_quarot(lm, groups, hd)),
                         ("w4a4_rtn", lambda lm: quantize_rtn(lm, groups))):
-        lm = shapes.build(shape, device=dev)
+        lm = shapes.build(shape, device=dev, authors_rotary=AUTHORS_ROTARY)
         build(lm)
         measure(name, lm.model)
         del lm
         torch.cuda.empty_cache()
     if EXTRA:
-        lm = shapes.build(shape, device=dev)
+        lm = shapes.build(shape, device=dev, authors_rotary=AUTHORS_ROTARY)
         quantize_fair_calib(lm, groups, bits=8)          # INT8 tensor cores
         measure("w8a8_fair_calib_int8", lm.model)
         del lm
@@ -315,6 +330,7 @@ def bench_forward(shape, token_shapes, dev, profile, split_best=None, kernel_tun
         fp_t, fp_m, fp_h = r["bf16"]
         emit({"kind": "forward", "shape": shape, "tokens": key,
               "device": torch.cuda.get_device_name(), "split": split_best,
+              "authors_rotary": AUTHORS_ROTARY and bool(shapes.AUTHORS_ROTARY.get(shape)),
               "attach_s": attach_s, "bf16_s": fp_t, "bf16_peak_gb": fp_m,
               "bf16_enqueue_s": fp_h["enqueue_s"], "bf16_wall_s": fp_h["wall_s"],
               **{f"{k}_s": v[0] for k, v in r.items() if k != "bf16"},
@@ -323,6 +339,49 @@ def bench_forward(shape, token_shapes, dev, profile, split_best=None, kernel_tun
               **{f"{k}_enqueue_s": v[2]["enqueue_s"] for k, v in r.items() if k != "bf16"},
               **{f"{k}_wall_s": v[2]["wall_s"] for k, v in r.items() if k != "bf16"},
               **same})
+
+
+@contextlib.contextmanager
+def native_rotary():
+    """transformers' own ``apply_rotary_pos_emb`` for the block (fair_calib.models.rotary)."""
+    saved, rotary.FORCE = rotary.FORCE, False
+    try:
+        yield
+    finally:
+        rotary.FORCE = saved
+
+
+@torch.no_grad()
+def bench_rotary(shape, token_shapes, dev):
+    """One layer's rotary at the shape's q/k heads: transformers' function against the fused
+    kernel (median of do_bench), with sin/cos in the model dtype (Dream, transformers) and in
+    float32 (LLaDA's authors' rotary); outputs compared bit for bit, strides included."""
+    import triton.testing
+    from transformers.models.llama import modeling_llama as ml
+    spec = shapes.SHAPES[shape]
+    hq, hk = spec["num_attention_heads"], spec["num_key_value_heads"]
+    d = spec["hidden_size"] // hq
+    rotary.install()
+    fused = ml.apply_rotary_pos_emb
+    native = fused.fair_calib_native
+    g = torch.Generator(device=dev).manual_seed(0)
+    for b, s in token_shapes:
+        q = torch.randn(b, s, hq * d, device=dev, generator=g, dtype=torch.bfloat16)
+        k = torch.randn(b, s, hk * d, device=dev, generator=g, dtype=torch.bfloat16)
+        q, k = (x.view(b, s, -1, d).transpose(1, 2) for x in (q, k))
+        for cdt in (torch.bfloat16, torch.float32):
+            cos = torch.randn(b, s, d, device=dev, generator=g).to(cdt)
+            sin = torch.randn(b, s, d, device=dev, generator=g).to(cdt)
+            ref, out = native(q, k, cos, sin), fused(q, k, cos, sin)
+            same = all(torch.equal(r, o) and r.stride() == o.stride() and r.dtype == o.dtype
+                       for r, o in zip(ref, out))
+            t_nat = triton.testing.do_bench(lambda: native(q, k, cos, sin), return_mode="median")
+            t_fus = triton.testing.do_bench(lambda: fused(q, k, cos, sin), return_mode="median")
+            nbytes = sum(x.numel() * (x.element_size() + o.element_size())
+                         for x, o in zip((q, k), out))
+            emit({"kind": "rotary", "shape": shape, "tokens": f"{b}x{s}",
+                  "cos_dtype": str(cdt), "native_us": t_nat * 1e3, "fused_us": t_fus * 1e3,
+                  "fused_tb_s": nbytes / (t_fus * 1e-3) / 1e12, "same_bits": same})
 
 
 def _tile_key(key) -> tuple[int, int]:
@@ -623,12 +682,12 @@ def parse_compare(items: list[str]) -> dict:
 
 
 def main(argv=None):
-    global OUT, EXTRA
+    global OUT, EXTRA, AUTHORS_ROTARY
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", nargs="+", default=["llada-8b", "dream-7b"])
     ap.add_argument("--tokens", nargs="+", default=["8x512", "32x104"])
     ap.add_argument("--skip", default="",
-                    help="comma list of: split,micro,layers,kernels,forward,decode")
+                    help="comma list of: split,micro,rotary,layers,kernels,forward,decode")
     ap.add_argument("--decode-layers", type=int, default=8)
     ap.add_argument("--repeat", type=int, default=1, help="run the forward stage this often")
     ap.add_argument("--out", default=None)
@@ -642,8 +701,11 @@ def main(argv=None):
                          '"<structure>_NAME" (default name "compare"); repeatable, e.g. '
                          '\'div={"FAST_DIV": false, "SPLIT_TUNED": {"128x148": '
                          '{"SPLIT_BR": 128}}}\'')
+    ap.add_argument("--authors-rotary", action="store_true",
+                    help="forward stage: LLaDA rotates q and k in float32, as its hub "
+                         "checkpoints do (benchmarks/shapes.py)")
     args = ap.parse_args(argv)
-    OUT, EXTRA = args.out, args.extra
+    OUT, EXTRA, AUTHORS_ROTARY = args.out, args.extra, args.authors_rotary
     COMPARE.update(parse_compare(args.compare))
     dev = "cuda"
     skip = set(filter(None, args.skip.split(",")))
@@ -668,7 +730,8 @@ def main(argv=None):
         module_best = micro_kernels(dev, emit)
     for shape in args.shapes:
         tuned = {"tile": dict(module_best)}
-        for stage, fn in (("layers", lambda: check_layers(shape, 2048, dev)),
+        for stage, fn in (("rotary", lambda: bench_rotary(shape, token_shapes, dev)),
+                          ("layers", lambda: check_layers(shape, 2048, dev)),
                           ("kernels", lambda: _time_groups_into(tuned, shape, dev)),
                           ("forward", lambda: [bench_forward(shape, token_shapes, dev, r == 0,
                                                              split_best, tuned or None)

@@ -1,7 +1,7 @@
 """Short table of a ``benchmarks/lowbit_gpu.py --out FILE`` run: forward ratios to the bf16
-forward, host enqueue times, code checks and the split-kernel sweep.
+forward, host enqueue times, code checks, the rotary kernel and the split-kernel sweep.
 
-    python benchmarks/lowbit_summary.py FILE
+    python benchmarks/lowbit_summary.py FILE [FILE ...]
 """
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ def main(path: str) -> None:
         k = r["kind"]
         if k == "forward":
             names = sorted(n[:-6] for n in r if n.endswith("_ratio") and "peak" not in n)
-            print(f"forward {r['shape']} {r['tokens']} bf16 {r['bf16_s'] * 1e3:.1f} ms "
+            rot = " (authors' float32 rotary)" if r.get("authors_rotary") else ""
+            print(f"forward {r['shape']} {r['tokens']}{rot} bf16 {r['bf16_s'] * 1e3:.1f} ms "
                   f"(enqueue {r['bf16_enqueue_s'] * 1e3:.0f} / wall {r['bf16_wall_s'] * 1e3:.0f})")
             same = {n: v for n, v in r.items() if n.endswith("_same_logits")}
             if same:
@@ -31,6 +32,10 @@ def main(path: str) -> None:
         elif k == "layer_error":
             print(f"layer_error {r['shape']} {r['variant']} {r['linear']}: real "
                   f"{r['real_rel_err']:.3e} fake {r['fake_bf16_rel_err']:.3e}")
+        elif k == "rotary":
+            print(f"rotary {r['shape']} {r['tokens']} cos {r['cos_dtype']}: transformers "
+                  f"{r['native_us']:.0f} us, fused {r['fused_us']:.0f} us "
+                  f"({r['fused_tb_s']:.2f} TB/s), same bits {r['same_bits']}")
         elif k == "profile":
             print(f"profile {r['shape']} {r['tokens']}")
             for row in r["top"]:
@@ -41,4 +46,5 @@ def main(path: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    for path in sys.argv[1:]:
+        main(path)

@@ -23,9 +23,16 @@ SHAPES = {
 }
 
 
+# LLaDA's hub checkpoints rotate q and k in float32 (``rope_full_precision``), as
+# ``fair_calib.models.hub`` loads them; ``build(..., authors_rotary=True)`` does the same
+AUTHORS_ROTARY = {"llada-8b": True}
+
+
 def build(shape: str, layers: int | None = None, device: str = "cuda",
-          dtype: torch.dtype = torch.bfloat16):
-    """A LoadedModel of random weights at ``shape`` (optionally with fewer layers)."""
+          dtype: torch.dtype = torch.bfloat16, authors_rotary: bool = False):
+    """A LoadedModel of random weights at ``shape`` (optionally with fewer layers);
+    ``authors_rotary``: the rotary of the shape's hub loading (LLaDA: float32 q and k, the
+    attention implementation that casts them back), as ``hub.load_native_model`` sets it."""
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
     from fair_calib.models.adapters import LoadedModel, get_adapter
@@ -47,6 +54,10 @@ def build(shape: str, layers: int | None = None, device: str = "cuda",
     finally:
         torch.set_default_dtype(prev)
     model.eval()
+    if authors_rotary and AUTHORS_ROTARY.get(shape):
+        from fair_calib.models import hub
+        model.set_attn_implementation(hub.register_float32_rotary_attention())
+        hub.use_authors_rotary(model, True, True)
     return LoadedModel(model=model, tokenizer=None, adapter=get_adapter(adapter), mask_id=mask_id,
                        pad_id=0, eos_id=1)
 

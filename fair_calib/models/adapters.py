@@ -18,6 +18,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from . import rotary
+
 
 @dataclass(frozen=True)
 class FamilyAdapter:
@@ -158,6 +160,10 @@ class LoadedModel:
     mask_id: int
     pad_id: int
     eos_id: int | None
+
+    def __post_init__(self):
+        # transformers' rotary through the fused kernel where it gives the same bits (rotary.py)
+        rotary.install()
 
     @property
     def device(self) -> torch.device:
