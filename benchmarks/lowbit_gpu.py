@@ -16,8 +16,6 @@ line per measurement:
 - ``rotary``: one layer's rotary, transformers' function against the fused kernel
   (``fair_calib.models.rotary``), bit for bit; the forward stage also times the bf16 and the
   FAIR-Calib forwards with transformers' rotary (``*_native_rotary``) and compares logits;
-  with ``--graphs`` every forward is also replayed from a CUDA graph (``*_graph_s``: its GPU
-  time without the host; ``*_graph_ratio`` against the bf16 graph);
 - ``profile``: the real forward's top CUDA kernels (LLaDA-8B, first token shape);
 - ``decode_batch``: item 4, greedy bf16 decoding of the same prompts one at a time and in
   padded batches: rows whose tokens differ, and whether the first step's logits are bitwise
@@ -53,7 +51,6 @@ OUT = None
 COMPARE: dict = {}  # --compare: {name: lowbit_triton settings} of extra measurements per model
 EXTRA = False      # --extra: also FP8-stored weights and W8A8 on INT8 in the forward stage
 AUTHORS_ROTARY = False  # --authors-rotary: forward-stage models rotate as their hub loading does
-GRAPHS = False     # --graphs: each forward also replayed from a CUDA graph (GPU time, no host)
 
 
 def emit(rec: dict) -> None:
@@ -166,38 +163,7 @@ def time_forward(model, ids):
         wall.append(time.perf_counter() - t0)
     HOST.clear()
     HOST.update(enqueue_s=sorted(enq)[3], wall_s=sorted(wall)[3])
-    if GRAPHS:
-        HOST.update(graph_forward(model, ids))
     return t, peak
-
-
-def graph_forward(model, ids) -> dict:
-    """The same forward captured in a CUDA graph and replayed: its GPU time with the host
-    taken out (median of do_bench over replays), and whether the replay's logits equal the
-    eager forward's bit for bit. A diagnostic of the benchmark: the pipeline runs eagerly."""
-    import triton.testing
-    static = ids.clone()
-    try:
-        with torch.no_grad():
-            ref = model(input_ids=static).logits.cpu()
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                model(input_ids=static)
-            torch.cuda.current_stream().wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                out = model(input_ids=static).logits
-        t = triton.testing.do_bench(graph.replay, warmup=300, rep=1500, return_mode="median")
-        graph.replay()
-        torch.cuda.synchronize()
-        same = bool(torch.equal(out.cpu(), ref))
-        del graph, out
-        return {"graph_s": t / 1e3, "graph_same_logits": same}
-    except Exception as err:  # noqa: BLE001 - report, keep the eager numbers
-        return {"graph_error": repr(err)[:300]}
-    finally:
-        torch.cuda.empty_cache()
 
 
 # ------------------------------------------------------------------------- codes and error
@@ -372,10 +338,6 @@ def bench_forward(shape, token_shapes, dev, profile, split_best=None, kernel_tun
               **{f"{k}_peak_ratio": v[1] / fp_m for k, v in r.items() if k != "bf16"},
               **{f"{k}_enqueue_s": v[2]["enqueue_s"] for k, v in r.items() if k != "bf16"},
               **{f"{k}_wall_s": v[2]["wall_s"] for k, v in r.items() if k != "bf16"},
-              **{f"{k}_{g}": v[2][g] for k, v in r.items() for g in
-                 ("graph_s", "graph_same_logits", "graph_error") if g in v[2]},
-              **{f"{k}_graph_ratio": v[2]["graph_s"] / fp_h["graph_s"] for k, v in r.items()
-                 if k != "bf16" and "graph_s" in v[2] and "graph_s" in fp_h},
               **same})
 
 
@@ -720,7 +682,7 @@ def parse_compare(items: list[str]) -> dict:
 
 
 def main(argv=None):
-    global OUT, EXTRA, AUTHORS_ROTARY, GRAPHS
+    global OUT, EXTRA, AUTHORS_ROTARY
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", nargs="+", default=["llada-8b", "dream-7b"])
     ap.add_argument("--tokens", nargs="+", default=["8x512", "32x104"])
@@ -742,11 +704,8 @@ def main(argv=None):
     ap.add_argument("--authors-rotary", action="store_true",
                     help="forward stage: LLaDA rotates q and k in float32, as its hub "
                          "checkpoints do (benchmarks/shapes.py)")
-    ap.add_argument("--graphs", action="store_true",
-                    help="forward stage: also replay each forward from a CUDA graph (its GPU "
-                         "time without the host) and compare its logits with the eager ones")
     args = ap.parse_args(argv)
-    OUT, EXTRA, AUTHORS_ROTARY, GRAPHS = args.out, args.extra, args.authors_rotary, args.graphs
+    OUT, EXTRA, AUTHORS_ROTARY = args.out, args.extra, args.authors_rotary
     COMPARE.update(parse_compare(args.compare))
     dev = "cuda"
     skip = set(filter(None, args.skip.split(",")))

@@ -5,7 +5,9 @@ machines its enqueue took 45-130 ms against the bf16 forward's 20-55 ms: where t
 slow, the host, not the GPU, sets its time. This profiles the Python side of one forward
 (cProfile; the GPU synchronised before and after) of the bf16 model and of the FAIR-Calib
 W4A4 model at the real shapes, and prints the functions with the most own time, the launches
-per forward (torch profiler) and the enqueue time without the profiler.
+per forward (torch profiler) and the enqueue time without the profiler, with the Triton
+kernels launched directly (``fair_calib.triton_launch``, the default) and through Triton's
+own launch path.
 
     PYTHONPATH=. python benchmarks/lowbit_host.py [--shapes dream-7b llada-8b] [--tokens 32x104]
 """
@@ -26,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks import lowbit_gpu as lg  # noqa: E402
 from benchmarks import shapes  # noqa: E402
+from fair_calib import triton_launch  # noqa: E402
 
 
 def enqueue_ms(model, ids, n=9) -> float:
@@ -87,6 +90,9 @@ def main(argv=None):
                    "enqueue_ms": enqueue_ms(lm.model, ids),
                    "launches": launches(lm.model, ids),
                    "layers": len(lm.blocks)}
+            triton_launch.DIRECT = False             # every launch through Triton's path
+            rec["enqueue_ms_triton_launch"] = enqueue_ms(lm.model, ids)
+            triton_launch.DIRECT = True
             print(json.dumps(rec), flush=True)
             for r in host_profile(lm.model, ids, args.top):
                 print(f"  {r['own_ms']:8.2f} own {r['cum_ms']:8.2f} cum {r['calls']:6d}  {r['fn']}")

@@ -21,19 +21,10 @@ def main(path: str) -> None:
             same = {n: v for n, v in r.items() if n.endswith("_same_logits")}
             if same:
                 print("  logits equal to the module settings':", same)
-            if "bf16_graph_s" in r:
-                print(f"  bf16 graph {r['bf16_graph_s'] * 1e3:.1f} ms, same logits "
-                      f"{r.get('bf16_graph_same_logits')}")
             for n in names:
-                graph = ""
-                if n + "_graph_ratio" in r:
-                    graph = (f"  graph {r[n + '_graph_ratio']:.3f}x {r[n + '_graph_s'] * 1e3:.1f} ms"
-                             f" same {r.get(n + '_graph_same_logits')}")
-                elif n + "_graph_error" in r:
-                    graph = f"  graph error {r[n + '_graph_error'][:80]}"
                 print(f"  {n}: {r[n + '_ratio']:.3f}x  {r[n + '_s'] * 1e3:.1f} ms  peak "
                       f"{r[n + '_peak_ratio']:.2f}x  enqueue {r[n + '_enqueue_s'] * 1e3:.0f} / "
-                      f"wall {r[n + '_wall_s'] * 1e3:.0f} ms{graph}")
+                      f"wall {r[n + '_wall_s'] * 1e3:.0f} ms")
         elif k in ("codes", "codes_gated"):
             tok = " ".join(f"{n}={v:.1e}" for n, v in r.items() if n.startswith("tok"))
             print(f"{k} {r['shape']} {r['variant']} {r['group']}: "

@@ -304,7 +304,7 @@ class LowBitLinear(nn.Module):
     def forward(self, x: torch.Tensor, up: torch.Tensor | None = None) -> torch.Tensor:
         """y for input x, or with ``up`` for input :func:`silu_mul` (x, up) (a fused SwiGLU
         MLP's down_proj: the product is formed inside the quantizing kernel)."""
-        xc, xs = self.inp(x, self.user, up)
+        xc, xs = self.inp.forward(x, self.user, up)   # no module hooks: less host time
         if self.mode == "real":
             from . import lowbit_triton
             y = lowbit_triton.gemm(self, xc, xs, x.dtype)
