@@ -15,6 +15,7 @@ torch is imported only when the device is not the CPU, so the default's planning
 """
 from __future__ import annotations
 
+import os
 import sys
 from typing import Mapping
 
@@ -63,3 +64,13 @@ def runs_locally(argv: list[str]) -> bool:
     except (SystemExit, Exception):  # not snakemake's command line (the Python API)
         return True
     return (getattr(args, "executor", None) or "local") in LOCAL_EXECUTORS
+
+
+def env_choice(name: str, default: str, choices: tuple[str, ...]) -> str:
+    """The environment variable ``name`` (``default`` when unset), lower-cased, one of
+    ``choices``; any other value is refused naming the variable, the value and the choices."""
+    raw = os.environ.get(name, default)
+    v = raw.strip().lower()
+    if v not in choices:
+        raise ValueError(f"{name}={raw!r}: expected one of {', '.join(choices)}")
+    return v

@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import functools
 import importlib
-import os
 
 import torch
+
+from ..environment import env_choice
 
 SETTING = "FAIR_CALIB_ROTARY"
 MODES = ("fused", "native")
@@ -30,11 +31,7 @@ FORCE: bool | None = None
 
 
 def setting() -> str:
-    raw = os.environ.get(SETTING, "fused")
-    v = raw.strip().lower()
-    if v not in MODES:
-        raise ValueError(f"{SETTING}={raw!r}: expected one of {', '.join(MODES)}")
-    return v
+    return env_choice(SETTING, "fused", MODES)
 
 
 def enabled() -> bool:

@@ -33,13 +33,13 @@ fake-quant forward.
 """
 from __future__ import annotations
 
-import os
 from itertools import permutations
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..environment import env_choice
 from .export import pack_int4, quant_basis_weight, unpack_int4
 from .fused import head_rows
 from .qlinear import InputQuant, QuantLinear
@@ -56,11 +56,7 @@ PACKED_STORAGE = "packed"
 
 
 def setting() -> str:
-    raw = os.environ.get(SETTING, "auto")
-    v = raw.strip().lower()
-    if v not in MODES:
-        raise ValueError(f"{SETTING}={raw!r}: expected one of {', '.join(MODES)}")
-    return v
+    return env_choice(SETTING, "auto", MODES)
 
 
 def real_path_problem(device: torch.device) -> str | None:
