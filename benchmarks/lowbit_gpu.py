@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import sys
 import time
@@ -152,8 +153,16 @@ def time_forward(model, ids):
     # median of about 20 forwards after 0.5 s of warm-up (means of 10 moved by up to 15%)
     t = triton.testing.do_bench(fwd, warmup=500, rep=2500, return_mode="median") / 1e3
     peak = torch.cuda.max_memory_allocated() / 2**30
+    HOST.clear()
+    HOST.update(zip(("enqueue_s", "wall_s"), host_times(fwd)))
+    return t, peak
+
+
+def host_times(fwd, n: int = 7) -> tuple[float, float]:
+    """Medians over n calls of ``fwd`` from an idle GPU: the host's time to enqueue it and
+    the wall time until the GPU has finished it (s)."""
     enq, wall = [], []
-    for _ in range(7):
+    for _ in range(n):
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         fwd()
@@ -161,9 +170,7 @@ def time_forward(model, ids):
         torch.cuda.synchronize()
         enq.append(t1 - t0)
         wall.append(time.perf_counter() - t0)
-    HOST.clear()
-    HOST.update(enqueue_s=sorted(enq)[3], wall_s=sorted(wall)[3])
-    return t, peak
+    return sorted(enq)[n // 2], sorted(wall)[n // 2]
 
 
 # ------------------------------------------------------------------------- codes and error
@@ -261,26 +268,23 @@ def bench_forward(shape, token_shapes, dev, profile, split_best=None, kernel_tun
 
     def measure(name, model):
         timed(name, model)
+        # the same model otherwise run: with transformers' own rotary (bf16, FAIR-Calib), and
+        # under each --compare's kernel settings (quantized structures); timed, and its
+        # logits compared bit for bit with the default's at the first token shape (held on
+        # the host, out of the peak-memory measurements)
+        variants = {}
         if name in ("bf16", "w4a4_fair_calib"):
-            # transformers' own rotary (ten elementwise kernels a layer) against the fused
-            # kernel the pipeline runs: timed, and the logits compared bit for bit
+            variants["native_rotary"] = native_rotary
+        if name in ("w4a4_fair_calib", "w4a4_quarot", "w4a4_rtn"):
+            variants.update({c: functools.partial(kernel_settings, st)
+                             for c, st in COMPARE.items()})
+        if variants:
             ids = ids_for(shape, *token_shapes[0], dev)
             ref = model(input_ids=ids).logits.cpu()
-            with native_rotary():
-                timed(f"{name}_native_rotary", model)
-                same[f"{name}_native_rotary_same_logits"] = bool(
-                    torch.equal(model(input_ids=ids).logits.cpu(), ref))
-            del ref
-        if name in ("w4a4_fair_calib", "w4a4_quarot", "w4a4_rtn") and COMPARE:
-            # the same model under other kernel settings: timed, and its logits compared
-            # bit for bit with the module settings' at the first token shape (held on the
-            # host, out of the peak-memory measurements)
-            ids = ids_for(shape, *token_shapes[0], dev)
-            ref = model(input_ids=ids).logits.cpu()
-            for cname, settings in COMPARE.items():
-                with kernel_settings(settings):
-                    timed(f"{name}_{cname}", model)
-                    same[f"{name}_{cname}_same_logits"] = bool(
+            for vname, context in variants.items():
+                with context():
+                    timed(f"{name}_{vname}", model)
+                    same[f"{name}_{vname}_same_logits"] = bool(
                         torch.equal(model(input_ids=ids).logits.cpu(), ref))
             del ref
         if kernel_tuned and kernel_tuned.get("split") and name in (
@@ -390,18 +394,20 @@ def _tile_key(key) -> tuple[int, int]:
 
 @contextlib.contextmanager
 def kernel_settings(settings: dict):
-    """lowbit_triton's module settings replaced for the block ("SPLIT_TUNED" keyed by (n1, n2)
-    or "n1xn2")."""
+    """lowbit_triton's module settings (and triton_launch's DIRECT_LAUNCH) replaced for the
+    block ("SPLIT_TUNED" keyed by (n1, n2) or "n1xn2")."""
+    from fair_calib import triton_launch
     from fair_calib.quant import lowbit_triton as lt
-    saved = {k: getattr(lt, k) for k in settings}
+    home = {k: triton_launch if k == "DIRECT_LAUNCH" else lt for k in settings}
+    saved = {k: getattr(home[k], k) for k in settings}
     for k, v in settings.items():
-        setattr(lt, k, {_tile_key(key): st for key, st in v.items()}
+        setattr(home[k], k, {_tile_key(key): st for key, st in v.items()}
                 if k == "SPLIT_TUNED" else v)
     try:
         yield
     finally:
         for k, v in saved.items():
-            setattr(lt, k, v)
+            setattr(home[k], k, v)
 
 
 def profile_forward(model, ids, shape):

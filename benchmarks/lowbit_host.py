@@ -19,7 +19,6 @@ import io
 import json
 import pstats
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -31,17 +30,10 @@ from benchmarks import shapes  # noqa: E402
 from fair_calib import triton_launch  # noqa: E402
 
 
+@torch.no_grad()
 def enqueue_ms(model, ids, n=9) -> float:
     """Median host time to enqueue one forward from an idle GPU."""
-    times = []
-    with torch.no_grad():
-        for _ in range(n):
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            model(input_ids=ids)
-            times.append(time.perf_counter() - t0)
-            torch.cuda.synchronize()
-    return sorted(times)[n // 2] * 1e3
+    return lg.host_times(lambda: model(input_ids=ids), n)[0] * 1e3
 
 
 def launches(model, ids) -> int:
@@ -90,9 +82,9 @@ def main(argv=None):
                    "enqueue_ms": enqueue_ms(lm.model, ids),
                    "launches": launches(lm.model, ids),
                    "layers": len(lm.blocks)}
-            triton_launch.DIRECT = False             # every launch through Triton's path
+            triton_launch.DIRECT_LAUNCH = False             # every launch through Triton's path
             rec["enqueue_ms_triton_launch"] = enqueue_ms(lm.model, ids)
-            triton_launch.DIRECT = True
+            triton_launch.DIRECT_LAUNCH = True
             print(json.dumps(rec), flush=True)
             for r in host_profile(lm.model, ids, args.top):
                 print(f"  {r['own_ms']:8.2f} own {r['cum_ms']:8.2f} cum {r['calls']:6d}  {r['fn']}")

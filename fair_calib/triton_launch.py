@@ -9,14 +9,16 @@ specialisation, keeps the compiled kernel, and afterwards calls it directly, the
 ``CompiledKernel.__getitem__`` does. The cache key holds what Triton specialises the runtime
 arguments on (:func:`arg_spec`), the constexprs, the launch options and the device, so a
 direct launch runs the kernel Triton's own launch would pick. Where a launch hook is
-installed (profilers), on CPU tensors (Triton's interpreter), or with ``DIRECT`` off, every
-launch takes Triton's path.
+installed (profilers), on CPU tensors (Triton's interpreter), or with ``DIRECT_LAUNCH`` off,
+every launch takes Triton's path.
 """
 from __future__ import annotations
 
 import torch
+from triton import knobs
+from triton.runtime import driver
 
-DIRECT = True          # off: every launch through kernel[grid](...) (benchmarks compare both)
+DIRECT_LAUNCH = True   # off: every launch through kernel[grid](...) (benchmarks compare both)
 _COMPILED: dict = {}
 
 
@@ -51,25 +53,23 @@ def launch(kernel, grid: int, args: tuple, consts: dict, options: dict) -> None:
     """``kernel[(grid,)](*args, **consts, **options)``: ``args`` the runtime arguments (the
     kernel's first parameters, in order), ``consts`` all its constexpr parameters, ``options``
     the launch options (num_warps, maxnreg)."""
-    from triton import knobs
-
     first = next((a for a in args if isinstance(a, torch.Tensor)), None)
-    cache = DIRECT and first is not None and _on_gpu(first) and not (
+    cache = DIRECT_LAUNCH and first is not None and _on_gpu(first) and not (
         _hooked(knobs.runtime.launch_enter_hook) or _hooked(knobs.runtime.launch_exit_hook))
     if not cache:                      # CPU tensors (Triton's interpreter), profilers' hooks
         kernel[(grid,)](*args, **consts, **options)
         return
-    from triton.runtime import driver
     device = driver.active.get_current_device()
     try:
         key = (kernel, device, tuple(arg_spec(a) for a in args), tuple(consts.items()),
                tuple(options.items()))
     except _Unsupported:
-        key, cache = None, False
-    hit = _COMPILED.get(key) if cache else None
+        kernel[(grid,)](*args, **consts, **options)
+        return
+    hit = _COMPILED.get(key)
     if hit is None:
         compiled = kernel[(grid,)](*args, **consts, **options)
-        if cache and hasattr(compiled, "packed_metadata"):
+        if hasattr(compiled, "packed_metadata"):
             names = kernel.arg_names[len(args):]
             _COMPILED[key] = (compiled, tuple(consts[n] for n in names))
         return

@@ -3,9 +3,8 @@ compiled kernel called directly with the same arguments Triton's launch passes i
 import pytest
 import torch
 
-from fair_calib import triton_launch as tlaunch
-
 triton = pytest.importorskip("triton")
+from fair_calib import triton_launch as tlaunch  # noqa: E402
 
 
 class Compiled:
@@ -43,7 +42,7 @@ class Driver:
 
 @pytest.fixture
 def fake_gpu(monkeypatch):
-    from triton.runtime import driver
+    driver = tlaunch.driver
     monkeypatch.setattr(tlaunch, "_on_gpu", lambda t: True)
     monkeypatch.setattr(tlaunch, "_COMPILED", {})
     saved = driver._active
@@ -94,7 +93,7 @@ def test_cpu_tensors_hooks_and_the_switch_take_tritons_path(monkeypatch):
     for _ in range(2):                                          # CPU: never cached
         tlaunch.launch(k, 1, (x, 16, 0.5), dict(BLOCK=128, FLAG=True), {})
     monkeypatch.setattr(tlaunch, "_on_gpu", lambda t: True)
-    monkeypatch.setattr(tlaunch, "DIRECT", False)
+    monkeypatch.setattr(tlaunch, "DIRECT_LAUNCH", False)
     tlaunch.launch(k, 1, (x, 16, 0.5), dict(BLOCK=128, FLAG=True), {})
     assert [e[0] for e in k.log] == ["triton"] * 3
 

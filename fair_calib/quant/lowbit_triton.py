@@ -81,9 +81,6 @@ TILE_MAXNREG: int | None = None
 # columns of the right product per chunk. Seen on an H100 and an H200 (Triton 3.6): chunks of
 # 32 columns (and a 32-column piece) gave wrong products and illegal memory accesses
 SPLIT_BC = 64
-# launches through fair_calib.triton_launch (the compiled kernel called directly after the
-# first launch of each specialisation: less host time a launch); off: Triton's launch path
-DIRECT_LAUNCH = True
 _SMS: dict[int, int] = {}
 
 
@@ -550,8 +547,8 @@ def quantize_input(inp, x2: torch.Tensor, up: torch.Tensor | None = None
                  K=inp.n_readers, QMAX=2 ** (inp.bits - 1) - 1, STATIC=inp.static,
                  FP32=x2.dtype == torch.float32, FAST=_fast_codes(inp, FAST_DIV))
     warps = NUM_WARPS or (4 if B1 * B2 <= 4096 else 8)
-    _launch(_act_quant_kernel, _grid(T, x2.device), ops, flags,
-            dict(num_warps=warps, **_cap(TILE_MAXNREG)))
+    triton_launch.launch(_act_quant_kernel, _grid(T, x2.device), ops, flags,
+                         dict(num_warps=warps, **_cap(TILE_MAXNREG)))
     return codes, scales
 
 
@@ -605,16 +602,17 @@ def _quantize_split(inp, x2, up, nw, eps, d, p1, p2t, n1, n2):
     z = scales if regs else torch.empty_like(x2)          # no scratch row in registers
     CH = 2048
     (ra, rb), (ca, cb) = split_pow2(n1), split_pow2(n2)
-    _launch(_act_quant_split_kernel, T,
-            (x2, *_operands(inp, x2, up, nw, d, p1, p2t, scales),
-             z, codes, scales, T, float(2 ** (inp.bits - 1) - 1), eps),
-            dict(N1=n1, N2=n2, RA=ra, RB=max(rb, 16), SR=rb > 0, CA=ca, CB=max(cb, 16),
-                 SC=cb > 0, BR=BR, BC=BC, UNROLL=st["SPLIT_UNROLL"], REGS=regs, NCC=ncc,
-                 GATED=gated, HAS_NORM=nw is not None, HAS_D=d is not None,
-                 HAS_P2=p2t is not None, K=inp.n_readers, QMAX=2 ** (inp.bits - 1) - 1,
-                 STATIC=inp.static, FAST=_fast_codes(inp, st["FAST_DIV"]), CH=CH,
-                 NCH=triton.cdiv(dim, CH)),
-            dict(num_warps=st["SPLIT_WARPS"], **_cap(st["SPLIT_MAXNREG"])))
+    triton_launch.launch(
+        _act_quant_split_kernel, T,
+        (x2, *_operands(inp, x2, up, nw, d, p1, p2t, scales),
+         z, codes, scales, T, float(2 ** (inp.bits - 1) - 1), eps),
+        dict(N1=n1, N2=n2, RA=ra, RB=max(rb, 16), SR=rb > 0, CA=ca, CB=max(cb, 16),
+             SC=cb > 0, BR=BR, BC=BC, UNROLL=st["SPLIT_UNROLL"], REGS=regs, NCC=ncc,
+             GATED=gated, HAS_NORM=nw is not None, HAS_D=d is not None,
+             HAS_P2=p2t is not None, K=inp.n_readers, QMAX=2 ** (inp.bits - 1) - 1,
+             STATIC=inp.static, FAST=_fast_codes(inp, st["FAST_DIV"]), CH=CH,
+             NCH=triton.cdiv(dim, CH)),
+        dict(num_warps=st["SPLIT_WARPS"], **_cap(st["SPLIT_MAXNREG"])))
     return codes, scales
 
 
@@ -631,15 +629,6 @@ def _fast_codes(inp, allowed: bool) -> bool:
         fast = bool(inp.static) or not bool(((inp.r_max == 1) | (inp.r_min == 1)).any())
         inp._fast_codes = fast
     return fast
-
-
-def _launch(kernel, grid: int, args: tuple, consts: dict, options: dict) -> None:
-    """kernel[(grid,)](*args, **consts, **options), through :mod:`fair_calib.triton_launch`'s
-    cache of compiled kernels (``DIRECT_LAUNCH``; off: Triton's own launch path)."""
-    if DIRECT_LAUNCH:
-        triton_launch.launch(kernel, grid, args, consts, options)
-    else:
-        kernel[(grid,)](*args, **consts, **options)
 
 
 def _cap(maxnreg: int | None) -> dict:
@@ -672,8 +661,8 @@ def silu_mul(g: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     n = g.numel()
     BLOCK = 2048
     if n:
-        _launch(_silu_mul_kernel, triton.cdiv(n, BLOCK), (g, up, out, n), dict(BLOCK=BLOCK),
-                dict(num_warps=8))
+        triton_launch.launch(_silu_mul_kernel, triton.cdiv(n, BLOCK), (g, up, out, n),
+                             dict(BLOCK=BLOCK), dict(num_warps=8))
     return out
 
 
@@ -701,8 +690,8 @@ def unpack_int4(packed: torch.Tensor, n: int, dtype: torch.dtype) -> torch.Tenso
     """uint8 [out, n / 2] (two codes a byte, low nibble first) -> codes [out, n] in ``dtype``."""
     out = torch.empty(packed.shape[0], n, device=packed.device, dtype=dtype)
     nb = packed.numel()
-    _launch(_unpack_int4_kernel, triton.cdiv(nb, UNPACK_BLOCK), (packed, out, nb),
-            dict(BLOCK=UNPACK_BLOCK), dict(num_warps=UNPACK_WARPS))
+    triton_launch.launch(_unpack_int4_kernel, triton.cdiv(nb, UNPACK_BLOCK), (packed, out, nb),
+                         dict(BLOCK=UNPACK_BLOCK), dict(num_warps=UNPACK_WARPS))
     return out
 
 
