@@ -459,6 +459,7 @@ def record_trajectories(settings: dict[str, Any], model_dir: str, calib_dir: str
     if calib_dir:
         from fair_calib.methods import load_quantized
         loaded = load_quantized(loaded, calib_dir)
+    loaded.replay_graphs()        # the model is final: repeated forwards replay on CUDA
     probe = dict(settings.get("probe") or {})
     n = int(settings.get("n_samples") or 16)
     texts = data.probe_prompts(probe.get("dataset", "synthetic"), settings.get("data_dir"),

@@ -251,6 +251,7 @@ def probe(settings: dict[str, Any], model_dir: str | Path, shard: int, num_shard
                         settings.get("device", "cpu"),
                         trust_remote_code=mentry.get("trust_remote_code"),
                         loader=mentry.get("loader"))
+    loaded.replay_graphs()        # the teacher is final: repeated forwards replay on CUDA
     kwargs = {"source": p["source"]} if "source" in p else {}
     texts = probe_prompts(p["dataset"], settings.get("data_dir", ""), settings.get("synthetic_dir", ""),
                           n, p.get("instruction"), **kwargs)

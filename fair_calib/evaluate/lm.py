@@ -217,6 +217,7 @@ class DiffusionLM(LM):
 
             loaded = load_quantized(loaded, calib_dir)
         self.loaded = loaded
+        loaded.replay_graphs()        # the model is final: repeated forwards replay on CUDA
         self.tokenizer = loaded.tokenizer
         self.instruct = _bool(instruct)
         self.add_bos_token = _bool(add_bos_token)

@@ -160,6 +160,8 @@ class LoadedModel:
     mask_id: int
     pad_id: int
     eos_id: int | None
+    # repeated forwards replayed from CUDA graphs, once :meth:`replay_graphs` is called
+    graphs: Any = field(default=None, repr=False, compare=False)
 
     def __post_init__(self):
         # transformers' rotary through the fused kernel where it gives the same bits (rotary.py)
@@ -185,8 +187,18 @@ class LoadedModel:
     def embed(self) -> nn.Module:
         return get_module(self.model, self.adapter.embed_path)
 
+    def replay_graphs(self, on: bool = True) -> None:
+        """Replay repeated forwards (a generation's steps, an MC request's batches) from CUDA
+        graphs (:mod:`graphs`: the same kernels, no host time). Only for a model that nothing
+        modifies afterwards: a graph keeps the kernels and buffers of its capture."""
+        from . import graphs
+        self.graphs = graphs.GraphCache(self._unmasked_logits) if on else None
+
+    def _unmasked_logits(self, input_ids: torch.Tensor, keep_last: int | None) -> torch.Tensor:
+        return self.logits(input_ids, None, keep_last, replay=False)
+
     def logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-               keep_last: int | None = None) -> torch.Tensor:
+               keep_last: int | None = None, replay: bool = True) -> torch.Tensor:
         """Per-position logits aligned so that ``logits[:, i]`` predicts token ``i``.
 
         With left padding, pass the 2-D ``attention_mask``; position ids then count from the
@@ -199,7 +211,13 @@ class LoadedModel:
         kernels).
         ``keep_last=K`` returns only the last ``K`` positions' logits, and the LM head runs only
         there when the model supports it (``logits_to_keep``): decoding needs just the window.
+        ``replay``: where :meth:`replay_graphs` is on, a repeated unmasked forward on CUDA
+        replays its graph (the same logits, bit for bit).
         """
+        if replay and self.graphs is not None:
+            from . import graphs
+            if graphs.replayable(input_ids, attention_mask):
+                return self.graphs(input_ids, keep_last)
         kwargs: dict[str, Any] = {}
         if attention_mask is not None:
             kwargs["attention_mask"] = attention_mask

@@ -44,7 +44,7 @@ from .export import pack_int4, quant_basis_weight, unpack_int4
 from .fused import head_rows
 from .qlinear import InputQuant, QuantLinear
 from .quantizers import qmax
-from .transforms import closest_factor_pair, kron_last
+from .transforms import kron_last
 
 SETTING = "FAIR_CALIB_LOWBIT"
 MODES = ("auto", "real", "emulate", "fake")
@@ -218,7 +218,8 @@ class LowBitInput(nn.Module):
     def quantize(self, x2: torch.Tensor, up: torch.Tensor | None = None
                  ) -> tuple[torch.Tensor, torch.Tensor]:
         """Codes [K, T, dim] (int8 in emulation; FP8 e4m3 or int8 on CUDA) and scales [K, T]
-        of x2 [T, dim], or with ``up`` [T, dim] of :func:`silu_mul` (x2, up) (x2 the gate)."""
+        of x2 [T, dim], or with ``up`` [T, dim] of :func:`silu_mul` (x2, up) (x2 the gate). On
+        CUDA the codes have padding rows after the T tokens (``lowbit_triton.gemm_rows``)."""
         if self.mode == "real":
             from . import lowbit_triton
             return lowbit_triton.quantize_input(self, x2, up)
@@ -303,7 +304,8 @@ class LowBitLinear(nn.Module):
         xc, xs = self.inp.forward(x, self.user, up)   # no module hooks: less host time
         if self.mode == "real":
             from . import lowbit_triton
-            y = lowbit_triton.gemm(self, xc, xs, x.dtype)
+            # the codes carry padding rows after the tokens (lowbit_triton.gemm_rows)
+            y = lowbit_triton.gemm(self, xc, xs, x.dtype)[:x.numel() // x.shape[-1]]
         else:
             y = emulate_gemm(xc, xs, self.weight_int(), self.w_scale, self.bias, x.dtype)
         return y.reshape(*x.shape[:-1], self.out_features)
@@ -361,15 +363,6 @@ def attach_block(block: nn.Module, mode: str, storage: str = PACKED_STORAGE,
         ql.fp_weight_dropped = True
         n += 1
     return n
-
-
-def tile_shape(n: int) -> tuple[int, int]:
-    """(n1, n2) with n1 * n2 = n for the kernel's 2-D tile when no Kronecker factors fix it:
-    n2 the largest power of two dividing n (at most 1024)."""
-    n2 = 1
-    while n % (n2 * 2) == 0 and n2 * 2 <= 1024:
-        n2 *= 2
-    return (n // n2, n2) if n2 > 1 else closest_factor_pair(n)
 
 
 # ------------------------------------------------------------------------------ norm fusion

@@ -33,7 +33,7 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 from .. import triton_launch
-from .transforms import kron_last
+from .transforms import kron_last, tile_shape
 
 MAX_TILE = 128 * 128       # elements of one token's tile when the kernel applies the factors
 MAX_FACTOR = 128
@@ -154,8 +154,29 @@ def _codes(zf, s, QMAX: tl.constexpr, FAST: tl.constexpr):
 
 
 @triton.jit
+def _pad_row(codes_ptr, scales_ptr, row, off, mask, N: tl.constexpr, B1: tl.constexpr,
+             B2: tl.constexpr):
+    """A padding row of the GEMM's operand (no input token): codes 0 and scale 1, finite, so
+    the GEMM's rows for it are finite too (and discarded)."""
+    tl.store(scales_ptr + row, 1.0)
+    zero = tl.zeros([B1, B2], dtype=tl.float32).to(codes_ptr.dtype.element_ty)
+    tl.store(codes_ptr + row * N + off, zero, mask=mask)
+
+
+@triton.jit
+def _pad_row_chunked(codes_ptr, scales_ptr, row, N: tl.constexpr, CH: tl.constexpr,
+                     NCH: tl.constexpr):
+    """:func:`_pad_row` for a row written in NCH chunks of CH."""
+    tl.store(scales_ptr + row, 1.0)
+    for ch in tl.static_range(NCH):
+        o = ch * CH + tl.arange(0, CH)
+        zero = tl.zeros([CH], dtype=tl.float32).to(codes_ptr.dtype.element_ty)
+        tl.store(codes_ptr + row * N + o, zero, mask=o < N)
+
+
+@triton.jit
 def _act_quant_kernel(x_ptr, u_ptr, nw_ptr, d_ptr, p1_ptr, p2t_ptr, rmax_ptr, rmin_ptr, floor_ptr,
-                      static_ptr, codes_ptr, scales_ptr, T, qmax_f, eps,
+                      static_ptr, codes_ptr, scales_ptr, T, T_IN, qmax_f, eps,
                       N1: tl.constexpr, N2: tl.constexpr, B1: tl.constexpr, B2: tl.constexpr,
                       GATED: tl.constexpr, HAS_NORM: tl.constexpr, HAS_D: tl.constexpr,
                       HAS_P1: tl.constexpr, HAS_P2: tl.constexpr,
@@ -178,36 +199,41 @@ def _act_quant_kernel(x_ptr, u_ptr, nw_ptr, d_ptr, p1_ptr, p2t_ptr, rmax_ptr, rm
         b = tl.arange(0, B2)
         p2 = tl.load(p2t_ptr + b[:, None] * N2 + b[None, :],
                      mask=(b[:, None] < N2) & (b[None, :] < N2), other=0.0)
+    # T rows of codes, the input's T_IN and padding rows after them (:func:`gemm_rows`)
     for tt in range(tl.program_id(0), T, tl.num_programs(0)):
         t = tl.cast(tt, tl.int64)
-        x = tl.load(x_ptr + t * (N1 * N2) + off, mask=mask, other=0.0)
-        if GATED:
-            x = _silu_mul(x, tl.load(u_ptr + t * (N1 * N2) + off, mask=mask, other=0.0))
-        dt = x.dtype
-        if HAS_NORM:
-            x = _rms_norm(x, nw, eps, N1 * N2)
-        if HAS_D:
-            x = (x.to(tl.float32) * d).to(dt)
-        if HAS_P1:
-            if FP32:
-                x = tl.dot(p1, x, input_precision="ieee").to(dt)
-            else:
-                x = tl.dot(p1, x).to(dt)
-            if HAS_P2:
+        if t >= T_IN:
+            for k in tl.static_range(K):
+                _pad_row(codes_ptr, scales_ptr, k * T + t, off, mask, N1 * N2, B1, B2)
+        else:
+            x = tl.load(x_ptr + t * (N1 * N2) + off, mask=mask, other=0.0)
+            if GATED:
+                x = _silu_mul(x, tl.load(u_ptr + t * (N1 * N2) + off, mask=mask, other=0.0))
+            dt = x.dtype
+            if HAS_NORM:
+                x = _rms_norm(x, nw, eps, N1 * N2)
+            if HAS_D:
+                x = (x.to(tl.float32) * d).to(dt)
+            if HAS_P1:
                 if FP32:
-                    x = tl.dot(x, p2, input_precision="ieee").to(dt)
+                    x = tl.dot(p1, x, input_precision="ieee").to(dt)
                 else:
-                    x = tl.dot(x, p2).to(dt)
-        xf = x.to(tl.float32)
-        hi, lo = _token_extremes(xf, xf)
-        for k in tl.static_range(K):
-            s = _reader_scale(k, hi, lo, rmax_ptr, rmin_ptr, floor_ptr, static_ptr, qmax_f,
-                              STATIC)
-            q = _codes(xf, s, QMAX, FAST)
-            row = k * T + t
-            tl.store(codes_ptr + row * (N1 * N2) + off, q.to(codes_ptr.dtype.element_ty),
-                     mask=mask)
-            tl.store(scales_ptr + row, s)
+                    x = tl.dot(p1, x).to(dt)
+                if HAS_P2:
+                    if FP32:
+                        x = tl.dot(x, p2, input_precision="ieee").to(dt)
+                    else:
+                        x = tl.dot(x, p2).to(dt)
+            xf = x.to(tl.float32)
+            hi, lo = _token_extremes(xf, xf)
+            for k in tl.static_range(K):
+                s = _reader_scale(k, hi, lo, rmax_ptr, rmin_ptr, floor_ptr, static_ptr, qmax_f,
+                                  STATIC)
+                q = _codes(xf, s, QMAX, FAST)
+                row = k * T + t
+                tl.store(codes_ptr + row * (N1 * N2) + off, q.to(codes_ptr.dtype.element_ty),
+                         mask=mask)
+                tl.store(scales_ptr + row, s)
 
 
 @triton.jit
@@ -444,7 +470,8 @@ def _store_tracking(zrow, z, rr, c0, CP: tl.constexpr, N1: tl.constexpr, N2: tl.
 
 @triton.jit
 def _act_quant_split_kernel(x_ptr, u_ptr, nw_ptr, d_ptr, p1_ptr, p2t_ptr, rmax_ptr, rmin_ptr,
-                            floor_ptr, static_ptr, z_ptr, codes_ptr, scales_ptr, T, qmax_f, eps,
+                            floor_ptr, static_ptr, z_ptr, codes_ptr, scales_ptr, T, T_IN, qmax_f,
+                            eps,
                             N1: tl.constexpr, N2: tl.constexpr, RA: tl.constexpr,
                             RB: tl.constexpr, SR: tl.constexpr, CA: tl.constexpr,
                             CB: tl.constexpr, SC: tl.constexpr, BR: tl.constexpr,
@@ -466,49 +493,53 @@ def _act_quant_split_kernel(x_ptr, u_ptr, nw_ptr, d_ptr, p1_ptr, p2t_ptr, rmax_p
     here from gate (x) and up (u); else it reaches this kernel formed by :func:`silu_mul`.
     Settings per tile shape: ``SPLIT_TUNED``; timings: docs/benchmarks.md."""
     t = tl.program_id(0).to(tl.int64)
-    xr = x_ptr + t * (N1 * N2)
-    ur = u_ptr + t * (N1 * N2)
-    zrow = z_ptr + t * (N1 * N2)
-    if HAS_NORM:
-        rinv = _token_rinv(xr, eps, RA, RB, SR, CA, CB, SC, N1, N2)
-    else:
-        rinv = 1.0
-    xaa, xab, xba, xbb = _x_pieces(xr, ur, nw_ptr, d_ptr, rinv, RA, RB, SR, CA, CB, SC, N1,
-                                   N2, GATED, HAS_NORM, HAS_D)
-    if REGS:
-        _token_in_registers(xaa, xab, xba, xbb, p1_ptr, p2t_ptr, rmax_ptr, rmin_ptr, floor_ptr,
-                            static_ptr, codes_ptr, scales_ptr, t, T, qmax_f, RA, RB, SR, CA,
-                            CB, SC, BR, BC, NCC, N1, N2, K, QMAX, STATIC, FAST)
-    else:
-        hi = tl.zeros([], dtype=tl.float32)
-        lo = tl.zeros([], dtype=tl.float32)
-        if UNROLL:
-            for r in tl.static_range((N1 + BR - 1) // BR):
-                hi, lo = _row_chunk(r, xaa, xab, xba, xbb, p1_ptr, p2t_ptr, zrow, hi, lo, RA,
-                                    RB, SR, CA, CB, SC, BR, BC, N1, N2, HAS_P2, UNROLL)
-        else:
-            for r in tl.range(0, (N1 + BR - 1) // BR, num_stages=1):
-                hi, lo = _row_chunk(r, xaa, xab, xba, xbb, p1_ptr, p2t_ptr, zrow, hi, lo, RA,
-                                    RB, SR, CA, CB, SC, BR, BC, N1, N2, HAS_P2, UNROLL)
-        tl.debug_barrier()                 # the scratch row is read back by other threads
-        lo = -lo
+    if t >= T_IN:          # a padding row (:func:`gemm_rows`): no input token
         for k in tl.static_range(K):
-            s = _reader_scale(k, hi, lo, rmax_ptr, rmin_ptr, floor_ptr, static_ptr, qmax_f,
-                              STATIC)
-            tl.store(scales_ptr + k * T + t, s)
-            for ch in tl.static_range(NCH):
-                o = ch * CH + tl.arange(0, CH)
-                zf = tl.load(zrow + o, mask=o < N1 * N2, other=0.0).to(tl.float32)
-                q = _codes(zf, s, QMAX, FAST)
-                tl.store(codes_ptr + (k * T + t) * (N1 * N2) + o,
-                         q.to(codes_ptr.dtype.element_ty), mask=o < N1 * N2)
+            _pad_row_chunked(codes_ptr, scales_ptr, k * T + t, N1 * N2, CH, NCH)
+    else:
+        xr = x_ptr + t * (N1 * N2)
+        ur = u_ptr + t * (N1 * N2)
+        zrow = z_ptr + t * (N1 * N2)
+        if HAS_NORM:
+            rinv = _token_rinv(xr, eps, RA, RB, SR, CA, CB, SC, N1, N2)
+        else:
+            rinv = 1.0
+        xaa, xab, xba, xbb = _x_pieces(xr, ur, nw_ptr, d_ptr, rinv, RA, RB, SR, CA, CB, SC, N1,
+                                       N2, GATED, HAS_NORM, HAS_D)
+        if REGS:
+            _token_in_registers(xaa, xab, xba, xbb, p1_ptr, p2t_ptr, rmax_ptr, rmin_ptr, floor_ptr,
+                                static_ptr, codes_ptr, scales_ptr, t, T, qmax_f, RA, RB, SR, CA,
+                                CB, SC, BR, BC, NCC, N1, N2, K, QMAX, STATIC, FAST)
+        else:
+            hi = tl.zeros([], dtype=tl.float32)
+            lo = tl.zeros([], dtype=tl.float32)
+            if UNROLL:
+                for r in tl.static_range((N1 + BR - 1) // BR):
+                    hi, lo = _row_chunk(r, xaa, xab, xba, xbb, p1_ptr, p2t_ptr, zrow, hi, lo, RA,
+                                        RB, SR, CA, CB, SC, BR, BC, N1, N2, HAS_P2, UNROLL)
+            else:
+                for r in tl.range(0, (N1 + BR - 1) // BR, num_stages=1):
+                    hi, lo = _row_chunk(r, xaa, xab, xba, xbb, p1_ptr, p2t_ptr, zrow, hi, lo, RA,
+                                        RB, SR, CA, CB, SC, BR, BC, N1, N2, HAS_P2, UNROLL)
+            tl.debug_barrier()                 # the scratch row is read back by other threads
+            lo = -lo
+            for k in tl.static_range(K):
+                s = _reader_scale(k, hi, lo, rmax_ptr, rmin_ptr, floor_ptr, static_ptr, qmax_f,
+                                  STATIC)
+                tl.store(scales_ptr + k * T + t, s)
+                for ch in tl.static_range(NCH):
+                    o = ch * CH + tl.arange(0, CH)
+                    zf = tl.load(zrow + o, mask=o < N1 * N2, other=0.0).to(tl.float32)
+                    q = _codes(zf, s, QMAX, FAST)
+                    tl.store(codes_ptr + (k * T + t) * (N1 * N2) + o,
+                             q.to(codes_ptr.dtype.element_ty), mask=o < N1 * N2)
 
 
 def quantize_input(inp, x2: torch.Tensor, up: torch.Tensor | None = None
                    ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(codes [K, T, dim], scales [K, T]) of a :class:`lowbit.LowBitInput` for x2 [T, dim],
-    or with ``up`` [T, dim] for :func:`lowbit.silu_mul` (x2, up) formed in the kernel."""
-    from .lowbit import tile_shape
+    """(codes [K, R, dim], scales [K, R]) of a :class:`lowbit.LowBitInput` for x2 [T, dim],
+    or with ``up`` [T, dim] for :func:`lowbit.silu_mul` (x2, up) formed in the kernel; R =
+    :func:`gemm_rows` (T) >= T, the rows after T padding (codes 0, scale 1)."""
     x2 = x2.contiguous()
     up = None if up is None else up.contiguous()
     T, dim = x2.shape
@@ -533,23 +564,38 @@ def quantize_input(inp, x2: torch.Tensor, up: torch.Tensor | None = None
         up = nw = d = p1 = p2t = None
     if p1 is None:
         n1, n2 = tile_shape(dim)
-    codes, scales = _outputs(inp, T, dim, x2.device)
+    rows = gemm_rows(T)
+    codes, scales = _outputs(inp, rows, dim, x2.device)
     if T == 0:
         return codes, scales
     B1 = triton.next_power_of_2(n1) if p1 is None else _pow2(n1)
     B2 = triton.next_power_of_2(n2) if p1 is None else _pow2(n2)
     if up is not None and B1 * B2 > GATED_TILE_MAX:
         x2, up = silu_mul(x2, up), None
-    ops = (x2, *_operands(inp, x2, up, nw, d, p1, p2t, scales), codes, scales, T,
+    ops = (x2, *_operands(inp, x2, up, nw, d, p1, p2t, scales), codes, scales, rows, T,
            float(2 ** (inp.bits - 1) - 1), eps)
     flags = dict(N1=n1, N2=n2, B1=B1, B2=B2, GATED=up is not None, HAS_NORM=nw is not None,
                  HAS_D=d is not None, HAS_P1=p1 is not None, HAS_P2=p2t is not None,
                  K=inp.n_readers, QMAX=2 ** (inp.bits - 1) - 1, STATIC=inp.static,
                  FP32=x2.dtype == torch.float32, FAST=_fast_codes(inp, FAST_DIV))
     warps = NUM_WARPS or (4 if B1 * B2 <= 4096 else 8)
-    triton_launch.launch(_act_quant_kernel, _grid(T, x2.device), ops, flags,
+    triton_launch.launch(_act_quant_kernel, _grid(rows, x2.device), ops, flags,
                          dict(num_warps=warps, **_cap(TILE_MAXNREG)))
     return codes, scales
+
+
+# rows of the FP8 GEMM's activation operand: cuBLASLt's row-wise scaled FP8 GEMM
+# (``torch._scaled_mm``, torch 2.11 + CUDA 13 on an H100) refuses a token count that is not
+# a multiple of 4 (CUBLAS_STATUS_NOT_SUPPORTED), so the codes are written for a multiple of
+# 16 rows, the padding rows zero codes with scale 1, and the GEMM's rows for them dropped.
+# Every row's integer dot product is exact (float32 sums of integer products below 2^24), so
+# a padded row cannot change another row's result, whichever algorithm the GEMM picks.
+GEMM_ROW_MULTIPLE = 16
+
+
+def gemm_rows(tokens: int) -> int:
+    """Rows of codes written for ``tokens`` input tokens (a multiple of GEMM_ROW_MULTIPLE)."""
+    return -(-tokens // GEMM_ROW_MULTIPLE) * GEMM_ROW_MULTIPLE
 
 
 def _outputs(inp, T: int, dim: int, device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -586,7 +632,8 @@ def _fused_norm(inp, x2):
 
 def _quantize_split(inp, x2, up, nw, eps, d, p1, p2t, n1, n2):
     T, dim = x2.shape
-    codes, scales = _outputs(inp, T, dim, x2.device)
+    rows = gemm_rows(T)
+    codes, scales = _outputs(inp, rows, dim, x2.device)
     if T == 0:
         return codes, scales
     st = split_settings(n1, n2)
@@ -603,9 +650,9 @@ def _quantize_split(inp, x2, up, nw, eps, d, p1, p2t, n1, n2):
     CH = 2048
     (ra, rb), (ca, cb) = split_pow2(n1), split_pow2(n2)
     triton_launch.launch(
-        _act_quant_split_kernel, T,
+        _act_quant_split_kernel, rows,
         (x2, *_operands(inp, x2, up, nw, d, p1, p2t, scales),
-         z, codes, scales, T, float(2 ** (inp.bits - 1) - 1), eps),
+         z, codes, scales, rows, T, float(2 ** (inp.bits - 1) - 1), eps),
         dict(N1=n1, N2=n2, RA=ra, RB=max(rb, 16), SR=rb > 0, CA=ca, CB=max(cb, 16),
              SC=cb > 0, BR=BR, BC=BC, UNROLL=st["SPLIT_UNROLL"], REGS=regs, NCC=ncc,
              GATED=gated, HAS_NORM=nw is not None, HAS_D=d is not None,

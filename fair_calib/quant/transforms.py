@@ -35,6 +35,15 @@ def closest_factor_pair(n: int) -> tuple[int, int]:
     return 1, n
 
 
+def tile_shape(n: int) -> tuple[int, int]:
+    """(n1, n2) with n1 * n2 = n for the low-bit kernel's 2-D tile of a token when no Kronecker
+    factors fix it: n2 the largest power of two dividing n (at most 1024)."""
+    n2 = 1
+    while n % (n2 * 2) == 0 and n2 * 2 <= 1024:
+        n2 *= 2
+    return (n // n2, n2) if n2 > 1 else closest_factor_pair(n)
+
+
 def random_orthogonal(n: int, generator: torch.Generator | None = None,
                       dtype: torch.dtype = torch.float64) -> torch.Tensor:
     """Haar-random orthogonal matrix (QR of a Gaussian with the sign fix)."""

@@ -347,6 +347,11 @@ def check(inp, x, up, run):
     xin = x if up is None else silu_mul_numpy(x, up)
     ref_c, ref_s = inp.scales_and_codes(inp.transform(xin))
     c, s = run()
+    # codes for the GEMM's padded rows: the tokens', then zero codes with scale 1
+    t = x.shape[0]
+    assert c.shape[1] == s.shape[1] == lt.gemm_rows(t) and lt.gemm_rows(t) % 16 == 0
+    assert bool((c[:, t:].float() == 0).all()) and bool((s[:, t:] == 1).all())
+    c, s = c[:, :t], s[:, :t]
     bad = (c.float() != ref_c).float().mean().item()
     rel = ((s - ref_s).abs() / ref_s).max().item()
     return bad, rel
@@ -479,3 +484,85 @@ def test_codes_by_the_reciprocal_only_for_groups_whose_clip_ratios_are_not_one()
     assert not lt._fast_codes(Group([0.98], [0.98]), False)
     g = Group([0.98], [0.98])
     assert lt._fast_codes(g, True) and g._fast_codes is True
+
+
+ANY_ROWS_SCRIPT = r"""
+import copy, os
+os.environ["TRITON_INTERPRET"] = "1"
+import torch, triton, triton.language as tl
+from torch import nn
+from fair_calib.quant import lowbit, lowbit_triton as lt
+from fair_calib.quant.qlinear import InputQuant, QuantLinear
+from fair_calib.quant.quantizers import ActQuantizer, WeightQuantizer
+
+
+class Shim:      # libdevice has no interpreter version: the same IEEE operations through tl
+    @staticmethod
+    @triton.jit
+    def div_rn(a, b):
+        return a / b
+
+    @staticmethod
+    @triton.jit
+    def rint(x):
+        f = tl.floor(x)
+        r = x - f
+        odd = f - 2.0 * tl.floor(f * 0.5)
+        return tl.where(r > 0.5, f + 1.0, tl.where(r < 0.5, f, f + odd))
+
+
+lt.libdevice = Shim
+seen = []
+
+
+def gemm(lin, xc, xs, out_dtype):
+    # the FP8 GEMM (no CPU kernel) as the emulation computes it, on the padded operand
+    seen.append(xc.shape[0])
+    return lowbit.emulate_gemm(xc.float(), xs, lin.weight_int(), lin.w_scale, lin.bias, out_dtype)
+
+
+lt.gemm = gemm
+
+
+def block():
+    torch.manual_seed(0)
+    b = nn.Module()
+    inq = InputQuant(64, ActQuantizer(4))
+    inq.n_users = 2
+    b.q = QuantLinear(nn.Linear(64, 48), inq, WeightQuantizer(48, 4), user=0)
+    b.k = QuantLinear(nn.Linear(64, 32, bias=False), inq, WeightQuantizer(32, 4), user=1)
+    return b
+
+
+real, emu = block(), block()
+assert lowbit.attach_block(real, "real", kinds=("fp8",)) == 2
+assert lowbit.attach_block(emu, "emulate", kinds=("fp8",)) == 2
+g = torch.Generator().manual_seed(1)
+with torch.no_grad():
+    for m in list(range(1, 65)) + [(2, 7), (3, 5, 3)]:
+        shape = (m, 64) if isinstance(m, int) else (*m, 64)
+        x = torch.randn(*shape, generator=g) * 3
+        for name in ("q", "k"):
+            y_real, y_emu = getattr(real, name)(x), getattr(emu, name)(x)
+            assert y_real.shape == y_emu.shape, (m, name, y_real.shape, y_emu.shape)
+            assert torch.equal(y_real, y_emu), (m, name, (y_real - y_emu).abs().max())
+assert seen and all(r % 16 == 0 for r in seen), seen
+print("ok", len(seen))
+"""
+
+
+def test_real_path_takes_any_token_count_in_the_triton_interpreter():
+    """The real path's codes are written for a multiple of 16 rows (cuBLASLt's FP8 GEMM refuses
+    token counts that are not multiples of 4), padding rows zero with scale 1, and the GEMM's
+    rows for them dropped: for every token count 1..64 (and batched shapes) the real path's
+    kernels (Triton's interpreter, float32), with the GEMM emulated on their padded operand,
+    give the emulation's outputs bit for bit, readers sharing one quantization."""
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("triton")
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    r = subprocess.run([sys.executable, "-c", ANY_ROWS_SCRIPT], env=env, capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0 and r.stdout.strip().startswith("ok"), r.stdout + r.stderr[-3000:]

@@ -1,0 +1,142 @@
+"""How long does the grid's batch-1 decoding take, eager against CUDA-graph replay, bf16 and
+W4A4, and does replay give eager's tokens and logits? (issue 30, item 3)
+
+The project's ``decode`` at the real LLaDA-8B / Dream-7B shapes (random weights, full depth
+unless ``--layers``): batch 1, gen_length 256, 256 steps, prompts of 600 and 152 tokens, LLaDA
+low_confidence in blocks of 32 (float32 rotary, as its hub checkpoints load), Dream entropy.
+For bf16 and each quantized structure (W4A4 on FP8 GEMMs, ``FAIR_CALIB_LOWBIT=real``), the
+decode runs eagerly and through :mod:`fair_calib.models.graphs` (capture included in its
+time); one JSON line each with the wall time, peak memory, capture cost, and whether the tokens
+and every step's logits (a 64-bit fingerprint of their bits) equal the eager decode's.
+``storage=fp8``: the same codes stored one per byte (no per-forward unpacking).
+
+    PYTHONPATH=. python benchmarks/decode_graphs_gpu.py [--shapes llada-8b dream-7b] [--layers N]
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks import shapes  # noqa: E402
+from benchmarks.lowbit_gpu import (block_groups, emit, quantize_fair_calib,  # noqa: E402
+                                   quantize_quarot, quantize_rtn, to_fp8_storage)
+from fair_calib.decoding import decode, make_policy  # noqa: E402
+
+PROMPTS = (600, 152)
+POLICY = {"llada-8b": {"name": "low_confidence", "gen_length": 256, "steps": 256,
+                       "block_length": 32, "temperature": 0.0, "cfg_scale": 0.0},
+          "dream-7b": {"name": "entropy", "gen_length": 256, "steps": 256, "temperature": 0.0,
+                       "alg_temp": 0.0, "eps": 1e-3}}
+
+
+class Fingerprints:
+    """A decoding recorder keeping one 64-bit fingerprint of each step's logits (on the GPU,
+    no sync): equal fingerprints over 256 steps mean bit-identical logits in practice."""
+
+    def __init__(self):
+        self.prints: list[torch.Tensor] = []
+        self._w = None
+
+    def start(self, batch, gen_length, steps):
+        self.prints.clear()
+
+    def step(self, t, logits, masked, committed, window):
+        bits = logits.contiguous().view(torch.int16).reshape(-1).to(torch.int64)
+        if self._w is None or self._w.numel() != bits.numel():
+            self._w = (torch.arange(bits.numel(), device=bits.device) * 2654435761) % 1000003 + 1
+        self.prints.append((bits * self._w).sum())
+
+    def finish(self, tokens):
+        pass
+
+    def values(self) -> list[int]:
+        return torch.stack(self.prints).tolist()
+
+
+def prompt(shape: str, n: int) -> list[int]:
+    vocab = shapes.SHAPES[shape]["vocab_size"]
+    g = torch.Generator().manual_seed(n)
+    return torch.randint(10, vocab - 1000, (n,), generator=g).tolist()
+
+
+def run_decode(lm, shape: str, n: int, graphs: bool) -> dict:
+    policy = make_policy(lm.adapter.decoding, POLICY[shape])
+    lm.replay_graphs(graphs)
+    rec = Fingerprints()
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    t0 = time.perf_counter()
+    out = decode(lm, [prompt(shape, n)], policy, recorder=rec)
+    torch.cuda.synchronize()
+    secs = time.perf_counter() - t0
+    st = lm.graphs.stats if graphs else None
+    return {"seconds": secs, "peak_gb": torch.cuda.max_memory_allocated() / 2**30,
+            "tokens": out.tokens.tolist(), "prints": rec.values(),
+            "captures": st.captures if st else 0, "replays": st.replays if st else 0,
+            "capture_s": st.capture_s if st else 0.0}
+
+
+def measure(lm, shape: str, variant: str, eager: bool, ref: dict | None) -> dict:
+    """Decode each prompt (eagerly where ``eager``, then through graphs); emit one line per run;
+    returns this variant's eager results by prompt (the reference for later variants)."""
+    mine = {}
+    for n in PROMPTS:
+        runs = {}
+        if eager:
+            runs["eager"] = mine[n] = run_decode(lm, shape, n, False)
+        runs["graphs"] = run_decode(lm, shape, n, True)
+        base = mine.get(n) or (ref or {}).get(n)
+        for mode, r in runs.items():
+            rec = {"kind": "decode", "shape": shape, "variant": variant, "mode": mode,
+                   "prompt": n, **{k: r[k] for k in ("seconds", "peak_gb", "captures",
+                                                     "replays", "capture_s")}}
+            if base is not None and mode == "graphs":
+                rec["tokens_equal_eager"] = r["tokens"] == base["tokens"]
+                rec["logits_equal_eager"] = r["prints"] == base["prints"]
+            emit(rec)
+    return mine
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--shapes", nargs="+", default=["llada-8b", "dream-7b"])
+    ap.add_argument("--layers", type=int, default=None)
+    ap.add_argument("--structures", nargs="+", default=["fair_calib", "quarot", "rtn"])
+    args = ap.parse_args(argv)
+    dev = "cuda"
+    emit({"kind": "env", "gpu": torch.cuda.get_device_name(), "torch": torch.__version__})
+    for shape in args.shapes:
+        hd = shapes.SHAPES[shape]["hidden_size"] // shapes.SHAPES[shape]["num_attention_heads"]
+
+        def build():
+            return shapes.build(shape, layers=args.layers, device=dev, authors_rotary=True)
+        lm = build()
+        measure(lm, shape, "bf16", True, None)
+        for name in args.structures:
+            del lm
+            torch.cuda.empty_cache()
+            lm = build()
+            t0 = time.perf_counter()
+            groups = block_groups(lm, dev)
+            {"fair_calib": lambda: quantize_fair_calib(lm, groups),
+             "quarot": lambda: quantize_quarot(lm, groups, hd),
+             "rtn": lambda: quantize_rtn(lm, groups)}[name]()
+            emit({"kind": "quantized", "shape": shape, "structure": name,
+                  "seconds": round(time.perf_counter() - t0, 1)})
+            eager = measure(lm, shape, f"w4a4_{name}", name == "fair_calib", None)
+            if name == "fair_calib":
+                to_fp8_storage(lm)
+                measure(lm, shape, f"w4a4_{name}_fp8storage", False, eager)
+        del lm
+        torch.cuda.empty_cache()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
