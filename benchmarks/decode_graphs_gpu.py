@@ -15,6 +15,7 @@ and every step's logits (a 64-bit fingerprint of their bits) equal the eager dec
 from __future__ import annotations
 
 import argparse
+import gc
 import sys
 import time
 from pathlib import Path
@@ -36,21 +37,19 @@ POLICY = {"llada-8b": {"name": "low_confidence", "gen_length": 256, "steps": 256
 
 
 class Fingerprints:
-    """A decoding recorder keeping one 64-bit fingerprint of each step's logits (on the GPU,
-    no sync): equal fingerprints over 256 steps mean bit-identical logits in practice."""
+    """A decoding recorder keeping a fingerprint of each step's logits on the GPU (no sync):
+    the sum of their bits read as int32 (one pass over the logits): equal fingerprints over
+    256 steps mean bit-identical logits in practice. The timed runs use it too (eager and
+    replay alike)."""
 
     def __init__(self):
         self.prints: list[torch.Tensor] = []
-        self._w = None
 
     def start(self, batch, gen_length, steps):
         self.prints.clear()
 
     def step(self, t, logits, masked, committed, window):
-        bits = logits.contiguous().view(torch.int16).reshape(-1).to(torch.int64)
-        if self._w is None or self._w.numel() != bits.numel():
-            self._w = (torch.arange(bits.numel(), device=bits.device) * 2654435761) % 1000003 + 1
-        self.prints.append((bits * self._w).sum())
+        self.prints.append(logits.contiguous().view(torch.int32).sum(dtype=torch.int64))
 
     def finish(self, tokens):
         pass
@@ -103,6 +102,15 @@ def measure(lm, shape: str, variant: str, eager: bool, ref: dict | None) -> dict
     return mine
 
 
+def quantize(lm, name: str, groups, hd: int) -> None:
+    if name == "fair_calib":
+        quantize_fair_calib(lm, groups)
+    elif name == "quarot":
+        quantize_quarot(lm, groups, hd)
+    else:
+        quantize_rtn(lm, groups)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--shapes", nargs="+", default=["llada-8b", "dream-7b"])
@@ -120,13 +128,12 @@ def main(argv=None) -> int:
         measure(lm, shape, "bf16", True, None)
         for name in args.structures:
             del lm
+            gc.collect()
             torch.cuda.empty_cache()
             lm = build()
             t0 = time.perf_counter()
             groups = block_groups(lm, dev)
-            {"fair_calib": lambda: quantize_fair_calib(lm, groups),
-             "quarot": lambda: quantize_quarot(lm, groups, hd),
-             "rtn": lambda: quantize_rtn(lm, groups)}[name]()
+            quantize(lm, name, groups, hd)
             emit({"kind": "quantized", "shape": shape, "structure": name,
                   "seconds": round(time.perf_counter() - t0, 1)})
             eager = measure(lm, shape, f"w4a4_{name}", name == "fair_calib", None)
@@ -134,6 +141,7 @@ def main(argv=None) -> int:
                 to_fp8_storage(lm)
                 measure(lm, shape, f"w4a4_{name}_fp8storage", False, eager)
         del lm
+        gc.collect()
         torch.cuda.empty_cache()
     return 0
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -192,10 +193,11 @@ class LoadedModel:
         graphs (:mod:`graphs`: the same kernels, no host time). Only for a model that nothing
         modifies afterwards: a graph keeps the kernels and buffers of its capture."""
         from . import graphs
-        self.graphs = graphs.GraphCache(self._unmasked_logits) if on else None
+        me = weakref.ref(self)      # no reference cycle: the model's memory goes with it
 
-    def _unmasked_logits(self, input_ids: torch.Tensor, keep_last: int | None) -> torch.Tensor:
-        return self.logits(input_ids, None, keep_last, replay=False)
+        def forward(input_ids: torch.Tensor, keep_last: int | None) -> torch.Tensor:
+            return me().logits(input_ids, None, keep_last, replay=False)
+        self.graphs = graphs.GraphCache(forward) if on else None
 
     def logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                keep_last: int | None = None, replay: bool = True) -> torch.Tensor:
