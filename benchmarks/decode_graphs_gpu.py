@@ -8,7 +8,8 @@ For bf16 and each quantized structure (W4A4 on FP8 GEMMs, ``FAIR_CALIB_LOWBIT=re
 decode runs eagerly and through :mod:`fair_calib.models.graphs` (capture included in its
 time); one JSON line each with the wall time, peak memory, capture cost, and whether the tokens
 and every step's logits (a 64-bit fingerprint of their bits) equal the eager decode's.
-``storage=fp8``: the same codes stored one per byte (no per-forward unpacking).
+Weights: one code a byte (FP8, no per-forward unpacking; what the pipeline runs on CUDA) and,
+with ``--storage packed``, two a byte unpacked by every forward.
 
     PYTHONPATH=. python benchmarks/decode_graphs_gpu.py [--shapes llada-8b dream-7b] [--layers N]
 """
@@ -116,6 +117,9 @@ def main(argv=None) -> int:
     ap.add_argument("--shapes", nargs="+", default=["llada-8b", "dream-7b"])
     ap.add_argument("--layers", type=int, default=None)
     ap.add_argument("--structures", nargs="+", default=["fair_calib", "quarot", "rtn"])
+    ap.add_argument("--storage", nargs="+", default=["bytes"], choices=["packed", "bytes"],
+                    help="weight storage(s) to decode with: bytes (one code a byte, the default "
+                         "on CUDA) and/or packed (two a byte, unpacked by every forward)")
     args = ap.parse_args(argv)
     dev = "cuda"
     emit({"kind": "env", "gpu": torch.cuda.get_device_name(), "torch": torch.__version__})
@@ -136,10 +140,11 @@ def main(argv=None) -> int:
             quantize(lm, name, groups, hd)
             emit({"kind": "quantized", "shape": shape, "structure": name,
                   "seconds": round(time.perf_counter() - t0, 1)})
-            eager = measure(lm, shape, f"w4a4_{name}", name == "fair_calib", None)
-            if name == "fair_calib":
-                to_fp8_storage(lm)
-                measure(lm, shape, f"w4a4_{name}_fp8storage", False, eager)
+            if "packed" in args.storage:
+                measure(lm, shape, f"w4a4_{name}_packed", name == "fair_calib", None)
+            if "bytes" in args.storage:
+                to_fp8_storage(lm)          # what FAIR_CALIB_LOWBIT_STORAGE=auto runs on CUDA
+                measure(lm, shape, f"w4a4_{name}", name == "fair_calib", None)
         del lm
         gc.collect()
         torch.cuda.empty_cache()

@@ -80,7 +80,8 @@ def load_quantized(loaded, calib_dir: str | Path, fold: bool = True, keep_fp: bo
         method.load_block_state(block, groups, state)
         if fold and mode != "fake":
             # integer codes; fold_block skips these
-            lowbit_mod.attach_block(block, mode, kinds=lowbit_mod.kinds_for(lowbit))
+            lowbit_mod.attach_block(block, mode, lowbit_mod.storage_for(mode),
+                                    kinds=lowbit_mod.kinds_for(lowbit))
         if fold:
             fold_block(block, drop_fp=not keep_fp)
     if fold and mode != "fake":

@@ -50,13 +50,27 @@ SETTING = "FAIR_CALIB_LOWBIT"
 MODES = ("auto", "real", "emulate", "fake")
 FP8_MAX_BITS = 5          # codes in [-16, 15]: every one exact in e4m3
 INT8_MAX_BITS = 8
-# Weight storage for codes of up to 4 bits: "packed" (two per byte, the export's layout,
-# unpacked to FP8 per call on CUDA) or "fp8"/"int8" (one per byte, read directly).
+# Weight storage for codes of up to 4 bits (``FAIR_CALIB_LOWBIT_STORAGE``): "packed" (two
+# per byte, the export's layout, unpacked to FP8 by every forward on CUDA) or "bytes" (one per
+# byte, FP8 on the real path, read directly). "auto": bytes on the real path, packed
+# elsewhere. The same codes either way (same logits bit for bit); on an H100/H200 the
+# per-forward unpacking took 16-25% of a batch-1 W4A4 decode (docs/benchmarks.md), for half
+# the weight bytes.
+STORAGE_SETTING = "FAIR_CALIB_LOWBIT_STORAGE"
+STORAGES = ("auto", "packed", "bytes")
 PACKED_STORAGE = "packed"
 
 
 def setting() -> str:
     return env_choice(SETTING, "auto", MODES)
+
+
+def storage_for(mode: str) -> str:
+    """``packed`` or ``bytes`` for linears attached in ``mode`` (real / emulate)."""
+    choice = env_choice(STORAGE_SETTING, "auto", STORAGES)
+    if choice == "auto":
+        return "bytes" if mode == "real" else PACKED_STORAGE
+    return choice
 
 
 def real_path_problem(device: torch.device) -> str | None:

@@ -566,3 +566,24 @@ def test_real_path_takes_any_token_count_in_the_triton_interpreter():
     r = subprocess.run([sys.executable, "-c", ANY_ROWS_SCRIPT], env=env, capture_output=True,
                        text=True, timeout=300)
     assert r.returncode == 0 and r.stdout.strip().startswith("ok"), r.stdout + r.stderr[-3000:]
+
+
+def test_weight_storage_setting_and_same_outputs(calibrated, monkeypatch):
+    """``FAIR_CALIB_LOWBIT_STORAGE``: auto stores codes one per byte on the real path (no
+    per-forward unpacking) and packed elsewhere; either storage gives the same outputs."""
+    assert lowbit.storage_for("real") == "bytes" and lowbit.storage_for("emulate") == "packed"
+    monkeypatch.setenv("FAIR_CALIB_LOWBIT_STORAGE", "packed")
+    assert lowbit.storage_for("real") == "packed"
+    monkeypatch.setenv("FAIR_CALIB_LOWBIT_STORAGE", "half")
+    with pytest.raises(ValueError, match="FAIR_CALIB_LOWBIT_STORAGE='half'"):
+        lowbit.storage_for("real")
+    d = calibrated("flatquant", 4, 4)
+    outs = {}
+    for storage in ("packed", "bytes"):
+        monkeypatch.setenv("FAIR_CALIB_LOWBIT_STORAGE", storage)
+        lm = load_quantized(make(), d, lowbit="emulate")
+        be = lm.blocks[0].mlp.down_proj.backend
+        assert be.packed == (storage == "packed")
+        with torch.no_grad():
+            outs[storage] = lm.logits(IDS)
+    assert torch.equal(outs["packed"], outs["bytes"])
