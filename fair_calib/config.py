@@ -452,14 +452,17 @@ def merged_config(files: Iterable[str | Path], base: str | Path | None = None) -
             a[k] = merge(dict(a[k]), v) if isinstance(v, Mapping) and isinstance(a.get(k), dict) else v
         return a
 
+    extras = []
+    for f in files:                     # the files named first: their errors name them
+        extra = load_yaml(f)
+        if not isinstance(extra, dict):
+            raise ConfigError(f"{f}: a config file holds keys at the top level")
+        extras.append(extra)
     base = base or checkout_config()
     cfg = load_yaml(base) or {}
     if not isinstance(cfg, dict):
         raise ConfigError(f"{base}: a config file holds keys at the top level")
-    for f in files:
-        extra = load_yaml(f)
-        if not isinstance(extra, dict):
-            raise ConfigError(f"{f}: a config file holds keys at the top level")
+    for extra in extras:
         cfg = merge(cfg, extra)
     return cfg
 
