@@ -25,8 +25,10 @@ FAIR-Calib/FlatQuant online Kronecker transforms; ``hadamard``, QuaRot's online 
 
 One JSON line per (model, structure, mode, shape): times, the ratio to bf16 and the
 QUANT_RATIOS entry it gives; appended to ``$OUT/census_shapes.jsonl`` when ``OUT`` is set.
-The last lines print the entries to paste into QUANT_RATIOS. About 2.5 min per full-depth model
-on an H100 with the defaults (8 shapes, 3 structures).
+The last lines print the RATIO_SOURCES line (command, card, torch, date) and the entries to
+paste into QUANT_RATIOS. Estimated (not yet timed) at 2-3 min per full-depth model on an H100
+with the defaults (8 shapes, 3 structures, 16-step decodes); one model per call is the safe
+split under a 10-minute limit.
 """
 from __future__ import annotations
 
@@ -239,9 +241,12 @@ def main(argv=None) -> None:
     recs = []
     for model_name in args.shapes:
         recs += bench_model(model_name, args)
-    print("# QUANT_RATIOS entries (fair_calib/cost.py), source "
-          f"{SOURCE!r} = {torch.cuda.get_device_name()}, torch {torch.__version__}, "
-          f"{time.strftime('%Y-%m-%d')}:")
+    command = "PYTHONPATH=. python benchmarks/census_shapes_gpu.py " + " ".join(
+        sys.argv[1:] if argv is None else argv)
+    print("# fair_calib/cost.py: RATIO_SOURCES and the QUANT_RATIOS entries measured here")
+    print(f"RATIO_SOURCES[{SOURCE!r}] = {command!r} + "
+          f"', {torch.cuda.get_device_name()}, torch {torch.__version__}, "
+          f"{time.strftime('%Y-%m-%d')}'")
     for key, items in entries(recs).items():
         print(f"{key}: {items},")
 
