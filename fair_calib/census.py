@@ -409,10 +409,12 @@ CENSUS_COLUMNS = ("family", "task", "lm_eval_task", "request_class", "rows", "to
                   "forwards", "tokens_mean", "evaluations", "gpu_seconds")
 
 
-def grid_census(cfg: Mapping[str, Any], data_dir: Path, counter: TokenCounter) -> list[dict]:
+def grid_census(cfg: Mapping[str, Any], data_dir: Path, counter: TokenCounter,
+                per_cell: dict | None = None) -> list[dict]:
     """One record per (family, task, class, rows, tokens bucket, structure): forwards over all
     of the plan's evaluations of lm-eval tasks (synthetic tasks run on the CPU: left out),
-    with their projected GPU seconds (fair_calib.cost.census_seconds)."""
+    with their projected GPU seconds (fair_calib.cost.census_seconds). ``per_cell``, if given,
+    receives each evaluation's seconds under its (model, run, bits, task)."""
     from fair_calib import plan
     from fair_calib.cost import census_seconds
 
@@ -428,16 +430,21 @@ def grid_census(cfg: Mapping[str, Any], data_dir: Path, counter: TokenCounter) -
         st, fwd = per_eval[(model, task)]
         struct = structure(cfg, run, bits)
         seen = set()
+        cell = 0.0
         for (cls, rows, tokens), n in fwd.items():
             key = (st.family, task, st.lm_eval_task, cls, rows, bucket(tokens), struct,
                    st.early_exit and cls == "generate")
             a = agg[key]
             a[0] += n
             a[1] += n * tokens
-            a[3] += n * census_seconds(st.family, struct, cls, rows, tokens)
+            sec = n * census_seconds(st.family, struct, cls, rows, tokens)
+            a[3] += sec
+            cell += sec
             if key not in seen:
                 a[2] += 1
                 seen.add(key)
+        if per_cell is not None:
+            per_cell[(model, run, bits, task)] = cell
     return [dict(zip(CENSUS_COLUMNS, (*k, int(a[0]), a[1] / a[0], int(a[2]), a[3])))
             for k, a in sorted(agg.items())]
 
@@ -488,14 +495,14 @@ def summary(records: Sequence[Mapping[str, Any]], share: float = 0.9) -> str:
 
 
 def census(cfg: Mapping[str, Any], data_dir: str | Path | None = None,
-           tokenizers: Mapping[str, str] | None = None) -> list[dict]:
+           tokenizers: Mapping[str, str] | None = None, per_cell: dict | None = None) -> list[dict]:
     from fair_calib.evaluate.offline_data import default_data_dir
 
     data_dir = Path(data_dir) if data_dir else default_data_dir()
     if not data_dir.is_dir():
         raise FileNotFoundError(f"census: data folder {data_dir} not found (set "
                                 f"FAIR_CALIB_DATA_DIR or pass --data-dir; docs/data.md)")
-    return grid_census(cfg, data_dir, TokenCounter(tokenizers))
+    return grid_census(cfg, data_dir, TokenCounter(tokenizers), per_cell)
 
 
 def write_census(records: Sequence[Mapping[str, Any]], path: str | Path,

@@ -1,18 +1,31 @@
 """GPU-hours of a config's DAG, per rule and in total, from measured throughputs.
 
-    fair-calib cost --configfile config/paper.yaml [more.yaml ...] [--base config/config.yaml] [--json]
+    fair-calib cost --configfile config/paper.yaml [more.yaml ...] [--base config/config.yaml]
+                    [--data-dir DIR] [--no-census] [--json]
 
-The config is merged over ``--base`` as Snakemake merges ``--configfile`` over the default.
-Every number below is a measurement on one H100 80GB (docs/benchmarks.md, random weights at
-the real shapes) or an assumption named as such; the projection is as good as they are and
-is meant for sizing an allocation, not for reporting.
+The config is the one Snakemake runs in this checkout: ``--base`` (default
+``./config/config.yaml`` of the current directory) with the ``--configfile`` files merged over
+it, validated and the schema's defaults filled. The jobs are the plan's (fair_calib/plan.py:
+seeds, shards, tables, priors, probes, trajectories; tests/test_cost.py checks every rule's
+count against ``snakemake -n``). Every number below is a measurement on one H100 80GB
+(docs/benchmarks.md, random weights at the real shapes) or an assumption named as such; the
+projection is as good as they are and is meant for sizing an allocation, not for reporting.
 
-Evaluation is costed per request with the settings each (task, model) job really runs with
-(``by_family``/``by_model`` resolved): MC forwards of ``batch_size`` rows (two with cfg),
-``mc_num // rows`` per choice, or exact mode's shared forwards; generation as ``steps``
-forwards per batch. A forward of ``n`` tokens in all costs ``FWD_FIXED_S + n * FWD_TOKEN_S``
-(fitted to the LLaDA-8B measurements of issues 3, 6 and 14: 102 ms for 32 x 104 tokens,
-24 ms for 8 x 54, 47 ms for 8 x 161, 28 ms for 601).
+Evaluation is priced twice, and both are printed:
+
+* before (the old model): per request with the settings each (task, model) job runs with
+  (``by_family``/``by_model`` resolved) and task shapes assumed in ``TASK_SHAPES``: MC forwards
+  of ``batch_size`` rows (two with cfg), ``mc_num // rows`` per choice, or exact mode's shared
+  forwards; generation as ``steps`` forwards per batch; quantized forwards at one ratio per
+  structure (``REAL_QUANT_SCALE``, measured at 3,328-4,096 tokens a forward);
+* after (census): the forwards fair_calib/census.py counts from the task data, each shape
+  priced in its execution mode at the nearest measured ratio of ``QUANT_RATIOS`` (batch-1
+  generation at decode ratios, MC and exact forwards at forward ratios); needs the offline data
+  (``FAIR_CALIB_DATA_DIR``), else it says why it is not computed.
+
+A bf16 forward of ``n`` tokens in all costs ``FWD_FIXED_S + n * FWD_TOKEN_S`` (fitted to the
+LLaDA-8B measurements of issues 3, 6 and 14: 102 ms for 32 x 104 tokens, 24 ms for 8 x 54,
+47 ms for 8 x 161, 28 ms for 601).
 """
 from __future__ import annotations
 
@@ -274,11 +287,13 @@ def trajectory_seconds(cfg: Mapping[str, Any], model: str, method: str) -> float
 
 
 # ----------------------------------------------------------------------------- projection
-def project(cfg: Mapping[str, Any], census: list[dict] | None = None) -> dict[str, Any]:
+def project(cfg: Mapping[str, Any], census: list[dict] | None = None,
+            per_cell: Mapping[tuple, float] | None = None) -> dict[str, Any]:
     """``{"rules": {rule: {"jobs", "gpu_hours"}}, "total_gpu_hours", "evaluate_by_task"}`` over
     the plan's jobs (fair_calib.plan). Evaluation is priced by the old model (``TASK_SHAPES``,
-    one ratio per structure); with ``census`` (fair_calib.census records of this config) also by
-    the census (each shape in its execution mode, QUANT_RATIOS), under ``"census"``."""
+    one ratio per structure); with ``census`` (fair_calib.census records of this config, and
+    ``per_cell``, its seconds per evaluation) also by the census (each shape in its execution
+    mode, QUANT_RATIOS), under ``"census"``."""
     from fair_calib import plan
 
     ev = plan.eval_cells(cfg)
@@ -302,12 +317,12 @@ def project(cfg: Mapping[str, Any], census: list[dict] | None = None) -> dict[st
            "evaluate_by_task": {t: round(s / 3600, 1) for t, s in sorted(by_task.items())},
            "cpu_jobs": {r: n for r, n in jobs.items() if r not in rules}}
     if census is not None:
-        res["census"] = census_projection(cfg, census, rules)
+        res["census"] = census_projection(cfg, census, rules, per_cell or {})
     return res
 
 
-def census_projection(cfg: Mapping[str, Any], census: list[dict],
-                      rules: Mapping[str, float]) -> dict[str, Any]:
+def census_projection(cfg: Mapping[str, Any], census: list[dict], rules: Mapping[str, float],
+                      per_cell: Mapping[tuple, float]) -> dict[str, Any]:
     """Evaluation from the census (forwards priced per shape, plus each shard's start), the
     other rules as in the old model."""
     from fair_calib import plan
@@ -322,12 +337,15 @@ def census_projection(cfg: Mapping[str, Any], census: list[dict],
     overhead = sum(plan.task_shards(cfg, m, t) * JOB_OVERHEAD_S
                    for m, _, _, t in plan.eval_cells(cfg) if cfg["tasks"][t]["kind"] == "lm_eval")
     evaluate = sum(by_task.values()) + overhead
+    longest = max((sec / plan.task_shards(cfg, m, t) + JOB_OVERHEAD_S
+                   for (m, _, _, t), sec in per_cell.items()), default=0.0)
     other = sum(s for r, s in rules.items() if r != "evaluate_shard")
     return {"evaluate_gpu_hours": round(evaluate / 3600, 1),
             "total_gpu_hours": round((evaluate + other) / 3600, 1),
             "evaluate_by_task": {t: round(s / 3600, 1) for t, s in sorted(by_task.items())},
             "evaluate_by_class": {k: round(s / 3600, 1) for k, s in sorted(by_class.items())},
-            "job_starts_gpu_hours": round(overhead / 3600, 1)}
+            "job_starts_gpu_hours": round(overhead / 3600, 1),
+            "longest_job_hours": round(longest / 3600, 1)}
 
 
 def load_config(configfiles: list[str | Path], base: str | Path | None = None) -> dict[str, Any]:
@@ -359,19 +377,21 @@ def run_cli(argv: list[str]) -> None:
         cfg = load_config(args.configfile, args.base)
     except ConfigError as err:
         sys.exit(f"error: fair-calib cost: {err}")
-    records, why = (None, "--no-census") if args.no_census else _census_or_reason(cfg, args.data_dir)
-    res = project(cfg, records)
+    per_cell: dict = {}
+    records, why = ((None, "--no-census") if args.no_census
+                    else _census_or_reason(cfg, args.data_dir, per_cell))
+    res = project(cfg, records, per_cell)
     if args.json:
         print(json.dumps(res, indent=1))
         return
     _print_projection(res, why)
 
 
-def _census_or_reason(cfg: Mapping[str, Any], data_dir: str | None):
+def _census_or_reason(cfg: Mapping[str, Any], data_dir: str | None, per_cell: dict):
     from fair_calib import census
 
     try:
-        return census.census(cfg, data_dir), None
+        return census.census(cfg, data_dir, per_cell=per_cell), None
     except FileNotFoundError as err:
         return None, str(err)
 
@@ -396,6 +416,7 @@ def _print_projection(res: Mapping[str, Any], why: str | None) -> None:
         return
     print(f"after (census, each request class at its measured ratio, QUANT_RATIOS): "
           f"{cen['total_gpu_hours']} GPU-hours, evaluation {cen['evaluate_gpu_hours']} "
-          f"(job starts {cen['job_starts_gpu_hours']})")
+          f"(job starts {cen['job_starts_gpu_hours']}); longest evaluation job "
+          f"{cen['longest_job_hours']} h")
     print("  evaluation by request class and structure (GPU-hours): " + ", ".join(
         f"{k} {h}" for k, h in sorted(cen["evaluate_by_class"].items(), key=lambda kv: -kv[1])))
