@@ -190,7 +190,8 @@ def bench_model(model_name: str, args) -> list[dict]:
     from benchmarks import lowbit_gpu, shapes
 
     shape_list = shapes_for(model_name, args)
-    hd = shapes.SHAPES[model_name]["hidden_size"] // shapes.SHAPES[model_name]["num_attention_heads"]
+    spec = shapes.SHAPES[model_name]
+    hd = spec["hidden_size"] // spec["num_attention_heads"]
     quantize = {"transform": lambda lm, g: lowbit_gpu.quantize_fair_calib(lm, g),
                 "hadamard": lambda lm, g: lowbit_gpu.quantize_quarot(lm, g, hd),
                 "plain": lambda lm, g: lowbit_gpu.quantize_rtn(lm, g)}

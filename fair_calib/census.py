@@ -49,7 +49,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import statistics
 import sys
 from collections import Counter, defaultdict
 from dataclasses import dataclass
@@ -210,7 +209,8 @@ def _mmlu(data_dir: Path, shots: int) -> list[McDoc]:
 
     def fmt(d, answer=True):
         opts = "".join(f"\n{L}. {c}" for L, c in zip("ABCD", d["choices"]))
-        return f"{d['question'].strip()}{opts}\nAnswer:" + (f" {'ABCD'[d['answer']]}" if answer else "")
+        answer_text = f" {'ABCD'[d['answer']]}" if answer else ""
+        return f"{d['question'].strip()}{opts}\nAnswer:{answer_text}"
 
     out = []
     for subject in od.mmlu_subjects(data_dir):
@@ -289,7 +289,8 @@ def job_settings(cfg: Mapping[str, Any], model: str, task: str) -> JobSettings:
     name = t.get("lm_eval_task") or task
     common = dict(family=family.removeprefix("tiny-"), lm_eval_task=name,
                   instruct=bool(cfg["models"][model].get("instruct", False)),
-                  add_bos=bool(t.get("add_bos_token", False)), early_exit=bool(t.get("early_exit", True)))
+                  add_bos=bool(t.get("add_bos_token", False)),
+                  early_exit=bool(t.get("early_exit", True)))
     if name in GEN_TASKS or t["kind"] == "synthetic_gen":
         dec = {**adapter.decoding, **(t.get("decoding") or {}),
                **{k: t[k] for k in ("gen_length", "steps", "block_length") if t.get(k) is not None}}
@@ -372,11 +373,13 @@ def evaluation_forwards(st: JobSettings, data_dir: Path, counter: TokenCounter,
     """{(class, rows, tokens): forwards} of one evaluation with settings ``st``."""
     cache = {} if cache is None else cache
     task, fam = st.lm_eval_task, st.family
-    extra = int(st.add_bos) + (CHAT_TOKENS.get(fam, 0) if st.instruct and st.kind == "generate" else 0)
+    chat = CHAT_TOKENS.get(fam, 0) if st.instruct and st.kind == "generate" else 0
+    extra = int(st.add_bos) + chat
     if st.kind == "generate":
         key = ("gen", fam, task, st.shots)
         if key not in cache:
-            cache[key] = [counter.count(p, fam, task) for p in gen_prompts(task, data_dir, st.shots)]
+            cache[key] = [counter.count(p, fam, task)
+                          for p in gen_prompts(task, data_dir, st.shots)]
         return gen_forwards([n + extra for n in cache[key]], st)
     key = ("mc", fam, task, st.shots)
     if key not in cache:
@@ -405,8 +408,9 @@ def structure(cfg: Mapping[str, Any], run: str, bits: str) -> str:
     return METHOD_STRUCTURE.get(mtype, "unmeasured")
 
 
-CENSUS_COLUMNS = ("family", "task", "lm_eval_task", "request_class", "rows", "tokens", "structure", "early_exit",
-                  "forwards", "tokens_mean", "evaluations", "gpu_seconds")
+CENSUS_COLUMNS = ("family", "task", "lm_eval_task", "request_class", "rows", "tokens",
+                  "structure", "early_exit", "forwards", "tokens_mean", "evaluations",
+                  "gpu_seconds")
 
 
 def grid_census(cfg: Mapping[str, Any], data_dir: Path, counter: TokenCounter,
@@ -489,8 +493,9 @@ def summary(records: Sequence[Mapping[str, Any]], share: float = 0.9) -> str:
                      f"({unit(total)} in all), heaviest first:")
         lines.append("  family  class     rows x tokens   share   cumulative")
         for s in shapes:
-            lines.append(f"  {s['family']:7s} {s['request_class']:9s} {s['rows']:4d} x {s['tokens']:5d}"
-                         f"   {s[weight] / total:6.1%}   {s['cumulative_share']:6.1%}")
+            lines.append(f"  {s['family']:7s} {s['request_class']:9s} {s['rows']:4d} x "
+                         f"{s['tokens']:5d}   {s[weight] / total:6.1%}   "
+                         f"{s['cumulative_share']:6.1%}")
     return "\n".join(lines)
 
 

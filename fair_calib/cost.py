@@ -95,7 +95,8 @@ QUANT_RATIOS: dict[tuple[str, str], list[tuple[str, int, int, float, str]]] = {
 RATIO_SOURCES = {
     "i20": "benchmarks/lowbit_gpu.py, H100 80GB, 2026-11-27 (issue 20; docs/benchmarks.md)",
     "i30f": "issue 30: batch-1 forward, lent H100 80GB HBM3, torch 2.11, 903acc8",
-    "i30d": "issue 30: batch-1 decode (fair_calib decode), lent H100 80GB HBM3, torch 2.11, 903acc8",
+    "i30d": "issue 30: batch-1 decode (fair_calib decode), lent H100 80GB HBM3, torch 2.11, "
+            "903acc8",
 }
 JOB_OVERHEAD_S = 60.0          # assumption: loading 16 GB of weights from a shared filesystem
 
@@ -308,7 +309,8 @@ def project(cfg: Mapping[str, Any], census: list[dict] | None = None,
         "probe_shard": sum(probe_seconds(cfg, m, p) for m, p in plan.probe_cells(cfg)),
         "calibrate": sum(calib_seconds(cfg, m, x) for m, x, _ in plan.calib_cells(cfg)),
         "evaluate_shard": sum(by_task.values()),
-        "trajectories": sum(trajectory_seconds(cfg, m, x) for m, x, _ in plan.trajectory_cells(cfg)),
+        "trajectories": sum(trajectory_seconds(cfg, m, x)
+                            for m, x, _ in plan.trajectory_cells(cfg)),
     }
     out = {rule: {"jobs": jobs.get(rule, 0), "gpu_hours": round(sec / 3600, 1)}
            for rule, sec in rules.items()}

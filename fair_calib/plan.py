@@ -71,7 +71,8 @@ def eval_cells(cfg: Mapping[str, Any]) -> list[tuple[str, str, str, str]]:
                   for task in t["tasks"]}
     abl = _ablation(cfg)
     if abl:
-        swept = list(dict.fromkeys(abl["floors"] + ([abl["reference"]] if abl.get("reference") else [])))
+        reference = [abl["reference"]] if abl.get("reference") else []
+        swept = list(dict.fromkeys(abl["floors"] + reference))
         cells |= {(m, run, abl["bits"], abl["task"]) for m in abl["models"] for x in swept
                   for run in method_runs(cfg, x)}
     return sorted(cells)
