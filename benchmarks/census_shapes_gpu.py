@@ -243,7 +243,8 @@ def main(argv=None) -> None:
     for model_name in args.shapes:
         t0 = time.perf_counter()
         recs += bench_model(model_name, args)
-        emit({"kind": "model_done", "model": model_name, "wall_s": round(time.perf_counter() - t0, 1)})
+        emit({"kind": "model_done", "model": model_name,
+              "wall_s": round(time.perf_counter() - t0, 1)})
     command = "PYTHONPATH=. python benchmarks/census_shapes_gpu.py " + " ".join(
         sys.argv[1:] if argv is None else argv)
     print("# fair_calib/cost.py: RATIO_SOURCES and the QUANT_RATIOS entries measured here")
