@@ -7,8 +7,8 @@ For every evaluation the plan holds (:mod:`fair_calib.plan`: models x method run
 included), each document of the task's offline copy (``FAIR_CALIB_DATA_DIR``, default
 ``../shared/data``) is turned into the requests lm-eval sends for it, with the settings that
 (task, model) job resolves to (``by_family`` / ``by_model``, the family adapter's defaults under
-them), and each request into the forwards the evaluator runs (fair_calib/evaluate/likelihood.py,
-fair_calib/evaluate/lm.py):
+them; ``limit``: its first documents), and each request into the forwards the evaluator runs
+(fair_calib/evaluate/likelihood.py, fair_calib/evaluate/lm.py):
 
 * ``mc``: a choice scored by the sampled estimator: ``max(mc_num // batch_size, 1)`` forwards of
   ``batch_size`` rows (twice that with LLaDA's cfg) of context + target (+ Dream's EOS) tokens;
@@ -159,8 +159,15 @@ def gsm8k_cot_shots() -> list[str]:
             for s in _lm_eval_yaml("gsm8k/gsm8k-cot.yaml")["fewshot_config"]["samples"]]
 
 
-def mc_documents(task: str, data_dir: Path, shots: int) -> list[McDoc]:
-    """The multiple-choice documents of ``task`` (lm-eval's templates)."""
+def mc_documents(task: str, data_dir: Path, shots: int, limit: int | None = None) -> list[McDoc]:
+    """The multiple-choice documents of ``task`` (lm-eval's templates); ``limit``: the first
+    ``limit`` of each (sub)task, as lm-eval's ``--limit``."""
+    if task == "mmlu":
+        return _mmlu(data_dir, shots, limit)
+    return _mc_documents(task, data_dir, shots)[:limit]
+
+
+def _mc_documents(task: str, data_dir: Path, shots: int) -> list[McDoc]:
     from fair_calib.evaluate import offline_data as od
 
     if task == "piqa":
@@ -183,8 +190,6 @@ def mc_documents(task: str, data_dir: Path, shots: int) -> list[McDoc]:
                 for d in od.read_truthfulqa(data_dir)]
     if task == "winogrande":
         return _winogrande(od.read_winogrande(data_dir), shots)
-    if task == "mmlu":
-        return _mmlu(data_dir, shots)
     raise KeyError(f"census: no request model for multiple-choice task {task!r}")
 
 
@@ -204,7 +209,7 @@ def _winogrande(docs: list[dict], shots: int) -> list[McDoc]:
     return out
 
 
-def _mmlu(data_dir: Path, shots: int) -> list[McDoc]:
+def _mmlu(data_dir: Path, shots: int, limit: int | None = None) -> list[McDoc]:
     from fair_calib.evaluate import offline_data as od
 
     def fmt(d, answer=True):
@@ -219,7 +224,7 @@ def _mmlu(data_dir: Path, shots: int) -> list[McDoc]:
         dev = od.read_mmlu(data_dir, subject, "dev")[:shots]
         prefix = head + "".join(fmt(d) + "\n\n" for d in dev)
         out += [McDoc(prefix + fmt(d, answer=False), (" A", " B", " C", " D"))
-                for d in od.read_mmlu(data_dir, subject, "test")]
+                for d in od.read_mmlu(data_dir, subject, "test")[:limit]]
     return out
 
 
@@ -278,6 +283,7 @@ class JobSettings:
     steps: int = 256
     block_length: int | None = None
     early_exit: bool = True
+    limit: int | None = None        # lm-eval's limit: the first documents of each (sub)task
 
 
 def job_settings(cfg: Mapping[str, Any], model: str, task: str) -> JobSettings:
@@ -287,7 +293,8 @@ def job_settings(cfg: Mapping[str, Any], model: str, task: str) -> JobSettings:
     t = resolve_task(task, cfg["tasks"][task], model, family)
     adapter = get_adapter(family)
     name = t.get("lm_eval_task") or task
-    common = dict(family=family.removeprefix("tiny-"), lm_eval_task=name,
+    limit = int(t["limit"]) if t.get("limit") else None
+    common = dict(family=family.removeprefix("tiny-"), lm_eval_task=name, limit=limit,
                   instruct=bool(cfg["models"][model].get("instruct", False)),
                   add_bos=bool(t.get("add_bos_token", False)),
                   early_exit=bool(t.get("early_exit", True)))
@@ -376,16 +383,16 @@ def evaluation_forwards(st: JobSettings, data_dir: Path, counter: TokenCounter,
     chat = CHAT_TOKENS.get(fam, 0) if st.instruct and st.kind == "generate" else 0
     extra = int(st.add_bos) + chat
     if st.kind == "generate":
-        key = ("gen", fam, task, st.shots)
+        key = ("gen", fam, task, st.shots, st.limit)
         if key not in cache:
             cache[key] = [counter.count(p, fam, task)
-                          for p in gen_prompts(task, data_dir, st.shots)]
+                          for p in gen_prompts(task, data_dir, st.shots)[:st.limit]]
         return gen_forwards([n + extra for n in cache[key]], st)
-    key = ("mc", fam, task, st.shots)
+    key = ("mc", fam, task, st.shots, st.limit)
     if key not in cache:
         cache[key] = [(counter.count(d.context, fam, task),
                        [counter.count(c, fam, task) for c in d.continuations])
-                      for d in mc_documents(task, data_dir, st.shots)]
+                      for d in mc_documents(task, data_dir, st.shots, st.limit)]
     return mc_forwards([(ctx + extra, targets) for ctx, targets in cache[key]], st)
 
 

@@ -109,6 +109,14 @@ def test_grid_census_on_a_tiny_task_set(tiny_grid, tmp_path):
     assert "carry 90% of the grid's forwards" in text and "projected GPU time" in text
 
 
+def test_census_honours_a_tasks_limit(tiny_grid, tmp_path):
+    data = _tiny_data(tmp_path / "data")
+    tiny_grid["tasks"]["piqa"]["limit"] = 2                 # lm-eval's first 2 documents
+    records = census.census(tiny_grid, data)
+    assert sum(r["forwards"] for r in records
+               if r["family"] == "llada" and r["task"] == "piqa") == 2 * 2 * 2 * 16
+
+
 def test_heavy_shapes_reach_the_share():
     recs = [{"family": "llada", "request_class": "mc", "rows": 8, "tokens": t, "forwards": n,
              "gpu_seconds": float(n)} for t, n in ((64, 50), (128, 30), (192, 15), (256, 5))]
