@@ -35,7 +35,8 @@ BPE, a proxy -- LLaDA's own 126k vocabulary differs), with the per-document erro
 (docs/benchmarks.md, "Census of the grid's forwards"). Shapes are bucketed by tokens rounded
 up to a multiple of ``BUCKET``; exact mode's grouping by equal lengths uses the estimated
 lengths. Truncation to the model's context and Dream's skipped all-unmasked iterations are
-not modelled (neither happens at these lengths / is rare).
+not modelled (neither happens at these lengths / is rare); exact mode's inputs are batched over
+the whole task, where a sharded job batches within its shard (a few more partial forwards).
 
 The output has one row per (family, task, request class, rows, tokens bucket, structure) (task:
 the config's name; ``lm_eval_task`` beside it) --
@@ -112,8 +113,12 @@ def _load_tokenizer(path: str) -> Callable[[str], int]:
 
         tok = Tokenizer.from_file(str(p))
         return lambda text: len(tok.encode(text, add_special_tokens=False).ids)
-    import tiktoken
-    from tiktoken.load import load_tiktoken_bpe
+    try:
+        import tiktoken
+        from tiktoken.load import load_tiktoken_bpe
+    except ImportError:
+        raise FileNotFoundError(f"tokenizer {path}: a .tiktoken rank file needs the tiktoken "
+                                "package (pip install tiktoken), or give a tokenizer.json") from None
 
     pat = TIKTOKEN_PATTERNS["llama3" if "llama" in p.name.lower() or p.name == "tokenizer.model"
                             else "qwen"]
