@@ -1,7 +1,12 @@
-"""The GPU-hour projection: per-request arithmetic, and the paper grid end to end."""
+"""The GPU-hour projection: per-request arithmetic, the paper grid end to end, job counts equal
+to Snakemake's plan, the current checkout's config, and the census-based pricing."""
+import os
+import shutil
+import subprocess
+
 import pytest
 
-from fair_calib import cost
+from fair_calib import cost, plan
 
 SHAPE = dict(docs=10, choices=4, ctx=100, shot=50, target=1)
 LLADA = {"estimator": "llada", "mc_num": 128, "batch_size": 8}
@@ -36,12 +41,6 @@ def test_paper_grid_projection(repo_root):
 
 
 # ----------------------------------------------------------------------------- cost is the plan
-import os  # noqa: E402
-import shutil  # noqa: E402
-import subprocess  # noqa: E402
-
-from fair_calib import plan  # noqa: E402
-
 SEEDS = "methods:\n  fair-calib: {seeds: [0, 1, 2]}\n  flatquant: {seeds: [0, 1, 2]}\n"
 
 
