@@ -433,21 +433,36 @@ def missing_model_folder(source: str) -> str | None:
 
 
 # ------------------------------------------------------------------------------ CLI
+def checkout_config() -> Path:
+    """``config/config.yaml`` of the checkout a command runs in (the current directory), the
+    file Snakemake reads there -- not the installed package's checkout, which may be another
+    clone sharing the environment."""
+    path = Path("config") / "config.yaml"
+    if not path.is_file():
+        raise ConfigError(f"{Path.cwd() / path}: not found; run from the pipeline's checkout "
+                          "(the folder with the Snakefile) or pass --base")
+    return path
+
+
 def merged_config(files: Iterable[str | Path], base: str | Path | None = None) -> dict:
-    """config/config.yaml with ``files`` merged over it (Snakemake's rule: dicts key by key)."""
+    """``base`` (default: the current checkout's config/config.yaml) with ``files`` merged
+    over it (Snakemake's rule: dicts key by key)."""
     def merge(a: dict, b: Mapping) -> dict:
         for k, v in b.items():
             a[k] = merge(dict(a[k]), v) if isinstance(v, Mapping) and isinstance(a.get(k), dict) else v
         return a
 
-    base = base or SCHEMA_PATH.parents[2] / "config" / "config.yaml"
-    cfg = load_yaml(base) or {}
-    if not isinstance(cfg, dict):
-        raise ConfigError(f"{base}: a config file holds keys at the top level")
-    for f in files:
+    extras = []
+    for f in files:                     # the files named first: their errors name them
         extra = load_yaml(f)
         if not isinstance(extra, dict):
             raise ConfigError(f"{f}: a config file holds keys at the top level")
+        extras.append(extra)
+    base = base or checkout_config()
+    cfg = load_yaml(base) or {}
+    if not isinstance(cfg, dict):
+        raise ConfigError(f"{base}: a config file holds keys at the top level")
+    for extra in extras:
         cfg = merge(cfg, extra)
     return cfg
 
@@ -462,7 +477,8 @@ def run_cli(argv: list[str] | None = None) -> None:
 
     ap = argparse.ArgumentParser(prog="fair-calib check-config", description=run_cli.__doc__)
     ap.add_argument("files", nargs="*", help="config files merged over config/config.yaml")
-    ap.add_argument("--base", default=None, help="the base config (default config/config.yaml)")
+    ap.add_argument("--base", default=None,
+                    help="the base config (default: config/config.yaml of the current directory)")
     a = ap.parse_args(argv)
     from fair_calib.references import validated
     try:

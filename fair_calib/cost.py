@@ -1,18 +1,31 @@
 """GPU-hours of a config's DAG, per rule and in total, from measured throughputs.
 
-    fair-calib cost --configfile config/paper.yaml [more.yaml ...] [--base config/config.yaml] [--json]
+    fair-calib cost --configfile config/paper.yaml [more.yaml ...] [--base config/config.yaml]
+                    [--data-dir DIR] [--no-census] [--json]
 
-The config is merged over ``--base`` as Snakemake merges ``--configfile`` over the default.
-Every number below is a measurement on one H100 80GB (docs/benchmarks.md, random weights at
-the real shapes) or an assumption named as such; the projection is as good as they are and
-is meant for sizing an allocation, not for reporting.
+The config is the one Snakemake runs in this checkout: ``--base`` (default
+``./config/config.yaml`` of the current directory) with the ``--configfile`` files merged over
+it, validated and the schema's defaults filled. The jobs are the plan's (fair_calib/plan.py:
+seeds, shards, tables, priors, probes, trajectories; tests/test_cost.py checks every rule's
+count against ``snakemake -n``). Every number below is a measurement on one H100 80GB
+(docs/benchmarks.md, random weights at the real shapes) or an assumption named as such; the
+projection is as good as they are and is meant for sizing an allocation, not for reporting.
 
-Evaluation is costed per request with the settings each (task, model) job really runs with
-(``by_family``/``by_model`` resolved): MC forwards of ``batch_size`` rows (two with cfg),
-``mc_num // rows`` per choice, or exact mode's shared forwards; generation as ``steps``
-forwards per batch. A forward of ``n`` tokens in all costs ``FWD_FIXED_S + n * FWD_TOKEN_S``
-(fitted to the LLaDA-8B measurements of issues 3, 6 and 14: 102 ms for 32 x 104 tokens,
-24 ms for 8 x 54, 47 ms for 8 x 161, 28 ms for 601).
+Evaluation is priced twice, and both are printed:
+
+* before (the old model): per request with the settings each (task, model) job runs with
+  (``by_family``/``by_model`` resolved) and task shapes assumed in ``TASK_SHAPES``: MC forwards
+  of ``batch_size`` rows (two with cfg), ``mc_num // rows`` per choice, or exact mode's shared
+  forwards; generation as ``steps`` forwards per batch; quantized forwards at one ratio per
+  structure (``REAL_QUANT_SCALE``, measured at 3,328-4,096 tokens a forward);
+* after (census): the forwards fair_calib/census.py counts from the task data, each shape
+  priced in its execution mode at the nearest measured ratio of ``QUANT_RATIOS`` (batch-1
+  generation at decode ratios, MC and exact forwards at forward ratios); needs the offline data
+  (``FAIR_CALIB_DATA_DIR``), else it says why it is not computed.
+
+A bf16 forward of ``n`` tokens in all costs ``FWD_FIXED_S + n * FWD_TOKEN_S`` (fitted to the
+LLaDA-8B measurements of issues 3, 6 and 14: 102 ms for 32 x 104 tokens, 24 ms for 8 x 54,
+47 ms for 8 x 161, 28 ms for 601).
 """
 from __future__ import annotations
 
@@ -24,6 +37,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from fair_calib.evaluate.task_settings import resolve_task
+from fair_calib.plan import base_method
 
 FWD_FIXED_S = 0.012            # per forward: launches, host work (LLaDA-8B, H100, bf16)
 FWD_TOKEN_S = 27e-6            # per token of the forward (same fit)
@@ -44,6 +58,46 @@ REAL_QUANT_SCALE = {
 }
 METHOD_STRUCTURE = {"fair_calib": "transform", "flatquant": "transform", "quarot": "hadamard",
                     "rtn": "plain"}
+
+# THE ratio table of the census-based projection: quantized (W4A4, FAIR_CALIB_LOWBIT=real/auto
+# FP8 path) time / bf16 time, per (family, structure), at measured shapes. An entry is
+# (mode, rows, tokens, ratio, source): mode "forward" is one forward / one bf16 forward (prices MC
+# and exact-mode forwards); "decode" is a whole batch-1 decode / the bf16 decode, host work
+# included (prices generation, the grid's batch-1 execution mode). A census shape is priced at
+# the nearest entry of its mode (generation: decode entries first), distance
+# |ln(rows / r)| + |ln(tokens / t)| (ties: the larger ratio). Sources (RATIO_SOURCES):
+#   "i20": REAL_QUANT_SCALE above (the slower of 8 x 512 and 32 x 104; one value for both);
+#   "i30f", "i30d": issue 30 (lent H100 80GB HBM3, torch 2.11, 903acc8, random weights at the
+#     real shapes, bf16 rerun in the same call): batch-1 forwards at 408 / 856 / 1,280 tokens
+#     (FAIR-Calib only: QuaRot/RTN were reported as ranges) and batch-1 decodes (gen_length 256,
+#     256 steps, prompts 152 / 600, i.e. 408 / 856 tokens).
+# Shapes of the paper census still to measure (benchmarks/census_shapes_gpu.py prints entries in
+# this format; docs/benchmarks.md, "Census of the grid's forwards"): ratios pending GPU
+# measurement wherever an entry above stands in for a far shape.
+QUANT_RATIOS: dict[tuple[str, str], list[tuple[str, int, int, float, str]]] = {
+    ("llada", "transform"): [("forward", 8, 512, 0.726, "i20"), ("forward", 32, 104, 0.726, "i20"),
+                             ("forward", 1, 408, 1.48, "i30f"), ("forward", 1, 856, 1.33, "i30f"),
+                             ("forward", 1, 1280, 1.37, "i30f"),
+                             ("decode", 1, 408, 2.08, "i30d"), ("decode", 1, 856, 2.02, "i30d")],
+    ("llada", "hadamard"): [("forward", 8, 512, 0.791, "i20"), ("forward", 32, 104, 0.791, "i20"),
+                            ("decode", 1, 408, 2.25, "i30d"), ("decode", 1, 856, 2.34, "i30d")],
+    ("llada", "plain"): [("forward", 8, 512, 0.681, "i20"), ("forward", 32, 104, 0.681, "i20"),
+                         ("decode", 1, 408, 1.78, "i30d"), ("decode", 1, 856, 1.74, "i30d")],
+    ("dream", "transform"): [("forward", 8, 512, 0.750, "i20"), ("forward", 32, 104, 0.750, "i20"),
+                             ("forward", 1, 408, 1.31, "i30f"), ("forward", 1, 856, 1.41, "i30f"),
+                             ("forward", 1, 1280, 1.12, "i30f"),
+                             ("decode", 1, 408, 1.48, "i30d"), ("decode", 1, 856, 1.79, "i30d")],
+    ("dream", "hadamard"): [("forward", 8, 512, 0.739, "i20"), ("forward", 32, 104, 0.739, "i20"),
+                            ("decode", 1, 408, 1.54, "i30d"), ("decode", 1, 856, 2.37, "i30d")],
+    ("dream", "plain"): [("forward", 8, 512, 0.720, "i20"), ("forward", 32, 104, 0.720, "i20"),
+                         ("decode", 1, 408, 1.37, "i30d"), ("decode", 1, 856, 1.58, "i30d")],
+}
+RATIO_SOURCES = {
+    "i20": "benchmarks/lowbit_gpu.py, H100 80GB, 2026-11-27 (issue 20; docs/benchmarks.md)",
+    "i30f": "issue 30: batch-1 forward, lent H100 80GB HBM3, torch 2.11, 903acc8",
+    "i30d": "issue 30: batch-1 decode (fair_calib decode), lent H100 80GB HBM3, torch 2.11, "
+            "903acc8",
+}
 JOB_OVERHEAD_S = 60.0          # assumption: loading 16 GB of weights from a shared filesystem
 
 # Calibration (issue 5): FAIR-Calib / FlatQuant at 128 x 1024 tokens, 15 epochs: 15.5 min
@@ -99,6 +153,45 @@ def forward_s(tokens: int, family: str, quant: bool | str, method_type: str | No
     return (FWD_FIXED_S + tokens * FWD_TOKEN_S) * scale
 
 
+def quant_ratio(family: str, structure: str, request_class: str, rows: int,
+                tokens: int) -> tuple[float, tuple | None]:
+    """(quantized / bf16 time, the QUANT_RATIOS entry used) of a census shape: ``structure``
+    ``fp`` (1.0), ``fake`` (QUANT_SCALE), ``unmeasured`` (the family's slowest structure at
+    this shape), else the nearest entry of the request's mode."""
+    if structure == "fp":
+        return 1.0, None
+    if structure == "fake":
+        return QUANT_SCALE, None
+    fam = family.removeprefix("tiny-")
+    if structure == "unmeasured" or (fam, structure) not in QUANT_RATIOS:
+        cands = [quant_ratio(f, s, request_class, rows, tokens) for f, s in QUANT_RATIOS
+                 if f == fam and (structure == "unmeasured" or s == structure)]
+        cands = cands or [quant_ratio(f, s, request_class, rows, tokens) for f, s in QUANT_RATIOS
+                          if structure in ("unmeasured", s)]
+        return max(cands, key=lambda c: c[0])
+    entries = QUANT_RATIOS[(fam, structure)]
+    if request_class == "generate" and any(e[0] == "decode" for e in entries):
+        entries = [e for e in entries if e[0] == "decode"]
+    else:
+        entries = [e for e in entries if e[0] == "forward"]
+    best = min(entries, key=lambda e: (abs(math.log(rows / e[1])) + abs(math.log(tokens / e[2])),
+                                       -e[3]))
+    return best[3], best
+
+
+def bf16_forward_s(rows: int, tokens: float, family: str) -> float:
+    """One bf16 forward of ``rows`` x ``tokens`` (the FWD_* fit, FAMILY_SCALE)."""
+    return (FWD_FIXED_S + rows * tokens * FWD_TOKEN_S) * FAMILY_SCALE.get(
+        family.removeprefix("tiny-"), 1.0)
+
+
+def census_seconds(family: str, structure: str, request_class: str, rows: int,
+                   tokens: float) -> float:
+    """GPU seconds of one forward of a census shape in its execution mode."""
+    ratio, _ = quant_ratio(family, structure, request_class, rows, max(int(tokens), 1))
+    return bf16_forward_s(rows, tokens, family) * ratio
+
+
 def merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
     """Snakemake's --configfile merge: dictionaries key by key, everything else replaced."""
     out = dict(base)
@@ -142,22 +235,9 @@ def gen_task_seconds(t: Mapping[str, Any], shape: Mapping[str, Any], family: str
     return math.ceil(shape["docs"] / bs) * steps * forward_s(tokens, family, quant, method_type)
 
 
-def eval_cells(cfg: Mapping[str, Any]) -> list[tuple[str, str, str, str]]:
-    """(model, method, bits, task) of every evaluation the tables need (as the DAG)."""
-    cells = set()
-    for t in cfg["tables"].values():
-        if "tasks" not in t:
-            continue
-        methods = list(dict.fromkeys(t["methods"] + [m for m, *_ in t.get("rows", [])]))
-        for model in t["models"]:
-            for method in methods:
-                bits = "fp" if cfg["methods"][method]["type"] == "fp" else t["bits"]
-                cells.update((model, method, bits, task) for task in t["tasks"])
-    return sorted(cells)
-
-
 def eval_seconds(cfg: Mapping[str, Any], model: str, method: str, task: str,
                  bits: str = "w4a4") -> float:
+    """The old model (``TASK_SHAPES``, one ratio per structure): one evaluation's seconds."""
     from fair_calib.models.adapters import get_adapter
 
     family = cfg["models"][model]["family"]
@@ -165,7 +245,7 @@ def eval_seconds(cfg: Mapping[str, Any], model: str, method: str, task: str,
     name = t.get("lm_eval_task") or task
     if name not in TASK_SHAPES:
         return 0.0                                  # synthetic tasks: CPU-sized
-    mtype = cfg["methods"][method]["type"]
+    mtype = cfg["methods"][base_method(method)]["type"]
     quant = bits if mtype != "fp" else False
     adapter = get_adapter(family)
     shape = TASK_SHAPES[name]
@@ -177,18 +257,8 @@ def eval_seconds(cfg: Mapping[str, Any], model: str, method: str, task: str,
 
 
 # ----------------------------------------------------------------------------- other rules
-def calib_cells(cfg: Mapping[str, Any]) -> list[tuple[str, str, str]]:
-    cells = {(m, x, b) for m, x, b, _ in eval_cells(cfg) if b != "fp"}
-    for t in cfg["tables"].values():
-        if t["kind"] in ("calib_memory", "deploy_memory"):
-            methods = t["methods"] + [t[k] for k in ("baseline", "method") if k in t]
-            cells.update((m, x, t["bits"]) for m in t["models"] for x in methods
-                         if cfg["methods"][x]["type"] != "fp")
-    return sorted(cells)
-
-
 def calib_seconds(cfg: Mapping[str, Any], model: str, method: str) -> float:
-    entry, family = cfg["methods"][method], cfg["models"][model]["family"]
+    entry, family = cfg["methods"][base_method(method)], cfg["models"][model]["family"]
     calib = {**cfg["calibration"], **entry.get("calibration", {}),
              **entry.get("calibration_by_family", {}).get(family, {})}
     if entry["type"] in CALIB_FIXED_MIN:
@@ -198,108 +268,157 @@ def calib_seconds(cfg: Mapping[str, Any], model: str, method: str) -> float:
     return CALIB_MIN_15EP_1024.get(family, 15.5) * 60 * scale + JOB_OVERHEAD_S
 
 
-def probe_cells(cfg: Mapping[str, Any]) -> list[tuple[str, str]]:
-    cells = set()
-    for t in cfg["tables"].values():
-        for method in t["methods"] + [m for m, *_ in t.get("rows", [])]:
-            prior = cfg["methods"][method].get("prior")
-            if prior:
-                cells.update((m, cfg["priors"][prior]["probe"]) for m in t["models"])
-    diag = cfg.get("diagnostics", {})
-    if diag.get("enabled", True):
-        cells.update((m, diag.get("probe", "default")) for m in diag.get("models", []))
-    return sorted(cells)
-
-
 def probe_seconds(cfg: Mapping[str, Any], model: str, probe: str) -> float:
     p, family = cfg["probes"][probe], cfg["models"][model]["family"]
-    batch = int(p.get("batch_size", 32))
+    batch = int(p.get("batch_size", 8))
     step = PROBE_STEP_S.get(family, 0.4) * batch / 32 * (128 + int(p["gen_length"])) / 384
     return math.ceil(int(p["n_samples"]) / batch) * int(p["steps"]) * step + \
         int(p.get("shards", 1)) * JOB_OVERHEAD_S
 
 
-def trajectory_seconds(cfg: Mapping[str, Any]) -> tuple[int, float]:
-    diag = cfg.get("diagnostics", {})
-    if not diag.get("enabled", True) or not diag.get("models"):
-        return 0, 0.0
+def trajectory_seconds(cfg: Mapping[str, Any], model: str, method: str) -> float:
+    diag = cfg["diagnostics"]
     probe = cfg["probes"][diag.get("probe", "default")]
-    jobs, sec = 0, 0.0
-    for model in diag["models"]:
-        family = cfg["models"][model]["family"]
-        for method in ["fp"] + [m for m in diag.get("methods", []) if m != "fp"]:
-            quant = method != "fp"
-            runs = 2 if quant else 1                      # free-running and teacher-forced
-            step = DECODE_STEP_S.get(family, 0.09) * quant_scale(family, quant)
-            sec += runs * math.ceil(int(diag.get("n_samples", 16)) / 8) * int(probe["steps"]) * step
-            sec += JOB_OVERHEAD_S
-            jobs += 1
-    return jobs, sec
+    family = cfg["models"][model]["family"]
+    quant = cfg["methods"][base_method(method)]["type"] != "fp"
+    runs = 2 if quant else 1                          # free-running and teacher-forced
+    step = DECODE_STEP_S.get(family, 0.09) * quant_scale(family, quant)
+    return (runs * math.ceil(int(diag.get("n_samples", 16)) / 8) * int(probe["steps"]) * step
+            + JOB_OVERHEAD_S)
 
 
 # ----------------------------------------------------------------------------- projection
-def project(cfg: Mapping[str, Any]) -> dict[str, Any]:
-    """``{rule: {"jobs", "gpu_hours"}, "total_gpu_hours", "evaluate_by_task"}``."""
-    ev = eval_cells(cfg)
+def project(cfg: Mapping[str, Any], census: list[dict] | None = None,
+            per_cell: Mapping[tuple, float] | None = None) -> dict[str, Any]:
+    """``{"rules": {rule: {"jobs", "gpu_hours"}}, "total_gpu_hours", "evaluate_by_task"}`` over
+    the plan's jobs (fair_calib.plan). Evaluation is priced by the old model (``TASK_SHAPES``,
+    one ratio per structure); with ``census`` (fair_calib.census records of this config, and
+    ``per_cell``, its seconds per evaluation) also by the census (each shape in its execution
+    mode, QUANT_RATIOS), under ``"census"``."""
+    from fair_calib import plan
+
+    ev = plan.eval_cells(cfg)
     by_task: dict[str, float] = {}
     longest = 0.0                                   # the longest evaluation shard (one job)
     for model, method, bits, task in ev:
         sec = eval_seconds(cfg, model, method, task, bits)
         by_task[task] = by_task.get(task, 0.0) + sec
-        shards = resolve_task(task, cfg["tasks"][task], model, cfg["models"][model]["family"])
-        longest = max(longest, sec / int(shards.get("shards", 1)))
-    calib = calib_cells(cfg)
-    probes = probe_cells(cfg)
-    traj_jobs, traj_s = trajectory_seconds(cfg)
+        longest = max(longest, sec / plan.task_shards(cfg, model, task))
+    jobs = plan.job_counts(cfg)
     rules = {
-        "probe_shard": (sum(int(cfg["probes"][p].get("shards", 1)) for _, p in probes),
-                        sum(probe_seconds(cfg, m, p) for m, p in probes)),
-        "calibrate": (len(calib), sum(calib_seconds(cfg, m, x) for m, x, _ in calib)),
-        "evaluate_shard": (sum(int(resolve_task(t, cfg["tasks"][t], m, cfg["models"][m]["family"])
-                                   .get("shards", 1)) for m, _, _, t in ev), sum(by_task.values())),
-        "trajectories": (traj_jobs, traj_s),
+        "probe_shard": sum(probe_seconds(cfg, m, p) for m, p in plan.probe_cells(cfg)),
+        "calibrate": sum(calib_seconds(cfg, m, x) for m, x, _ in plan.calib_cells(cfg)),
+        "evaluate_shard": sum(by_task.values()),
+        "trajectories": sum(trajectory_seconds(cfg, m, x)
+                            for m, x, _ in plan.trajectory_cells(cfg)),
     }
-    out = {rule: {"jobs": jobs, "gpu_hours": round(sec / 3600, 1)} for rule, (jobs, sec) in rules.items()}
+    out = {rule: {"jobs": jobs.get(rule, 0), "gpu_hours": round(sec / 3600, 1)}
+           for rule, sec in rules.items()}
     out["evaluate_shard"]["longest_job_hours"] = round(longest / 3600, 1)
-    return {"rules": out, "total_gpu_hours": round(sum(s for _, s in rules.values()) / 3600, 1),
-            "evaluate_by_task": {t: round(s / 3600, 1) for t, s in sorted(by_task.items())}}
+    res = {"rules": out, "total_gpu_hours": round(sum(rules.values()) / 3600, 1),
+           "evaluate_by_task": {t: round(s / 3600, 1) for t, s in sorted(by_task.items())},
+           "cpu_jobs": {r: n for r, n in jobs.items() if r not in rules}}
+    if census is not None:
+        res["census"] = census_projection(cfg, census, rules, per_cell or {})
+    return res
+
+
+def census_projection(cfg: Mapping[str, Any], census: list[dict], rules: Mapping[str, float],
+                      per_cell: Mapping[tuple, float]) -> dict[str, Any]:
+    """Evaluation from the census (forwards priced per shape, plus each shard's start), the
+    other rules as in the old model."""
+    from fair_calib import plan
+
+    by_task: dict[str, float] = {}
+    for r in census:
+        by_task[r["task"]] = by_task.get(r["task"], 0.0) + r["gpu_seconds"]
+    by_class: dict[str, float] = {}
+    for r in census:
+        key = f"{r['request_class']} {r['structure']}"
+        by_class[key] = by_class.get(key, 0.0) + r["gpu_seconds"]
+    overhead = sum(plan.task_shards(cfg, m, t) * JOB_OVERHEAD_S
+                   for m, _, _, t in plan.eval_cells(cfg) if cfg["tasks"][t]["kind"] == "lm_eval")
+    evaluate = sum(by_task.values()) + overhead
+    longest = max((sec / plan.task_shards(cfg, m, t) + JOB_OVERHEAD_S
+                   for (m, _, _, t), sec in per_cell.items()), default=0.0)
+    other = sum(s for r, s in rules.items() if r != "evaluate_shard")
+    return {"evaluate_gpu_hours": round(evaluate / 3600, 1),
+            "total_gpu_hours": round((evaluate + other) / 3600, 1),
+            "evaluate_by_task": {t: round(s / 3600, 1) for t, s in sorted(by_task.items())},
+            "evaluate_by_class": {k: round(s / 3600, 1) for k, s in sorted(by_class.items())},
+            "job_starts_gpu_hours": round(overhead / 3600, 1),
+            "longest_job_hours": round(longest / 3600, 1)}
 
 
 def load_config(configfiles: list[str | Path], base: str | Path | None = None) -> dict[str, Any]:
-    """``base`` (default: the repository's config/config.yaml, wherever this runs from) with
-    each of ``configfiles`` merged over it in turn (as Snakemake does), checked as the
-    Snakefile checks it before any job. A missing or non-YAML file or an invalid config raises
-    a one-line :class:`fair_calib.config.ConfigError` naming the file or key."""
-    import copy
-
+    """The config Snakemake runs: ``base`` (default: ``config/config.yaml`` of the checkout
+    this runs in, the current directory) with each of ``configfiles`` merged over it in turn,
+    checked as the Snakefile checks it before any job, the schema's defaults filled. A missing
+    or non-YAML file or an invalid config raises a one-line
+    :class:`fair_calib.config.ConfigError` naming the file or key."""
     from fair_calib.config import merged_config
     from fair_calib.references import validated
 
-    cfg = merged_config(configfiles, base)
-    validated(copy.deepcopy(cfg))       # the projection reads the config as written
-    return cfg
+    return validated(merged_config(configfiles, base))
 
 
 def run_cli(argv: list[str]) -> None:
     ap = argparse.ArgumentParser(prog="fair-calib cost", description=__doc__.split("\n")[0])
     ap.add_argument("--configfile", required=True, nargs="+", help="merged in order")
     ap.add_argument("--base", default=None,
-                    help="merged under --configfile (default: the repository's config/config.yaml)")
+                    help="merged under --configfile (default: ./config/config.yaml, the "
+                         "checkout in the current directory)")
+    ap.add_argument("--data-dir", default=None,
+                    help="offline data for the census (default FAIR_CALIB_DATA_DIR)")
+    ap.add_argument("--no-census", action="store_true",
+                    help="the old per-task model only (no census-based projection)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     from fair_calib.config import ConfigError
     try:
-        res = project(load_config(args.configfile, args.base))
+        cfg = load_config(args.configfile, args.base)
     except ConfigError as err:
         sys.exit(f"error: fair-calib cost: {err}")
+    per_cell: dict = {}
+    records, why = ((None, "--no-census") if args.no_census
+                    else _census_or_reason(cfg, args.data_dir, per_cell))
+    res = project(cfg, records, per_cell)
     if args.json:
         print(json.dumps(res, indent=1))
         return
+    _print_projection(res, why)
+
+
+def _census_or_reason(cfg: Mapping[str, Any], data_dir: str | None, per_cell: dict):
+    from fair_calib import census
+
+    try:
+        return census.census(cfg, data_dir, per_cell=per_cell), None
+    except FileNotFoundError as err:
+        return None, str(err)
+
+
+def _print_projection(res: Mapping[str, Any], why: str | None) -> None:
     print("| rule | jobs | GPU-hours (H100) |\n|---|---|---|")
     for rule, r in res["rules"].items():
         print(f"| {rule} | {r['jobs']} | {r['gpu_hours']} |")
     print(f"| **total** | | **{res['total_gpu_hours']}** |\n")
+    print("CPU jobs: " + ", ".join(f"{r} {n}" for r, n in res["cpu_jobs"].items()))
     print(f"longest evaluation job: {res['rules']['evaluate_shard']['longest_job_hours']} h "
           f"(compare resources.evaluate_shard.runtime)\nevaluate_shard by task (GPU-hours):")
+    cen = res.get("census")
+    print(f"  {'task':16s} {'before':>8s} {'after':>8s}")
     for task, h in res["evaluate_by_task"].items():
-        print(f"  {task:16s} {h}")
+        after = cen["evaluate_by_task"].get(task, 0.0) if cen else "-"
+        print(f"  {task:16s} {h:8} {after:>8}")
+    print(f"\nbefore (one ratio per structure, TASK_SHAPES): {res['total_gpu_hours']} GPU-hours, "
+          f"evaluation {res['rules']['evaluate_shard']['gpu_hours']}")
+    if cen is None:
+        print(f"after (census, each request class at its measured ratio): not computed ({why})")
+        return
+    print(f"after (census, each request class at its measured ratio, QUANT_RATIOS): "
+          f"{cen['total_gpu_hours']} GPU-hours, evaluation {cen['evaluate_gpu_hours']} "
+          f"(job starts {cen['job_starts_gpu_hours']}); longest evaluation job "
+          f"{cen['longest_job_hours']} h")
+    print("  evaluation by request class and structure (GPU-hours): " + ", ".join(
+        f"{k} {h}" for k, h in sorted(cen["evaluate_by_class"].items(), key=lambda kv: -kv[1])))

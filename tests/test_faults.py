@@ -707,7 +707,7 @@ def test_cost_validates_the_config_as_the_snakefile_does(tmp_path):
     _one_line_error(_cli("check-config", str(dup)), "methods.rtn.label")
 
 
-def test_cost_file_errors_are_one_line_and_it_runs_from_any_directory(tmp_path):
+def test_cost_file_errors_are_one_line_and_it_reads_the_current_checkout(tmp_path):
     _one_line_error(_cli("cost", "--configfile", "missing.yaml", cwd=tmp_path),
                     "missing.yaml: file not found", str(tmp_path))
     binary = tmp_path / "model.bin"
@@ -716,8 +716,12 @@ def test_cost_file_errors_are_one_line_and_it_runs_from_any_directory(tmp_path):
     scalar = tmp_path / "note.yaml"
     scalar.write_text("just a sentence\n")
     _one_line_error(_cli("cost", "--configfile", str(scalar)), str(scalar), "keys at the top level")
-    # another directory: the base config is the repository's, not ./config/config.yaml
-    ok = _cli("cost", "--configfile", str(REPO / "config/paper.yaml"), "--json", cwd=tmp_path)
+    # another directory: the base config is ./config/config.yaml of the checkout it runs in
+    # (issue 32), so a folder without one is refused by name, and --base names one
+    _one_line_error(_cli("cost", "--configfile", str(REPO / "config/paper.yaml"), cwd=tmp_path),
+                    "config/config.yaml: not found", "--base")
+    ok = _cli("cost", "--configfile", str(REPO / "config/paper.yaml"), "--base",
+              str(REPO / "config/config.yaml"), "--no-census", "--json", cwd=tmp_path)
     assert ok.returncode == 0, ok.stderr[-2000:]
     assert json.loads(ok.stdout)["total_gpu_hours"] > 0
 
