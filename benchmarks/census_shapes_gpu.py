@@ -16,12 +16,16 @@ For each shape, bf16 and each W4A4 structure (FAIR_CALIB_LOWBIT=real: ``transfor
 FAIR-Calib/FlatQuant online Kronecker transforms; ``hadamard``, QuaRot's online Hadamards;
 ``plain``, RTN), built by benchmarks/lowbit_gpu.py's quantize helpers:
 
-* ``forward``: one forward of rows x tokens, median of ``--iters`` CUDA-event timings after 3
-  warm-up calls;
+As the evaluation stage runs them (``LoadedModel.replay_graphs``: repeated forwards replayed
+from CUDA graphs; 4-bit codes one per byte on CUDA):
+
+* ``forward``: one forward of rows x tokens (LM head on the last 16 positions, an MC target),
+  median of ``--iters`` CUDA-event timings of the replay after the warm-up and capture calls;
 * ``decode`` (generation shapes, rows 1): fair_calib's own batch-1 decode of ``--decode-steps``
   steps over a prompt of tokens - gen_length and gen_length = min(256, tokens / 2) (LLaDA:
-  low_confidence, one block; Dream: entropy), timed whole after a 2-step warm-up: the grid's
-  execution mode, host work included (the cost prices generation at decode ratios).
+  low_confidence, one block; Dream: entropy), timed whole after a 2-step warm-up, capture
+  included: the grid's execution mode, host work included (the cost prices generation at
+  decode ratios).
 
 One JSON line per (model, structure, mode, shape): times, the ratio to bf16 and the
 QUANT_RATIOS entry it gives; appended to ``$OUT/census_shapes.jsonl`` when ``OUT`` is set.
@@ -33,6 +37,7 @@ split under a 10-minute limit.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import statistics
@@ -126,17 +131,21 @@ def emit(rec: dict) -> None:
 
 
 # ----------------------------------------------------------------------------- GPU timing
-def time_forward(model, ids, iters: int) -> float:
+def time_forward(lm, ids, iters: int, keep_last: int = 16) -> float:
+    """GPU seconds of one forward as the pipeline runs an MC request's batches: replayed from
+    a CUDA graph (fair_calib.models.graphs; the first call warms up, the second captures),
+    LM head on the last ``keep_last`` positions (the targets)."""
     import torch
 
     ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
           for _ in range(iters)]
+    keep = min(keep_last, ids.shape[1])
     with torch.no_grad():
         for _ in range(3):
-            model(input_ids=ids)
+            lm.logits(ids, keep_last=keep)
         for start, end in ev:
             start.record()
-            model(input_ids=ids)
+            lm.logits(ids, keep_last=keep)
             end.record()
     torch.cuda.synchronize()
     return statistics.median(s.elapsed_time(e) for s, e in ev) / 1e3
@@ -174,9 +183,10 @@ def measure(model_name: str, lm, shape_list, args) -> dict:
     from benchmarks import lowbit_gpu
 
     out = {}
+    lm.replay_graphs()                 # as the evaluation stage runs the model
     for cls, rows, tokens in shape_list:
         ids = lowbit_gpu.ids_for(model_name, rows, tokens, "cuda")
-        out[("forward", rows, tokens)] = time_forward(lm.model, ids, args.iters)
+        out[("forward", rows, tokens)] = time_forward(lm, ids, args.iters)
         if cls == "generate" and rows == 1 and not args.no_decode:
             out[("decode", rows, tokens)] = time_decode(lm, tokens, args.decode_steps)
         del ids
@@ -203,10 +213,12 @@ def bench_model(model_name: str, args) -> list[dict]:
     for i, structure in enumerate(args.structures):
         if i:                                  # the first quantizes the bf16 model in place
             del lm
+            gc.collect()
             torch.cuda.empty_cache()
             lm = shapes.build(model_name, device="cuda")
         t0 = time.perf_counter()
         quantize[structure](lm, groups)
+        lowbit_gpu.to_fp8_storage(lm)          # codes one per byte, as load_quantized on CUDA
         torch.cuda.synchronize()
         attach_s = time.perf_counter() - t0
         q = measure(model_name, lm, shape_list, args)
