@@ -23,9 +23,9 @@ from CUDA graphs; 4-bit codes one per byte on CUDA):
   median of ``--iters`` CUDA-event timings of the replay after the warm-up and capture calls;
 * ``decode`` (generation shapes, rows 1): fair_calib's own batch-1 decode of ``--decode-steps``
   steps over a prompt of tokens - gen_length and gen_length = min(256, tokens / 2) (LLaDA:
-  low_confidence, one block; Dream: entropy), timed whole after a 2-step warm-up, capture
-  included: the grid's execution mode, host work included (the cost prices generation at
-  decode ratios).
+  low_confidence, one block; Dream: entropy), timed whole after a 2-step warm-up decode
+  (which captures the step's graph): the grid's execution mode, host work included (the cost
+  prices generation at decode ratios).
 
 One JSON line per (model, structure, mode, shape): times, the ratio to bf16 and the
 QUANT_RATIOS entry it gives; appended to ``$OUT/census_shapes.jsonl`` when ``OUT`` is set.
