@@ -52,14 +52,14 @@ STRUCTURES = ("transform", "hadamard", "plain")
 SOURCE = "census-gpu"            # the source tag of the printed QUANT_RATIOS entries
 
 # select_shapes of the paper census (fair-calib census --configfile config/paper.yaml,
-# 2026-11-27): (request class, rows, tokens bucket), by projected GPU time, 8 at most; they
-# carry 88% (LLaDA) / 91% (Dream) of the family's projected GPU time, 89% / 90% of its forwards
-# (--max-shapes 10: LLaDA adds 1 x 1536 and 8 x 192, Dream 1 x 704)
+# 2026-11-27, priced at bf16 replay speed): (request class, rows, tokens bucket), by projected
+# GPU time, 8 at most. Measured on 2026-11-27 (docs/benchmarks.md) under the earlier eager
+# pricing, whose selection had Dream's 1 x 1152 where this one has 1 x 704 (priced from 640).
 DEFAULT_SHAPES = {
-    "llada": [("generate", 1, 1984), ("generate", 1, 1472), ("mc", 16, 128), ("generate", 1, 1920),
-              ("mc", 16, 64), ("mc", 16, 192), ("generate", 1, 1216), ("generate", 1, 1408)],
-    "dream": [("generate", 1, 1024), ("mc", 32, 128), ("generate", 1, 1088), ("mc", 32, 192),
-              ("mc", 32, 64), ("generate", 1, 384), ("generate", 1, 640), ("generate", 1, 1152)],
+    "llada": [("mc", 16, 128), ("generate", 1, 1472), ("generate", 1, 1984), ("mc", 16, 64),
+              ("mc", 16, 192), ("generate", 1, 1920), ("generate", 1, 1216), ("generate", 1, 1408)],
+    "dream": [("mc", 32, 128), ("generate", 1, 1024), ("mc", 32, 192), ("mc", 32, 64),
+              ("generate", 1, 1088), ("generate", 1, 384), ("generate", 1, 640), ("generate", 1, 704)],
 }
 
 

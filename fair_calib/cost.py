@@ -67,36 +67,124 @@ METHOD_STRUCTURE = {"fair_calib": "transform", "flatquant": "transform", "quarot
 # the nearest entry of its mode (generation: decode entries first), distance
 # |ln(rows / r)| + |ln(tokens / t)| (ties: the larger ratio). Sources (RATIO_SOURCES):
 #   "i20": REAL_QUANT_SCALE above (the slower of 8 x 512 and 32 x 104; one value for both);
-#   "i30f", "i30d": issue 30 (lent H100 80GB HBM3, torch 2.11, 903acc8, random weights at the
-#     real shapes, bf16 rerun in the same call): batch-1 forwards at 408 / 856 / 1,280 tokens
-#     (FAIR-Calib only: QuaRot/RTN were reported as ranges) and batch-1 decodes (gen_length 256,
-#     256 steps, prompts 152 / 600, i.e. 408 / 856 tokens).
-# Shapes of the paper census still to measure (benchmarks/census_shapes_gpu.py prints entries in
-# this format; docs/benchmarks.md, "Census of the grid's forwards"): ratios pending GPU
-# measurement wherever an entry above stands in for a far shape.
+#   "census-gpu": benchmarks/census_shapes_gpu.py (lent H200, 2026-11-27) at the paper census's
+#     heavy shapes, as the evaluation stage now runs them: repeated forwards replayed from CUDA
+#     graphs (fair_calib.models.graphs), 4-bit codes one per byte; bf16 replayed alike. The
+#     eager batch-1 ratios of issue 30 ("i30f", "i30d": 1.1-2.4) described the host-bound eager
+#     path, which the evaluation no longer takes on CUDA; they are kept in RATIO_SOURCES for
+#     the record only.
 QUANT_RATIOS: dict[tuple[str, str], list[tuple[str, int, int, float, str]]] = {
-    ("llada", "transform"): [("forward", 8, 512, 0.726, "i20"), ("forward", 32, 104, 0.726, "i20"),
-                             ("forward", 1, 408, 1.48, "i30f"), ("forward", 1, 856, 1.33, "i30f"),
-                             ("forward", 1, 1280, 1.37, "i30f"),
-                             ("decode", 1, 408, 2.08, "i30d"), ("decode", 1, 856, 2.02, "i30d")],
-    ("llada", "hadamard"): [("forward", 8, 512, 0.791, "i20"), ("forward", 32, 104, 0.791, "i20"),
-                            ("decode", 1, 408, 2.25, "i30d"), ("decode", 1, 856, 2.34, "i30d")],
-    ("llada", "plain"): [("forward", 8, 512, 0.681, "i20"), ("forward", 32, 104, 0.681, "i20"),
-                         ("decode", 1, 408, 1.78, "i30d"), ("decode", 1, 856, 1.74, "i30d")],
-    ("dream", "transform"): [("forward", 8, 512, 0.750, "i20"), ("forward", 32, 104, 0.750, "i20"),
-                             ("forward", 1, 408, 1.31, "i30f"), ("forward", 1, 856, 1.41, "i30f"),
-                             ("forward", 1, 1280, 1.12, "i30f"),
-                             ("decode", 1, 408, 1.48, "i30d"), ("decode", 1, 856, 1.79, "i30d")],
-    ("dream", "hadamard"): [("forward", 8, 512, 0.739, "i20"), ("forward", 32, 104, 0.739, "i20"),
-                            ("decode", 1, 408, 1.54, "i30d"), ("decode", 1, 856, 2.37, "i30d")],
-    ("dream", "plain"): [("forward", 8, 512, 0.720, "i20"), ("forward", 32, 104, 0.720, "i20"),
-                         ("decode", 1, 408, 1.37, "i30d"), ("decode", 1, 856, 1.58, "i30d")],
+    ("llada", "transform"): [
+        ("forward", 8, 512, 0.726, "i20"),
+        ("forward", 32, 104, 0.726, "i20"),
+        ("forward", 1, 1984, 0.654, "census-gpu"),
+        ("decode", 1, 1984, 0.644, "census-gpu"),
+        ("forward", 1, 1472, 0.647, "census-gpu"),
+        ("decode", 1, 1472, 0.643, "census-gpu"),
+        ("forward", 16, 128, 0.614, "census-gpu"),
+        ("forward", 1, 1920, 0.628, "census-gpu"),
+        ("decode", 1, 1920, 0.624, "census-gpu"),
+        ("forward", 16, 64, 0.63, "census-gpu"),
+        ("forward", 16, 192, 0.605, "census-gpu"),
+        ("forward", 1, 1216, 0.702, "census-gpu"),
+        ("decode", 1, 1216, 0.707, "census-gpu"),
+        ("forward", 1, 1408, 0.648, "census-gpu"),
+        ("decode", 1, 1408, 0.639, "census-gpu"),
+    ],
+    ("llada", "hadamard"): [
+        ("forward", 8, 512, 0.791, "i20"),
+        ("forward", 32, 104, 0.791, "i20"),
+        ("forward", 1, 1984, 0.726, "census-gpu"),
+        ("decode", 1, 1984, 0.711, "census-gpu"),
+        ("forward", 1, 1472, 0.715, "census-gpu"),
+        ("decode", 1, 1472, 0.711, "census-gpu"),
+        ("forward", 16, 128, 0.684, "census-gpu"),
+        ("forward", 1, 1920, 0.689, "census-gpu"),
+        ("decode", 1, 1920, 0.682, "census-gpu"),
+        ("forward", 16, 64, 0.699, "census-gpu"),
+        ("forward", 16, 192, 0.679, "census-gpu"),
+        ("forward", 1, 1216, 0.768, "census-gpu"),
+        ("decode", 1, 1216, 0.78, "census-gpu"),
+        ("forward", 1, 1408, 0.713, "census-gpu"),
+        ("decode", 1, 1408, 0.696, "census-gpu"),
+    ],
+    ("llada", "plain"): [
+        ("forward", 8, 512, 0.681, "i20"),
+        ("forward", 32, 104, 0.681, "i20"),
+        ("forward", 1, 1984, 0.602, "census-gpu"),
+        ("decode", 1, 1984, 0.6, "census-gpu"),
+        ("forward", 1, 1472, 0.593, "census-gpu"),
+        ("decode", 1, 1472, 0.597, "census-gpu"),
+        ("forward", 16, 128, 0.56, "census-gpu"),
+        ("forward", 1, 1920, 0.57, "census-gpu"),
+        ("decode", 1, 1920, 0.573, "census-gpu"),
+        ("forward", 16, 64, 0.547, "census-gpu"),
+        ("forward", 16, 192, 0.544, "census-gpu"),
+        ("forward", 1, 1216, 0.65, "census-gpu"),
+        ("decode", 1, 1216, 0.658, "census-gpu"),
+        ("forward", 1, 1408, 0.585, "census-gpu"),
+        ("decode", 1, 1408, 0.585, "census-gpu"),
+    ],
+    ("dream", "transform"): [
+        ("forward", 8, 512, 0.75, "i20"),
+        ("forward", 32, 104, 0.75, "i20"),
+        ("forward", 1, 1024, 0.697, "census-gpu"),
+        ("decode", 1, 1024, 0.709, "census-gpu"),
+        ("forward", 32, 128, 0.651, "census-gpu"),
+        ("forward", 1, 1088, 0.76, "census-gpu"),
+        ("decode", 1, 1088, 0.774, "census-gpu"),
+        ("forward", 32, 192, 0.661, "census-gpu"),
+        ("forward", 32, 64, 0.68, "census-gpu"),
+        ("forward", 1, 384, 0.811, "census-gpu"),
+        ("decode", 1, 384, 0.803, "census-gpu"),
+        ("forward", 1, 640, 0.809, "census-gpu"),
+        ("decode", 1, 640, 0.821, "census-gpu"),
+        ("forward", 1, 1152, 0.7, "census-gpu"),
+        ("decode", 1, 1152, 0.703, "census-gpu"),
+    ],
+    ("dream", "hadamard"): [
+        ("forward", 8, 512, 0.739, "i20"),
+        ("forward", 32, 104, 0.739, "i20"),
+        ("forward", 1, 1024, 0.666, "census-gpu"),
+        ("decode", 1, 1024, 0.687, "census-gpu"),
+        ("forward", 32, 128, 0.62, "census-gpu"),
+        ("forward", 1, 1088, 0.73, "census-gpu"),
+        ("decode", 1, 1088, 0.737, "census-gpu"),
+        ("forward", 32, 192, 0.632, "census-gpu"),
+        ("forward", 32, 64, 0.66, "census-gpu"),
+        ("forward", 1, 384, 0.732, "census-gpu"),
+        ("decode", 1, 384, 0.729, "census-gpu"),
+        ("forward", 1, 640, 0.766, "census-gpu"),
+        ("decode", 1, 640, 0.781, "census-gpu"),
+        ("forward", 1, 1152, 0.667, "census-gpu"),
+        ("decode", 1, 1152, 0.673, "census-gpu"),
+    ],
+    ("dream", "plain"): [
+        ("forward", 8, 512, 0.72, "i20"),
+        ("forward", 32, 104, 0.72, "i20"),
+        ("forward", 1, 1024, 0.632, "census-gpu"),
+        ("decode", 1, 1024, 0.65, "census-gpu"),
+        ("forward", 32, 128, 0.588, "census-gpu"),
+        ("forward", 1, 1088, 0.706, "census-gpu"),
+        ("decode", 1, 1088, 0.72, "census-gpu"),
+        ("forward", 32, 192, 0.6, "census-gpu"),
+        ("forward", 32, 64, 0.618, "census-gpu"),
+        ("forward", 1, 384, 0.736, "census-gpu"),
+        ("decode", 1, 384, 0.734, "census-gpu"),
+        ("forward", 1, 640, 0.736, "census-gpu"),
+        ("decode", 1, 640, 0.754, "census-gpu"),
+        ("forward", 1, 1152, 0.636, "census-gpu"),
+        ("decode", 1, 1152, 0.647, "census-gpu"),
+    ],
 }
 RATIO_SOURCES = {
     "i20": "benchmarks/lowbit_gpu.py, H100 80GB, 2026-11-27 (issue 20; docs/benchmarks.md)",
     "i30f": "issue 30: batch-1 forward, lent H100 80GB HBM3, torch 2.11, 903acc8",
     "i30d": "issue 30: batch-1 decode (fair_calib decode), lent H100 80GB HBM3, torch 2.11, "
             "903acc8",
+    "census-gpu": "PYTHONPATH=. python benchmarks/census_shapes_gpu.py --shapes llada-8b "
+                  "dream-7b, NVIDIA H200, torch 2.11.0+cu130, 2026-11-27 (forwards and decodes "
+                  "replayed from CUDA graphs, codes one per byte)",
 }
 JOB_OVERHEAD_S = 60.0          # assumption: loading 16 GB of weights from a shared filesystem
 
@@ -185,11 +273,31 @@ def bf16_forward_s(rows: int, tokens: float, family: str) -> float:
         family.removeprefix("tiny-"), 1.0)
 
 
+# A bf16 forward replayed from a CUDA graph, as the evaluation stage runs repeated forwards
+# (fair_calib.models.graphs): fitted to the bf16 replays of benchmarks/census_shapes_gpu.py
+# (lent H200, 2026-11-27; LLaDA-8B: 8 shapes of 1,024-3,072 tokens, residuals <= 7%; Dream-7B
+# 2.2 ms + 23.2 us a token, i.e. FAMILY_SCALE 0.9 within 4%), and a generation step's own work
+# (sampling, commits) on top: 1.2-2.3 ms (LLaDA), 0.9-1.0 ms (Dream) in the same decodes.
+# Every forward is priced at replay speed: the first call of a shape runs eagerly and the
+# second captures it, which the projection leaves out (a generation's 2 of 256 steps; an MC
+# request of Dream's 4 forwards per choice pays it on half of them: an underestimate there).
+REPLAY_FIXED_S = 0.003
+REPLAY_TOKEN_S = 25.1e-6
+DECODE_STEP_S_EXTRA = {"llada": 0.002, "dream": 0.001}
+
+
+def bf16_replay_s(rows: int, tokens: float, family: str, request_class: str) -> float:
+    """One replayed bf16 forward of ``rows`` x ``tokens`` (a generation step's work included)."""
+    fam = family.removeprefix("tiny-")
+    s = (REPLAY_FIXED_S + rows * tokens * REPLAY_TOKEN_S) * FAMILY_SCALE.get(fam, 1.0)
+    return s + (DECODE_STEP_S_EXTRA.get(fam, 0.002) if request_class == "generate" else 0.0)
+
+
 def census_seconds(family: str, structure: str, request_class: str, rows: int,
                    tokens: float) -> float:
-    """GPU seconds of one forward of a census shape in its execution mode."""
+    """GPU seconds of one forward of a census shape in its execution mode (replayed)."""
     ratio, _ = quant_ratio(family, structure, request_class, rows, max(int(tokens), 1))
-    return bf16_forward_s(rows, tokens, family) * ratio
+    return bf16_replay_s(rows, tokens, family, request_class) * ratio
 
 
 def merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
