@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from .awq import AWQMethod
 from .base import QuantMethod, fold_block
 from .fair_calib import FairCalibMethod
 from .flatquant import FlatQuantMethod
@@ -27,6 +28,7 @@ REGISTRY: dict[str, type[QuantMethod]] = {
     "fair_calib": FairCalibMethod,
     "qdrop": QDropMethod,
     "gptq": GPTQMethod,
+    "awq": AWQMethod,
 }
 
 
