@@ -19,6 +19,7 @@ from .gptq import GPTQMethod
 from .qdrop import QDropMethod
 from .quarot import QuaRotMethod
 from .rtn import RTNMethod
+from .smoothquant import SmoothQuantMethod
 
 REGISTRY: dict[str, type[QuantMethod]] = {
     "fp": FPMethod,
@@ -29,6 +30,7 @@ REGISTRY: dict[str, type[QuantMethod]] = {
     "qdrop": QDropMethod,
     "gptq": GPTQMethod,
     "awq": AWQMethod,
+    "smoothquant": SmoothQuantMethod,
 }
 
 
