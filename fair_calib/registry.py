@@ -12,6 +12,9 @@ LOADERS = ("native", "remote")
 # entry names one of these in its ``type`` key; ``fp`` is the unquantized reference.
 METHOD_TYPES = ("fp", "rtn", "quarot", "flatquant", "fair_calib", "qdrop", "gptq", "awq", "smoothquant")
 
+# Method types that quantize weights only (their bits need a_bits 16).
+WEIGHT_ONLY_TYPES = ("gptq", "awq")
+
 # Stage II propagation modes (fair_calib.calibrate.PROPAGATE) and FlatQuant's o_proj transforms
 # (fair_calib.methods.flatquant.O_TRANS); the schema's enums list the same names.
 PROPAGATE = ("fp", "quant", "teacher")

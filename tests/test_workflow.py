@@ -43,7 +43,7 @@ def test_default_config_plans(ws):
     ({"tables": {"main": {"methods": ["fp", "gptq"]}}}, "tables.main.methods", "flatquant"),
     ({"tables": {"main": {"tasks": ["piqa"]}}}, "tables.main.tasks", "synth_mc"),
     ({"tables": {"main": {"bits": "w5a5"}}}, "tables.main.bits", "w4a4"),
-    ({"methods": {"mine": {"type": "awq"}}}, "methods.mine.type", "fair_calib"),
+    ({"methods": {"mine": {"type": "omniquant"}}}, "methods.mine.type", "fair_calib"),
     ({"models": {"tiny-llada": {"family": "gpt2"}}}, "models.tiny-llada.family", "tiny-dream"),
     ({"methods": {"fair-calib": {"prior": "nope"}}}, "methods.fair-calib.prior", "default"),
     ({"prior_ablation": {"floors": ["fair-calib-flor1"]}}, "prior_ablation.floors", "fair-calib-floor1"),
