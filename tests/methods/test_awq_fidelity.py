@@ -128,12 +128,24 @@ def ref_awq_block(layer, x_in, kwargs, n_bit):
     return {"scales": [s_qkv, s_o, s_fc1, s_fc2], "ratios": [r1, r2, r3, r4], "clips": clips}
 
 
+def _edge_cases(block):
+    """Inputs that reach the reference's guards: near-silent input channels (the 1e-4 floor
+    of the scales) and all-positive / all-negative weight groups (the zero-point clamp)."""
+    with torch.no_grad():
+        block.input_layernorm.weight[5] = 1e-9
+        block.post_attention_layernorm.weight[:8] = 1e-9
+        block.self_attn.o_proj.weight[:4] = block.self_attn.o_proj.weight[:4].abs() + 0.05
+        block.mlp.down_proj.weight[:4] = -block.mlp.down_proj.weight[:4].abs() - 0.05
+
+
 # ------------------------------------------------------------------ comparisons
 @pytest.mark.parametrize("bits", [4, 3])
 def test_awq_block_equals_llm_awq(bits):
     ids = torch.randint(0, 60, (16, 64), generator=torch.Generator().manual_seed(3))  # 1024 tokens: stride 2
     lm = tiny_random_loaded("llama", layers=1)
     ref = tiny_random_loaded("llama", layers=1)
+    for model in (lm, ref):
+        _edge_cases(model.blocks[0])
     m = make_method({"type": "awq", "group_size": GS}, bits, 16)
     m.prepare_model(lm)
     block, rblock = lm.blocks[0], ref.blocks[0]
