@@ -192,6 +192,10 @@ JOB_OVERHEAD_S = 60.0          # assumption: loading 16 GB of weights from a sha
 # (LLaDA-8B) and 14.1 min (Dream-7B) on an H100; scaled by epochs and by tokens.
 CALIB_MIN_15EP_1024 = {"llada": 15.5, "dream": 14.1}
 CALIB_FIXED_MIN = {"rtn": 2.0, "fp": 0.0, "quarot": 10.0}   # assumptions (no training loop)
+# QDLM's baselines (issue 31), assumptions, not measured: gptq runs QuaRot's GPTQ sweep (its
+# 10 min); awq 20 ratios x 4 groups of partial block passes plus the clip search (as gptq);
+# smoothquant one statistics pass (as rtn).
+CALIB_FIXED_MIN.update({"gptq": 10.0, "awq": 10.0, "smoothquant": 2.0})
 
 # Stage I probing (issue 4): one random-commit step at batch 32, prompt 128 + window 256.
 PROBE_STEP_S = {"llada": 0.406, "dream": 0.376}

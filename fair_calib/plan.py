@@ -66,7 +66,9 @@ def eval_cells(cfg: Mapping[str, Any]) -> list[tuple[str, str, str, str]]:
         if t["kind"] in ("calib_memory", "deploy_memory"):
             continue
         models = list(dict.fromkeys(t["models"] + ([t["model"]] if "model" in t else [])))
-        cells |= {(m, run, "fp" if is_fp(cfg, x) else t["bits"], task)
+        # a main table's ``method_bits`` runs a method at its own bits (common.smk)
+        cells |= {(m, run, "fp" if is_fp(cfg, x) else t.get("method_bits", {}).get(x, t["bits"]),
+                   task)
                   for m in models for x in table_methods(t) for run in method_runs(cfg, x)
                   for task in t["tasks"]}
     abl = _ablation(cfg)

@@ -80,6 +80,7 @@ def check_config(cfg):
                 _fail(f"tables.{tname}.rows", method, cfg["methods"])
         if t["bits"] not in cfg["bits"]:
             _fail(f"tables.{tname}.bits", t["bits"], cfg["bits"])
+        _check_method_bits(cfg, tname, t)
     diag = cfg.get("diagnostics", {})
     if diag.get("enabled", True) and diag:
         for item in diag.get("models", []):
@@ -223,3 +224,26 @@ def validated(cfg):
     except ValueError as err:
         raise ConfigError(str(err)) from None
     return cfg
+
+
+def _check_method_bits(cfg, tname, t) -> None:
+    """A main table's ``method_bits`` names its own methods and defined bits; a weight-only
+    method type (gptq, awq) is never asked for quantized activations."""
+    from .registry import WEIGHT_ONLY_TYPES
+
+    mb = t.get("method_bits", {})
+    if mb and t["kind"] != "main":
+        raise ConfigError(f"config: tables.{tname}.method_bits: only main tables take it "
+                          f"(kind {t['kind']})")
+    for method, bits in mb.items():
+        if method not in t["methods"]:
+            _fail(f"tables.{tname}.method_bits", method, t["methods"])
+        if bits not in cfg["bits"]:
+            _fail(f"tables.{tname}.method_bits.{method}", bits, cfg["bits"])
+    for method in t["methods"]:
+        mtype = cfg["methods"].get(method, {}).get("type")
+        bits = mb.get(method, t["bits"])
+        if mtype in WEIGHT_ONLY_TYPES and int(cfg["bits"][bits]["a_bits"]) < 16:
+            raise ConfigError(f"config: tables.{tname}: method {method} (type {mtype}) is "
+                              f"weight-only but runs at {bits}; give it a_bits 16 bits (e.g. "
+                              f"w4a16) in tables.{tname}.method_bits")

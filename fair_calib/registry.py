@@ -10,7 +10,10 @@ LOADERS = ("native", "remote")
 
 # Calibration/quantization method types (fair_calib.methods.REGISTRY). A config ``methods:``
 # entry names one of these in its ``type`` key; ``fp`` is the unquantized reference.
-METHOD_TYPES = ("fp", "rtn", "quarot", "flatquant", "fair_calib", "qdrop")
+METHOD_TYPES = ("fp", "rtn", "quarot", "flatquant", "fair_calib", "qdrop", "gptq", "awq", "smoothquant")
+
+# Method types that quantize weights only (their bits need a_bits 16).
+WEIGHT_ONLY_TYPES = ("gptq", "awq")
 
 # Stage II propagation modes (fair_calib.calibrate.PROPAGATE) and FlatQuant's o_proj transforms
 # (fair_calib.methods.flatquant.O_TRANS); the schema's enums list the same names.
@@ -48,6 +51,10 @@ METHOD_SETTINGS: dict[str, tuple[str, ...]] = {
     "flatquant": _QUANT_SETTINGS + _TRAINED_SETTINGS + _FLATQUANT_SETTINGS,
     "fair_calib": _QUANT_SETTINGS + _TRAINED_SETTINGS + _FLATQUANT_SETTINGS,
     "qdrop": _QUANT_SETTINGS + _TRAINED_SETTINGS + ("drop_prob",),
+    # QDLM's baselines (issue 31): group-wise weight grids with zero points
+    "gptq": _QUANT_SETTINGS + ("group_size", "sym", "act_order", "damp", "propagate"),
+    "awq": _QUANT_SETTINGS + ("group_size", "propagate"),
+    "smoothquant": _QUANT_SETTINGS + ("alpha", "propagate"),
 }
 
 

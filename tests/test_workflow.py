@@ -1,4 +1,5 @@
 """The Snakemake workflow: config validation before any job, and a whole tiny DAG run."""
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -43,7 +44,7 @@ def test_default_config_plans(ws):
     ({"tables": {"main": {"methods": ["fp", "gptq"]}}}, "tables.main.methods", "flatquant"),
     ({"tables": {"main": {"tasks": ["piqa"]}}}, "tables.main.tasks", "synth_mc"),
     ({"tables": {"main": {"bits": "w5a5"}}}, "tables.main.bits", "w4a4"),
-    ({"methods": {"mine": {"type": "awq"}}}, "methods.mine.type", "fair_calib"),
+    ({"methods": {"mine": {"type": "omniquant"}}}, "methods.mine.type", "fair_calib"),
     ({"models": {"tiny-llada": {"family": "gpt2"}}}, "models.tiny-llada.family", "tiny-dream"),
     ({"methods": {"fair-calib": {"prior": "nope"}}}, "methods.fair-calib.prior", "default"),
     ({"prior_ablation": {"floors": ["fair-calib-flor1"]}}, "prior_ablation.floors", "fair-calib-floor1"),
@@ -110,6 +111,45 @@ def test_paper_config_plans_the_full_grid(ws):
                   "deploy_memory"):
         assert f"results/tables/{table}.tex" in out
     assert "resources: tmpdir=/tmp, runtime=240, gpu=1" in out      # calibrate asks for a GPU
+
+
+def test_qdlm_config_plans_its_grid_in_one_table(ws):
+    """config/qdlm.yaml: QDLM's weight-only GPTQ and AWQ (W4A16, W3A16), SmoothQuant and QuaRot
+    at W8A8, next to QuaRot / FlatQuant / FAIR-Calib at W4A4, on LLaDA and Dream, Base and
+    Instruct, all rows of one main table (``method_bits``)."""
+    res = subprocess.run(["snakemake", "-n", "--cores", "1", "results/tables/main.tex",
+                          "--configfile", "config/qdlm.yaml"], cwd=ws, capture_output=True, text=True)
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, out[-3000:]
+    assert "train_tiny" not in out
+    for model in ("llada-8b-base", "llada-8b-instruct", "dream-7b-base", "dream-7b-instruct"):
+        for cell in ("gptq-w4/w4a16", "gptq-w3/w3a16", "awq-w4/w4a16", "awq-w3/w3a16",
+                     "smoothquant/w8a8", "quarot-w8a8/w8a8", "quarot/w4a4", "flatquant/w4a4",
+                     "fair-calib/w4a4"):
+            assert f"results/calib/{model}/{cell}/meta.json" in out, (model, cell)
+
+
+@pytest.mark.parametrize("over, message", [
+    ({"tables": {"main": {"method_bits": {"rtn": "w4a16"}}}}, "tables.main.method_bits = 'rtn'"),
+    ({"tables": {"main": {"method_bits": {"gptq-w4": "w5a16"}}}}, "tables.main.method_bits.gptq-w4"),
+    ({"tables": {"main": {"method_bits": {"gptq-w4": "w4a4"}}}}, "gptq-w4 (type gptq) is weight-only"),
+])
+def test_method_bits_are_checked_before_any_job(over, message):
+    """A row's bits must be defined and belong to the table's methods; a weight-only method
+    (gptq, awq) is refused at quantized activations, naming the key."""
+    from fair_calib import config as C
+    from fair_calib.references import check_config
+
+    def merge(a, b):
+        out = dict(a)
+        for k, v in b.items():
+            out[k] = merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+        return out
+    root = Path(__file__).resolve().parents[1]
+    cfg = merge(C.load_yaml(root / "config/config.yaml"), C.load_yaml(root / "config/qdlm.yaml"))
+    check_config(cfg)
+    with pytest.raises(C.ConfigError, match=re.escape(message)):
+        check_config(merge(cfg, over))
 
 
 def test_gpu_model_and_node_features_reach_the_jobs(ws):

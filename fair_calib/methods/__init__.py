@@ -10,13 +10,16 @@ from typing import Any
 
 import torch
 
+from .awq import AWQMethod
 from .base import QuantMethod, fold_block
 from .fair_calib import FairCalibMethod
 from .flatquant import FlatQuantMethod
 from .fp import FPMethod
+from .gptq import GPTQMethod
 from .qdrop import QDropMethod
 from .quarot import QuaRotMethod
 from .rtn import RTNMethod
+from .smoothquant import SmoothQuantMethod
 
 REGISTRY: dict[str, type[QuantMethod]] = {
     "fp": FPMethod,
@@ -25,6 +28,9 @@ REGISTRY: dict[str, type[QuantMethod]] = {
     "flatquant": FlatQuantMethod,
     "fair_calib": FairCalibMethod,
     "qdrop": QDropMethod,
+    "gptq": GPTQMethod,
+    "awq": AWQMethod,
+    "smoothquant": SmoothQuantMethod,
 }
 
 
@@ -72,6 +78,8 @@ def load_quantized(loaded, calib_dir: str | Path, fold: bool = True, keep_fp: bo
         raise ValueError(f"model has {len(blocks)} blocks, calibration {meta['n_blocks']}")
     device = loaded.device
     mode = lowbit_mod.resolve_mode(device, lowbit) if fold and not keep_fp else "fake"
+    if not getattr(method, "integer_gemm", True):
+        mode = "fake"   # weights not on the integer GEMMs' grid (group-wise, zero points)
     for i, block in enumerate(blocks):
         groups = groups_from_json(meta["groups"][str(i)])
         prefix = f"{i}."

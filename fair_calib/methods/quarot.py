@@ -31,7 +31,7 @@ from ..quant.blockio import call_block, capture_block_inputs
 from ..quant.discovery import get_submodule
 from ..quant.trace import head_dim as _head_dim
 from ..quant.trace import trace_block
-from ..quant.gptq import gptq_quantize, mse_clip_scale
+from ..quant.gptq import group_hessian, gptq_quantize, mse_clip_scale
 from ..quant.hadamard import KronRotation
 from ..quant.qlinear import InputQuant, QuantLinear
 from ..quant.quantizers import ActQuantizer, WeightQuantizer
@@ -155,32 +155,9 @@ class QuaRotMethod(QuantMethod):
             return
         with self.propagation(block):
             for g in groups:
-                H = self._group_hessian(block, g, len(inputs), run)
+                H = group_hessian(block, g, len(inputs), run)
                 for n in g.names:
                     self._gptq(get_submodule(block, n), H)
-
-    def _group_hessian(self, block, group, n_batches, run) -> torch.Tensor:
-        first: QuantLinear = get_submodule(block, group.names[0])
-        acc: list[torch.Tensor] = []
-
-        def hook(_m, args):
-            x = args[0].detach().float().reshape(-1, args[0].shape[-1]).double()
-            h = x.T @ x
-            if acc:
-                acc[0] += h
-            else:
-                acc.append(h)
-        handle = first.register_forward_pre_hook(hook)
-        try:
-            for b in range(n_batches):
-                run(b)
-        finally:
-            handle.remove()
-        H = acc[0]
-        if first.inq is not None and first.inq.rotation is not None:
-            HR = first.inq.rotation.rotate(H)          # H R
-            H = first.inq.rotation.rotate(HR.T)        # R^T H R (H symmetric)
-        return H
 
     def _gptq(self, ql: QuantLinear, H: torch.Tensor) -> None:
         w = ql.linear.weight.double()

@@ -2,7 +2,8 @@
 
 Every fake-quant linear is written as its integer codes of Q_W(W T^{-1}) (4-bit: two codes per
 byte, low nibble first, two's complement; 5..8 bits: one int8 per code) plus one float16 scale
-per output channel and its bias. The online part of each input group (the folded transform
+per output channel and its bias; a group-wise weight (``gptq``, ``awq``, ``smoothquant``) as its
+unsigned codes with float16 scales and int16 zero points per (row, group) (:func:`group_tensors`). The online part of each input group (the folded transform
 matrices P1, P2 and diagonal d, an online rotation's factors, a static activation scale) and all
 non-quantized parameters (embeddings, norms, LM head) are stored in bfloat16 (float16 for the
 small scales). The file is a plain safetensors file; its size on disk is what ``export_bytes``
@@ -68,6 +69,37 @@ def linear_codes(ql: QuantLinear) -> tuple[torch.Tensor, torch.Tensor]:
     return codes.to(torch.int8), scale
 
 
+def pack_uint4(codes: torch.Tensor) -> torch.Tensor:
+    """unsigned codes in [0, 15], shape [out, in] -> uint8 [out, ceil(in / 2)] (low nibble first)."""
+    c = codes.to(torch.int16)
+    if c.numel() and (c.min() < 0 or c.max() > 15):
+        raise ValueError("unsigned 4-bit codes must lie in [0, 15]")
+    u = c.to(torch.uint8)
+    if u.shape[-1] % 2:
+        u = torch.cat([u, torch.zeros(*u.shape[:-1], 1, dtype=torch.uint8)], dim=-1)
+    return u[..., 0::2] | (u[..., 1::2] << 4)
+
+
+def unpack_uint4(packed: torch.Tensor, n: int) -> torch.Tensor:
+    return torch.stack([packed & 0xF, packed >> 4], dim=-1).reshape(*packed.shape[:-1], -1)[..., :n]
+
+
+def group_tensors(name: str, gc) -> dict[str, torch.Tensor]:
+    """A group-wise weight (:class:`~fair_calib.quant.groupwise.GroupCodes`): its unsigned codes
+    (bits <= 4: two per byte, low nibble first; else one uint8 each), float16 scales and int16
+    zero points per (row, group), and ``g_idx`` only where the groups are not consecutive
+    (GPTQ's act-order): w = scale[:, g_idx] (code - zero[:, g_idx])."""
+    codes = gc.codes.cpu()
+    out = {f"{name}.qweight": pack_uint4(codes) if gc.bits <= 4 else codes.to(torch.uint8),
+           f"{name}.scales": gc.scale.to(torch.float16).cpu(),
+           f"{name}.zeros": gc.zero.to(torch.int16).cpu()}
+    n, ng = codes.shape[1], gc.scale.shape[1]
+    gs = -(-n // ng)
+    if not torch.equal(gc.g_idx.long().cpu(), torch.arange(n) // gs):
+        out[f"{name}.g_idx"] = gc.g_idx.to(torch.int32).cpu()
+    return out
+
+
 @torch.no_grad()
 def export_quantized(model: nn.Module, path: str | Path) -> dict[str, int]:
     """Write the packed deployment file for a fake-quant ``model``; returns sizes in bytes."""
@@ -92,6 +124,10 @@ def export_quantized(model: nn.Module, path: str | Path) -> dict[str, int]:
         for t in (ql.w_folded, ql.w_quant):
             if t is not None:
                 skip.add(id(t))
+        gc = getattr(ql, "_groups", None)
+        if gc is not None:                 # group-wise codes with zero points (gptq, awq, ...)
+            tensors.update(group_tensors(name, gc))
+            continue
         if not is_quantized(ql.wq.bits):
             tensors[f"{name}.weight"] = ql.linear.weight.detach().to(torch.bfloat16)
             continue
@@ -117,6 +153,9 @@ def export_quantized(model: nn.Module, path: str | Path) -> dict[str, int]:
             tensors[f"{pre}.rot_signs"] = inq.rotation.s.to(torch.int8).cpu()
             if inq.rotation.m > 1:
                 tensors[f"{pre}.rot_m"] = inq.rotation.mfac.to(torch.bfloat16).cpu()
+        smooth = getattr(inq, "smooth", None)     # SmoothQuant's online division (GQA o_proj)
+        if smooth is not None:
+            tensors[f"{pre}.smooth"] = smooth.to(torch.float16).cpu()
         if inq.act.enabled:   # one row per reader: (max-side, min-side) clip factors or LSQ scale
             rows = [a.scale.abs().reshape(1).repeat(2) if a.scale is not None
                     else torch.stack(a.ratios(torch.device("cpu"))) for a in inq.acts]

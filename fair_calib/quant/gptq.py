@@ -1,14 +1,62 @@
-"""GPTQ (Frantar et al.) for one weight matrix, symmetric per-output-channel grid.
+"""GPTQ (Frantar et al.) for one weight matrix: QuaRot's symmetric per-row grid
+(:func:`gptq_quantize`) and AutoGPTQ's group-wise grid with zero points (:func:`gptq_grouped`).
 
 Columns are quantized left to right; each column's rounding error is spread onto the columns
-not yet quantized through the inverse Hessian's Cholesky factor, in blocks of ``block_size``.
-H = X^T X (any positive scale) of the layer input; ``damp`` * mean(diag H) is added to the diagonal.
+not yet quantized through the inverse Hessian's Cholesky factor, in blocks of ``block_size``
+(:func:`_sweep`, shared by both grids). H = X^T X (any positive scale) of the layer input;
+dead columns (zero diagonal) get H_jj = 1 and a zero weight; ``damp`` * mean(diag H) is added to
+the diagonal. Both run in float64.
 """
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 
+from .groupwise import GroupCodes, autogptq_params, codes_of, n_groups
 from .quantizers import qmax
+
+
+def _prepare(w: torch.Tensor, hessian: torch.Tensor, damp: float, act_order: bool = False):
+    """(W, U, perm): W float64 with dead columns zeroed (permuted by decreasing diag H under
+    ``act_order``), U the upper Cholesky factor of the damped H^{-1}, perm or None."""
+    W = w.detach().double().clone()
+    H = hessian.detach().double().clone().to(W.device)
+    n = W.shape[1]
+    if H.shape != (n, n):
+        raise ValueError(f"Hessian {tuple(H.shape)} does not match weight {tuple(W.shape)}")
+    dead = torch.diagonal(H) == 0
+    H[dead, dead] = 1.0
+    W[:, dead] = 0.0
+    perm = None
+    if act_order:
+        perm = torch.argsort(torch.diagonal(H), descending=True)
+        W = W[:, perm]
+        H = H[perm][:, perm]
+    H += damp * torch.diagonal(H).mean() * torch.eye(n, dtype=H.dtype, device=H.device)
+    L = torch.linalg.cholesky(H)
+    Hinv = torch.cholesky_inverse(L)
+    U = torch.linalg.cholesky(Hinv, upper=True)        # upper Cholesky factor of H^{-1}
+    return W, U, perm
+
+
+def _sweep(W: torch.Tensor, U: torch.Tensor, block_size: int,
+           quant_col: Callable[[int, torch.Tensor, torch.Tensor], torch.Tensor]) -> None:
+    """The GPTQ column loop, in place on ``W``. ``quant_col(j, col, W)`` returns the quantized
+    column j ([out, 1]); ``W`` is the matrix as updated at the start of the current block (the
+    in-block updates live in a copy, as in the reference implementations)."""
+    n = W.shape[1]
+    for s in range(0, n, block_size):
+        e = min(s + block_size, n)
+        Wb = W[:, s:e].clone()
+        Ub = U[s:e, s:e]
+        Err = torch.zeros_like(Wb)
+        for c in range(e - s):
+            col = Wb[:, c:c + 1]
+            err = (col - quant_col(s + c, col, W)) / Ub[c, c]
+            Wb[:, c + 1:] -= err @ Ub[c:c + 1, c + 1:]
+            Err[:, c:c + 1] = err
+        W[:, e:] -= Err @ U[s:e, e:]
 
 
 @torch.no_grad()
@@ -17,38 +65,61 @@ def gptq_quantize(w: torch.Tensor, hessian: torch.Tensor, bits: int, damp: float
                   scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Returns (codes int8 [out, in], scale float32 [out, 1]); dequantized = codes * scale.
     ``scale``: fixed row scales (e.g. :func:`mse_clip_scale`), else clip_ratio * max|w| / q."""
-    W = w.detach().double().clone()
-    H = hessian.detach().double().clone().to(W.device)
-    n = W.shape[1]
-    if H.shape != (n, n):
-        raise ValueError(f"Hessian {tuple(H.shape)} does not match weight {tuple(W.shape)}")
     q = qmax(bits)
     if scale is None:
-        scale = (W.abs().amax(dim=1, keepdim=True) * clip_ratio / q).clamp(min=1e-8)
+        Wd = w.detach().double()
+        scale = (Wd.abs().amax(dim=1, keepdim=True) * clip_ratio / q).clamp(min=1e-8)
     else:
-        scale = scale.detach().double().reshape(-1, 1).to(W.device)
-    dead = torch.diagonal(H) == 0
-    H[dead, dead] = 1.0
-    W[:, dead] = 0.0
-    H += damp * torch.diagonal(H).mean() * torch.eye(n, dtype=H.dtype, device=H.device)
-    L = torch.linalg.cholesky(H)
-    Hinv = torch.cholesky_inverse(L)
-    U = torch.linalg.cholesky(Hinv, upper=True)        # upper Cholesky factor of H^{-1}
+        scale = scale.detach().double().reshape(-1, 1).to(w.device)
+    W, U, _ = _prepare(w, hessian, damp)
     codes = torch.zeros_like(W)
-    for s in range(0, n, block_size):
-        e = min(s + block_size, n)
-        Wb = W[:, s:e].clone()
-        Ub = U[s:e, s:e]
-        Err = torch.zeros_like(Wb)
-        for c in range(e - s):
-            col = Wb[:, c:c + 1]
-            code = torch.clamp(torch.round(col / scale), -q - 1, q)
-            codes[:, s + c:s + c + 1] = code
-            err = (col - code * scale) / Ub[c, c]
-            Wb[:, c + 1:] -= err @ Ub[c:c + 1, c + 1:]
-            Err[:, c:c + 1] = err
-        W[:, e:] -= Err @ U[s:e, e:]
+
+    def quant_col(j, col, _W):
+        code = torch.clamp(torch.round(col / scale), -q - 1, q)
+        codes[:, j:j + 1] = code
+        return code * scale
+    _sweep(W, U, block_size, quant_col)
     return codes.to(torch.int8), scale.float()
+
+
+@torch.no_grad()
+def gptq_grouped(w: torch.Tensor, hessian: torch.Tensor, bits: int, group_size: int = 128,
+                 sym: bool = True, act_order: bool = False, damp: float = 0.01,
+                 block_size: int = 128) -> GroupCodes:
+    """AutoGPTQ's ``GPTQ.fasterquant`` (``static_groups=False``) with its ``Quantizer``
+    (per channel, ``mse=False``): a group's (scale, zero) are found when the sweep reaches the
+    group's first column, from the not-yet-quantized columns of the group as updated up to the
+    start of the current block; under ``act_order`` the columns are visited by decreasing H_jj
+    and the groups are consecutive in that order (``g_idx`` maps each column back).
+    ``group_size`` <= 0: one group per row."""
+    n = w.shape[1]
+    per_row = group_size is None or group_size <= 0
+    gs = n if per_row else int(group_size)
+    W, U, perm = _prepare(w, hessian, damp, act_order)
+    codes = torch.zeros_like(W)
+    ng = n_groups(n, gs)
+    scales = torch.zeros(W.shape[0], ng, dtype=W.dtype, device=W.device)
+    zeros = torch.zeros_like(scales)
+    cur: dict[str, torch.Tensor] = {}
+    if per_row:   # one (scale, zero) per row, found before dead columns are zeroed
+        cur["s"], cur["z"] = autogptq_params(w.detach().double().to(W.device), bits, sym)
+        scales[:], zeros[:] = cur["s"], cur["z"]
+
+    def quant_col(j, col, Wcur):
+        if j % gs == 0 and not per_row:
+            cur["s"], cur["z"] = autogptq_params(Wcur[:, j:j + gs], bits, sym)
+            scales[:, j // gs:j // gs + 1], zeros[:, j // gs:j // gs + 1] = cur["s"], cur["z"]
+        c = codes_of(col, cur["s"], cur["z"], bits)
+        codes[:, j:j + 1] = c
+        return cur["s"] * (c - cur["z"])
+    _sweep(W, U, block_size, quant_col)
+    g_idx = torch.arange(n, device=W.device) // gs
+    if perm is not None:
+        inv = torch.argsort(perm)
+        codes = codes[:, inv]
+        g_idx = g_idx[inv]
+    return GroupCodes(codes.to(torch.uint8), scales.float(), zeros.float(),
+                      g_idx.to(torch.int32), int(bits))
 
 
 @torch.no_grad()
@@ -72,3 +143,31 @@ def mse_clip_scale(w: torch.Tensor, bits: int, norm: float = 2.4, grid: int = 10
         best = torch.where(better, err, best)
         scale = torch.where(better, s1, scale)
     return scale.reshape(-1, 1)
+
+
+@torch.no_grad()
+def group_hessian(block, group, n_batches: int, run) -> torch.Tensor:
+    """sum x x^T (float64) of the input of ``group``'s first linear (a ``QuantLinear``) over
+    ``run(b)``, b < n_batches, taken after the group's online rotation if it has one (R^T H R)."""
+    first = block.get_submodule(group.names[0])
+    acc: list[torch.Tensor] = []
+
+    def hook(_m, args):
+        x = args[0].detach().float().reshape(-1, args[0].shape[-1]).double()
+        h = x.T @ x
+        if acc:
+            acc[0] += h
+        else:
+            acc.append(h)
+    handle = first.register_forward_pre_hook(hook)
+    try:
+        for b in range(n_batches):
+            run(b)
+    finally:
+        handle.remove()
+    H = acc[0]
+    inq = getattr(first, "inq", None)
+    if inq is not None and inq.rotation is not None:
+        HR = inq.rotation.rotate(H)          # H R
+        H = inq.rotation.rotate(HR.T)        # R^T H R (H symmetric)
+    return H

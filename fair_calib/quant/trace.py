@@ -107,9 +107,10 @@ def trace_block(block: nn.Module, run) -> dict[str, Any]:
 
 
 @torch.no_grad()
-def trace_model(loaded, n_tokens: int = 8) -> dict[int, dict[str, Any]]:
+def trace_model(loaded, n_tokens: int = 8, feeders: bool = False) -> dict[int, dict[str, Any]]:
     """:func:`trace_block` for every block, fed the FP model's own hidden states of a short
-    probe sequence (the model is not changed)."""
+    probe sequence (the model is not changed); ``feeders``: each trace also gets
+    ``"feeders"`` (:func:`linear_feeders`)."""
     model, blocks, embed = loaded.model, loaded.blocks, loaded.embed
     device = embed.weight.device
     ids = torch.arange(n_tokens, device=device).unsqueeze(0) % embed.weight.shape[0]
@@ -121,5 +122,46 @@ def trace_model(loaded, n_tokens: int = 8) -> dict[int, dict[str, Any]]:
         dev = next(block.parameters()).device
         hid = h.to(dev, next(block.parameters()).dtype)
         traces[i] = trace_block(block, lambda: call_block(block, inputs, 0, hid))
+        if feeders:
+            traces[i]["feeders"] = linear_feeders(block, lambda: call_block(block, inputs, 0, hid),
+                                                  traces[i])
         h = call_block(block, inputs, 0, hid)
     return traces
+
+
+@torch.no_grad()
+def linear_feeders(block: nn.Module, run, tr: dict[str, Any]) -> dict[int, str]:
+    """For each group not fed by a norm, the linear (a member of a multi-linear norm-fed group)
+    whose output its input is linear in, channel by channel: doubling that linear's output
+    exactly doubles the group's input (v_proj -> o_proj, up_proj -> down_proj; a gate behind
+    SiLU does not). Found by running the block, no names. Returns {group index: linear name}
+    (groups with no such linear are absent)."""
+    groups, internal = tr["groups"], tr["internal"]
+    linears = {n: m for n, m in block.named_modules() if isinstance(m, nn.Linear)}
+
+    def inputs_of(extra=None) -> dict[int, torch.Tensor]:
+        seen: dict[int, torch.Tensor] = {}
+        hs = [linears[groups[k].names[0]].register_forward_pre_hook(
+            lambda m, a, k=k: seen.__setitem__(k, a[0].clone())) for k in internal]
+        if extra is not None:
+            hs.append(extra)
+        try:
+            run()
+        finally:
+            for h in hs:
+                h.remove()
+        return seen
+
+    base = inputs_of()
+    out: dict[int, str] = {}
+    for j in tr["norm_fed"]:
+        if len(groups[j].names) < 2:
+            continue
+        for cand in groups[j].names:
+            seen = inputs_of(linears[cand].register_forward_hook(lambda m, a, o: o * 2))
+            for k in internal:
+                b0, b1 = base[k], seen[k]
+                if k not in out and b0.abs().max() > 0 and not torch.allclose(b1, b0) \
+                        and torch.allclose(b1, 2 * b0, rtol=1e-4, atol=1e-6):
+                    out[k] = cand
+    return out

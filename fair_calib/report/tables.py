@@ -285,7 +285,8 @@ def main_table(eval_df: pd.DataFrame, models: Sequence[str], methods: Sequence[s
                tasks: Sequence[str], labels: Mapping[str, Any], *, bits: str | None = None,
                fp_method: str = "fp", chance: bool = True, caption: str | None = None,
                label: str | None = None, env: str | None = "table*",
-               records: list[dict] | None = None, name: str = "main") -> str:
+               records: list[dict] | None = None, name: str = "main",
+               method_bits: Mapping[str, str] | None = None) -> str:
     """One family table (paper Tables 1-2): a ``\\multirow`` group per model, the FP row shaded
     on every cell, then (when ``chance`` and eval rows carry it) an unshaded Chance row, then
     the quantized methods at ``bits``; per-task columns and Avg. (mean over tasks, ``--`` when
@@ -293,8 +294,11 @@ def main_table(eval_df: pd.DataFrame, models: Sequence[str], methods: Sequence[s
     docstring); ``records`` (a list) receives the cells frame's rows.
 
     ``labels`` has ``models`` / ``methods`` / ``tasks`` name -> label (or {"label": ...}), and
-    optionally ``tasks.<t>.metric``. Quantized rows need ``bits`` when eval_df holds several.
+    optionally ``tasks.<t>.metric``. Quantized rows need ``bits`` when eval_df holds several;
+    ``method_bits`` (method -> bits) gives single rows their own (QDLM's grid: W4A16 GPTQ next
+    to W8A8 SmoothQuant and W4A4 FlatQuant).
     """
+    bits_of = dict(method_bits or {})
     cells = _Cells(eval_df, tasks, labels)
     records = [] if records is None else records
     with_avg = len(tasks) > 1
@@ -314,7 +318,7 @@ def main_table(eval_df: pd.DataFrame, models: Sequence[str], methods: Sequence[s
     ]
 
     def row_cells(model, method):
-        vals = [cells.get(model, method, bits, t, fp_method) for t in tasks]
+        vals = [cells.get(model, method, bits_of.get(method, bits), t, fp_method) for t in tasks]
         return vals + ([_avg(vals)] if with_avg else [])
 
     for model in models:
@@ -339,7 +343,7 @@ def main_table(eval_df: pd.DataFrame, models: Sequence[str], methods: Sequence[s
             row = [_label(labels, "methods", m)]
             row += [_fmt_cell(v, bold=j in bold) for j, v in enumerate(qvals[i])]
             lines.append("& " + " & ".join(row) + " \\\\")
-            records += _records(name, model, m, bits, columns, qvals[i], bold)
+            records += _records(name, model, m, bits_of.get(m, bits), columns, qvals[i], bold)
     lines += ["\\bottomrule", "\\end{tabular}}"]
     body = "\n".join(lines) + "\n" + _footnote(cells.missing)
     full = _with_convention(caption) + (" " + CHANCE_NOTE if show_chance else "")
@@ -681,7 +685,7 @@ def build_table(name: str | None, settings: Mapping[str, Any],
                 flab = f"{lab}_{slug}"
             parts.append(main_table(ev, ms, methods, tasks, labels, bits=bits, fp_method=fp,
                                     chance=chance, caption=fcap, label=flab, records=records,
-                                    name=tname))
+                                    name=tname, method_bits=opts.get("method_bits")))
         return "\n".join(parts)
     model = opts.get("model") or (models[0] if models else None)
     if name in ("components", "nprobe", "schedule"):

@@ -46,3 +46,27 @@ def test_export_sizes_and_codes(tmp_path):
     # block linears: 2 layers x (4*128*128 + 3*128*256) weights; 4-bit saves 1/2 byte each vs 8-bit
     n_w = 2 * (4 * 128 * 128 + 3 * 128 * 256)
     assert abs((sizes[8] - sizes[4]) - n_w / 2) < 0.02 * n_w
+
+
+def test_group_wise_export_holds_codes_scales_and_zero_points(tmp_path):
+    """gptq / awq: unsigned codes two per byte, float16 scales and int16 zero points per (row,
+    group); g_idx only where the groups are not consecutive (act-order)."""
+    from fair_calib.quant.export import pack_uint4, unpack_uint4
+
+    r = torch.randint(0, 16, (5, 33), dtype=torch.uint8)
+    assert torch.equal(unpack_uint4(pack_uint4(r), 33), r)
+    for cfg in ({"type": "awq", "group_size": 32, "keep_export": True},
+                {"type": "gptq", "group_size": 32, "act_order": True, "keep_export": True}):
+        lm = tiny_random_loaded("llama", layers=1, hidden=64, intermediate=128)
+        out = tmp_path / cfg["type"]
+        meta = calibrate(lm, make_method(cfg, 4, 16), IDS, out, batch_size=4, log=lambda s: None)
+        t, _ = io.load_tensors(out / "export.safetensors")
+        gc = lm.blocks[0].mlp.down_proj._groups
+        name = "model.layers.0.mlp.down_proj"
+        assert t[f"{name}.qweight"].shape == (64, 64)                 # 128 codes / 2
+        assert torch.equal(unpack_uint4(t[f"{name}.qweight"], 128), gc.codes)
+        assert t[f"{name}.scales"].shape == (64, 4) and t[f"{name}.zeros"].dtype == torch.int16
+        assert torch.equal(t[f"{name}.zeros"].float(), gc.zero)
+        assert (f"{name}.g_idx" in t) == bool(cfg.get("act_order"))
+        assert f"{name}.linear.weight" not in t
+        assert meta["export_bytes"] < meta["fp_bf16_bytes"]

@@ -415,3 +415,15 @@ def test_value_and_its_pm_have_the_same_decimals():
                        bits="w4a4", env=None)
     cells = re.findall(r"(\d+\.(\d+))\}?\{\\scriptsize\$\\pm\$\d+\.(\d+)\}", tex)
     assert cells and all(len(v) == len(e) == T.DIGITS for _, v, e in cells), cells
+
+
+def test_main_table_method_bits_give_a_row_its_own_bits():
+    """``method_bits``: one row of a W4A4 table read at W3A4 (QDLM's grid: weight-only rows
+    next to W4A4 ones), its cells recorded under those bits."""
+    records = []
+    tex = T.main_table(eval_df(), ["m1"], ["fp", "rtn", "fair"], ["t1", "t2"], LABELS,
+                       bits="w4a4", method_bits={"rtn": "w3a4"}, records=records)
+    rtn_line = next(l for l in tex.splitlines() if l.startswith("& RTN"))
+    assert "10.0" in rtn_line and "70.0" not in rtn_line
+    assert {r["bits"] for r in records if r["method"] == "rtn"} == {"w3a4"}
+    assert {r["bits"] for r in records if r["method"] == "fair"} == {"w4a4"}

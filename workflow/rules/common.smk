@@ -108,6 +108,11 @@ def table_methods(t):
     return list(dict.fromkeys(t["methods"] + extra))
 
 
+def table_bits(t, method):
+    """The bits a table's row of ``method`` runs at: ``method_bits`` (main tables), else ``bits``."""
+    return t.get("method_bits", {}).get(method, t["bits"])
+
+
 def table_inputs(table):
     """The files a table is made from: eval rows, or calibration stats/meta for memory tables."""
     t = config["tables"][table]
@@ -119,7 +124,7 @@ def table_inputs(table):
     if t["kind"] == "deploy_memory":
         return [f"{calib_dir(m, method_runs(x)[0], t['bits'])}/meta.json"
                 for m in models for x in table_methods(t) if not is_fp(x)]
-    return sorted({f"results/eval/{m}/{run}/{bits_for(x, t['bits'])}/{task}.parquet"
+    return sorted({f"results/eval/{m}/{run}/{bits_for(x, table_bits(t, x))}/{task}.parquet"
                    for m in models for x in table_methods(t) for run in method_runs(x)
                    for task in t["tasks"]})
 

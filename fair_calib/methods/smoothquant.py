@@ -1,0 +1,147 @@
+"""``smoothquant``: SmoothQuant as QDLM runs it (DuQuant's code base, ``main.py --smooth
+--alpha 0.5 --epochs 0``, activation scales from ``generate_act_scale_shift.py``; W8A8).
+
+Per block (no optimisation; the next block is fed the FP block's outputs):
+1. scales, all from the FP block: s = clamp(a^alpha / w^(1 - alpha), 1e-5), then lifted to
+   1e-2 (DuQuant's ``truncate_number``), with a = clamp(max |x|, 1e-5) per input channel over
+   the calibration set (the driver's ``x_absmax``: what ``get_act_scales`` records) and w =
+   clamp(max |W|, 1e-5) per input channel of ONE linear of the group, as DuQuant's ``pairs``
+   name it: the q projection (the attention-input group's first linear), the up projection
+   (the MLP-input member that feeds the down projection), o_proj, down_proj;
+2. folded (``smooth_and_let_inplace``): a norm-fed group's norm weight / s and its linears'
+   columns * s; o_proj: v_proj's rows (and bias) / s and o_proj's columns * s, or, where v_proj
+   has fewer rows than o_proj has inputs (GQA: Dream), an online division of o_proj's input by
+   s (``smooth_fc_inplace``); down_proj: up_proj's rows / s;
+3. weights: per output channel, asymmetric min/max (DuQuant's ``UniformAffineQuantizer``,
+   ``symmetric`` False, ``per_channel``), rounded to nearest;
+4. activations: per token, asymmetric min/max, dynamic (``a_dynamic_method per_token``).
+The roles (q, v/o, up/down) are found by running the block, not by names. ``alpha`` (0.5).
+"""
+from __future__ import annotations
+
+import torch
+
+from ..quant.discovery import get_submodule
+from ..quant.groupwise import group_codes, minmax_asym_params, fake_quant_zp
+from ..quant.qlinear import InputQuant
+from ..quant.quantizers import ActQuantizer, is_quantized
+from .weight_only import GroupCodesMethod
+
+CLIPMIN = 1e-5      # DuQuant's quantize/const.py
+TRUNCATE = 1e-2     # DuQuant's truncate_number threshold on the smoothing scales
+
+
+class AsymActQuantizer(ActQuantizer):
+    """Per-token asymmetric min/max quantizer (DuQuant's activation quantizer)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.enabled:
+            return x
+        scale, zero = minmax_asym_params(x, self.bits)
+        return fake_quant_zp(x, scale, zero, self.bits)
+
+
+class SmoothInputQuant(InputQuant):
+    """A group's input: optionally divided by the smoothing scales online (``smooth``), then
+    quantized per token by :class:`AsymActQuantizer` (eager: the fused kernels are symmetric)."""
+
+    def __init__(self, dim: int, act: ActQuantizer, online_smooth: bool = False):
+        super().__init__(dim, act)
+        self.register_buffer("smooth", torch.ones(dim) if online_smooth else None)
+
+    def transform_x(self, x, mats=None):
+        return x if self.smooth is None else x / self.smooth.to(x.dtype)
+
+    def _fusable(self) -> bool:
+        return False
+
+    def _compute_folded(self, x):
+        xt = self.transform_x(x)
+        return tuple(a(xt.float()).to(x.dtype) if a.enabled else xt for a in self.acts)
+
+
+def smoothing_scale(act_absmax: torch.Tensor, weight: torch.Tensor, alpha: float) -> torch.Tensor:
+    """DuQuant's smoothing scale of one group from its input's max |x| and one linear's weight."""
+    act = act_absmax.float().clamp(min=CLIPMIN)
+    w = weight.float().abs().max(dim=0)[0].clamp(min=CLIPMIN)
+    s = (act.pow(alpha) / w.pow(1 - alpha)).clamp(min=CLIPMIN)
+    return torch.where(s.abs() < TRUNCATE, s.sign() * TRUNCATE, s)
+
+
+class SmoothQuantMethod(GroupCodesMethod):
+    type_name = "smoothquant"
+
+    def __init__(self, cfg, w_bits, a_bits, seed=0):
+        super().__init__(cfg, w_bits, a_bits, seed)
+        self._traces: dict = {}
+        self.scales: dict[int, dict[int, torch.Tensor]] = {}   # per block: group -> s (tests)
+
+    @property
+    def alpha(self) -> float:
+        return float(self.cfg.get("alpha", 0.5))
+
+    def prepare_model(self, loaded) -> None:
+        from ..quant.trace import trace_model
+
+        self._traces = trace_model(loaded, feeders=True)
+
+    def _trace(self, block_index):
+        tr = self._traces.get(block_index)
+        if tr is None:
+            raise RuntimeError("smoothquant: prepare_model must run before quantize_block")
+        return tr
+
+    def _plan(self, block, groups, tr) -> dict[int, tuple[str, str | None, str]]:
+        """group -> (how s is folded: norm / linear / online, where, the linear whose weight
+        maximum enters s)."""
+        feeders = tr.get("feeders", {})
+        fed_by = set(feeders.values())
+        plan = {}
+        for j, g in enumerate(groups):
+            if j in tr["norm_fed"]:
+                # q_proj for the attention input (the group holding v), up_proj for the MLP's
+                key = (g.names[0] if tr.get("v_name") in g.names else
+                       next((n for n in g.names if n in fed_by), g.names[0]))
+                plan[j] = ("norm", tr["producer"][j], key)
+            elif j in feeders:
+                f = get_submodule(block, feeders[j])
+                same = f.out_features == g.in_features
+                plan[j] = ("linear" if same else "online", feeders[j] if same else None, g.names[0])
+        return plan
+
+    def make_input_quant(self, group, j, stats, block, block_index):
+        tr = self._trace(block_index)
+        online = self._plan(block, tr["groups"], tr).get(j, ("",))[0] == "online"
+        return SmoothInputQuant(group.in_features, AsymActQuantizer(self.a_bits), online)
+
+    @torch.no_grad()
+    def after_wrap(self, block, groups, stats, block_index) -> None:
+        plan = self._plan(block, groups, self._trace(block_index))
+        lin = lambda n: get_submodule(block, n).linear   # noqa: E731
+        scales = {j: smoothing_scale(stats[j].x_absmax, lin(key).weight, self.alpha)
+                  for j, (_, _, key) in plan.items()}
+        norms = []
+        for j, (kind, where, _) in plan.items():
+            s = scales[j]
+            if kind == "norm":
+                nw = get_submodule(block, where).weight
+                nw.copy_((nw.float() / s).to(nw.dtype))
+                norms.append(where)
+            elif kind == "linear":
+                f = lin(where)
+                f.weight.copy_((f.weight.float() / s.view(-1, 1)).to(f.weight.dtype))
+                if f.bias is not None:
+                    f.bias.copy_((f.bias.float() / s).to(f.bias.dtype))
+            else:
+                get_submodule(block, groups[j].names[0]).inq.smooth.copy_(s)
+            for n in groups[j].names:
+                w = lin(n).weight
+                w.copy_((w.float() * s.view(1, -1)).to(w.dtype))
+        block._scaled_norms = tuple(norms)
+        self.scales[block_index] = scales
+        if is_quantized(self.w_bits):
+            for g in groups:
+                for n in g.names:
+                    self.set_codes(get_submodule(block, n),
+                                   group_codes(lin(n).weight.float(), self.w_bits, -1,
+                                               minmax_asym_params))
