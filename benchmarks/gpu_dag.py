@@ -42,6 +42,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 FAMILY_SHAPE = {"llada": "llada-8b", "dream": "dream-7b"}
+METHOD_ORDER = ("fp", "rtn", "quarot", "flatquant", "fair-calib")   # config/gpu_dag.yaml's
 # The CPU smoke's widths (the vocabulary is the tokenizer's own size there).
 SMOKE = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4)
 SMOKE_KV_HEADS = {"llada": 4, "dream": 2}       # LLaDA: no GQA; Dream: GQA, as at full size
@@ -295,9 +296,10 @@ def job_records(run: Path) -> list[dict]:
     return sorted(records, key=lambda r: (r.get("start", float("inf")), r["job"], r["wildcards"]))
 
 
-def max_overlap(records: list[dict]) -> int:
-    """The most GPU jobs that ran at one time."""
-    events = sorted((t, d) for r in records if r.get("card", "cpu") != "cpu"
+def max_overlap(records: list[dict], gpu_only: bool) -> int:
+    """The most jobs (GPU jobs: ``gpu_only``) that ran at one time."""
+    events = sorted((t, d) for r in records
+                    if "wall_s" in r and not (gpu_only and r["card"] == "cpu")
                     for t, d in ((r["start"], 1), (r["start"] + r["wall_s"], -1)))
     most = now = 0
     for _, d in events:
@@ -310,11 +312,16 @@ def _fmt(x, digits=1) -> str:
     return "-" if x is None else f"{x:.{digits}f}"
 
 
+COPY_JOBS = ("gather_eval",)     # one shard: `cp`, no stage process, so no job line
+
+
 def jobs_table(records: list[dict]) -> list[str]:
     t0 = min((r["start"] for r in records if "start" in r), default=0.0)
     out = ["| job | wildcards | status | wall s | process s | card | peak GPU GB | start s |",
            "|---|---|---|---:|---:|---|---:|---:|"]
     for r in records:
+        if r["job"] in COPY_JOBS and r["status"] == "no job line":
+            continue
         start = r["start"] - t0 if "start" in r else None
         out.append(f"| {r['job']} | {r['wildcards']} | {r['status']} | {_fmt(r.get('wall_s'))} "
                    f"| {_fmt(r.get('process_s'))} | {r.get('card', '-')} "
@@ -332,7 +339,8 @@ def methods_table(records: list[dict]) -> list[str]:
         model, method, _bits, task = r["wildcards"].split("/")[:4]
         cells.setdefault((model, task), {})[method] = r["wall_s"]
         methods += [method] if method not in methods else []
-    methods = sorted(methods, key=lambda m: (m != "fp", methods.index(m)))
+    order = {m: i for i, m in enumerate(METHOD_ORDER)}
+    methods = sorted(methods, key=lambda m: (order.get(m, len(order)), m))
     if not cells:
         return []
     out = ["| model | task | " + " | ".join(f"{m} s" for m in methods) + " |",
@@ -350,18 +358,21 @@ def summary_lines(run: Path, records: list[dict]) -> list[str]:
     span = (max(r["start"] + r["wall_s"] for r in timed) - min(r["start"] for r in timed)
             if timed else 0.0)
     cards = sorted({r["card"] for r in timed if r["card"] != "cpu"})
-    failed = [r for r in records if r["status"] not in ("ok", "no job line")]
+    failed = [r for r in records if r["status"] != "ok"
+              and not (r["job"] in COPY_JOBS and r["status"] == "no job line")]
+    copies = sum(1 for r in records if r["job"] in COPY_JOBS and r["status"] == "no job line")
     env = run / "env.txt"
     lines = [f"# GPU DAG run ({run})", "", "```"]
     lines += (env.read_text().splitlines() if env.is_file() else ["(no env.txt)"]) + ["```", "",
              f"jobs with a job line: {len(timed)}; not ok: {len(failed)}; cards: "
              f"{', '.join(cards) or 'none (CPU)'}; span first start -> last end: {span:.1f} s; "
-             f"sum of job wall times: {sum(r['wall_s'] for r in timed):.1f} s; most GPU jobs "
-             f"at once: {max_overlap(records)}", "",
+             f"sum of job wall times: {sum(r['wall_s'] for r in timed):.1f} s; most jobs at once: "
+             f"{max_overlap(records, False)} (GPU jobs: {max_overlap(records, True)})", "",
              "wall s: the stage's own time (fair_calib.cli job line: after the interpreter "
              "started, imports included); process s: Snakemake's benchmark file (the whole "
-             "command), where the rule has one. Jobs without a job line (gather_eval of one "
-             "shard: a file copy) are listed as such.", ""]
+             "command), where the rule has one; start s: after the first job's start. "
+             f"{copies} gather_eval jobs of one shard (a file copy, no Python) are not listed.",
+             ""]
     lines += jobs_table(records) + [""]
     methods = methods_table(records)
     if methods:

@@ -15,7 +15,8 @@
 #   GPU_DAG_LAYERS    transformer blocks of each checkpoint (default 4; the smoke: 2)
 #   GPU_DAG_JOBS      GPU jobs at once on the one card (default 4; the smoke: 2)
 #   GPU_DAG_DEADLINE  seconds after the script's start by which Snakemake is stopped, so the
-#                     summary is still written inside a 10-minute call (default 540)
+#                     summary is still written inside a 10-minute call (default 540; the
+#                     smoke: 1500)
 #   GPU_DAG_RUN       the run folder (default /tmp/gpu_dag_run; emptied first)
 #   GPU_DAG_SITE      where the wheels are installed (default /tmp/site)
 #   FAIR_CALIB_DATA_DIR  the documents (default .gpu_dag_data)
@@ -124,13 +125,17 @@ run() {
     [ $smoke = 0 ] || smoke_flag=--smoke
     $PY benchmarks/gpu_dag.py checkpoints --data "$data" --out "$run/models" --layers "$layers" \
         $smoke_flag | tee -a "$run/env.txt"
-    local budget=$(( ${GPU_DAG_DEADLINE:-540} - SECONDS )) rc=0
+    local deadline=${GPU_DAG_DEADLINE:-540}
+    [ $smoke = 0 ] || deadline=${GPU_DAG_DEADLINE:-1500}
+    local budget=$(( deadline - SECONDS )) rc=0
     [ "$budget" -ge 60 ] || { echo "error: only $budget s left before GPU_DAG_DEADLINE for Snakemake" >&2; exit 1; }
     echo "snakemake: $budget s left before the deadline (GPU_DAG_DEADLINE)"
     # shellcheck disable=SC2086
     (cd "$run" && timeout -s INT -k 20 "$budget" $PY -m snakemake --configfile $configs \
         --config data_dir="$data" --cores "$(nproc)" --resources gpu="$jobs" \
-        --scheduler greedy --keep-going --rerun-incomplete) 2>&1 | tee "$run/snakemake.log" \
+        --scheduler greedy --keep-going --rerun-incomplete \
+        --prioritize results/prior/llada-gpu-dag/default.parquet \
+        results/prior/dream-gpu-dag/default.parquet) 2>&1 | tee "$run/snakemake.log" \
         || rc=$?
     $PY benchmarks/gpu_dag.py summary --run "$run" ${OUT:+--out "$OUT"}
     [ -z "${OUT:-}" ] || cp "$run/snakemake.log" "$OUT/"
