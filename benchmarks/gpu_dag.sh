@@ -31,10 +31,13 @@ PY=${PYTHON:-python3}
 # torch, triton, transformers, tokenizers, numpy, pandas, pyarrow, huggingface-hub, fsspec,
 # pyyaml, jinja2, requests, psutil, scikit-learn, sacrebleu, xxhash, ... which are not shipped.
 # Versions: those the project's environment runs. pulp (16 MB, Snakemake's ILP scheduler) is
-# left out: the run uses `--scheduler greedy`. typing-extensions: pydantic needs >= 4.16.
+# left out: the run uses `--scheduler greedy`. Shipped although the machine has them, for the
+# versions they must have: typing-extensions (pydantic needs >= 4.16), fsspec (datasets needs
+# <= 2026.9.0).
 WHEELS="annotated-types==0.8.0 argparse-dataclass==2.0.0 chardet==6.0.0.post1 conda-inject==1.3.2
 configargparse==1.9.0 dataproperty==1.1.1 datasets==5.2.0 defusedxml==0.7.1 dill==0.4.1
-docutils==0.22.4 dpath==2.2.0 evaluate==0.4.6 fastjsonschema==2.22.3 gitdb==4.0.12
+docutils==0.22.4 dpath==2.2.0 evaluate==0.4.6 fastjsonschema==2.22.3 fsspec==2026.9.0
+gitdb==4.0.12
 gitpython==3.2.1 greenlet==3.5.6 humanfriendly==10.0 immutables==0.21 jsonschema==4.26.0
 jsonschema-specifications==2025.9.1 jupyter-core==5.9.1 lm-eval==0.4.13 mbstrdecoder==1.1.5
 more-itertools==11.2.1 multiprocess==0.70.19 nbformat==5.11.1 nltk==3.10.4 pathvalidate==3.3.1
