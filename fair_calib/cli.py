@@ -179,10 +179,13 @@ def job_record(stage: str, status: str, start: float) -> dict:
     rec = {"stage": stage, "status": status, "start": round(start, 3)}
     if status != "start":
         rec["wall_s"] = round(time.time() - start, 3)
-        rec["card"] = job_card()
-        torch = sys.modules.get("torch")
-        if rec["card"] != "cpu":
-            rec["peak_gpu_gb"] = round(torch.cuda.max_memory_allocated() / 2**30, 3)
+        try:
+            rec["card"] = job_card()
+            if rec["card"] != "cpu":
+                torch = sys.modules["torch"]
+                rec["peak_gpu_gb"] = round(torch.cuda.max_memory_allocated() / 2**30, 3)
+        except Exception as err:  # noqa: BLE001  (a failed job's CUDA context may be broken)
+            rec["card"] = f"unknown ({type(err).__name__}: {err})"[:200]
     print(JOB_LINE + json.dumps(rec), file=sys.stderr, flush=True)
     return rec
 
