@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import json
 import sys
+import time
 
 from .environment import check_settings_environment
 
@@ -136,12 +137,58 @@ def main(argv: list[str] | None = None) -> None:
     numerics.pin_environment()
     rest = _checked_settings(stage, argv[1:])
     _take_gpu_slot(rest)
+    start = time.time()
+    status = "error"
+    if stage in JOB_STAGES:
+        job_record(stage, "start", start)
+    try:
+        _run_stage(stage, rest)
+        status = "ok"
+    finally:
+        if stage in JOB_STAGES:
+            job_record(stage, status, start)
+
+
+def _run_stage(stage: str, rest: list[str]) -> None:
     module = importlib.import_module(SUBCOMMANDS[stage])
     from .io import CorruptFileError
     try:
         module.run_cli([stage] + rest if stage in WHOLE_ARGV else rest)
     except CorruptFileError as err:  # names the file and the command that regenerates it
         sys.exit(f"error: fair-calib {stage}: {err}")
+
+
+# The stages the workflow runs as jobs: each writes, to its log (stderr), one line when it
+# starts and one when it ends, with its wall time and the card it ran on, so a run's cost per
+# job can be read off its logs (benchmarks/gpu_dag.py summarises them).
+JOB_STAGES = ("make-data", "train-tiny", "convert-hub", "probe", "prior", "calibrate",
+              "evaluate", "trajectories", "diagnose", "report", "figures", "floor-sweep")
+JOB_LINE = "[fair-calib] job "
+
+
+def job_card() -> str:
+    """The GPU this process computed on (torch's name for it), or ``cpu``: a process that never
+    initialised CUDA ran on the CPU."""
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_initialized():
+        return "cpu"
+    return torch.cuda.get_device_name(torch.cuda.current_device())
+
+
+def job_record(stage: str, status: str, start: float) -> dict:
+    """Print (stderr) and return the job line: ``status`` is ``start``, ``ok`` or ``error``."""
+    rec = {"stage": stage, "status": status, "start": round(start, 3)}
+    if status != "start":
+        rec["wall_s"] = round(time.time() - start, 3)
+        try:
+            rec["card"] = job_card()
+            if rec["card"] != "cpu":
+                torch = sys.modules["torch"]
+                rec["peak_gpu_gb"] = round(torch.cuda.max_memory_allocated() / 2**30, 3)
+        except Exception as err:  # noqa: BLE001  (a failed job's CUDA context may be broken)
+            rec["card"] = f"unknown ({type(err).__name__}: {err})"[:200]
+    print(JOB_LINE + json.dumps(rec), file=sys.stderr, flush=True)
+    return rec
 
 
 if __name__ == "__main__":

@@ -1,0 +1,101 @@
+"""The GPU DAG run's pieces that run anywhere (benchmarks/gpu_dag.py, the stage CLIs' job lines,
+config/gpu_dag*.yaml). The run itself is `benchmarks/gpu_dag.sh run [--cpu-smoke]`."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fair_calib import cli
+from fair_calib import config as C
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from benchmarks import gpu_dag  # noqa: E402
+
+
+def test_length_classes_take_each_classs_shortest_and_longest():
+    lengths = [50, 10, 40, 30, 20, 60, 70, 80, 90]          # ranks: 1 4 3 2 0 5 6 7 8
+    picked = gpu_dag.pick_by_length(lengths, classes=3, per_class=2)
+    assert [(lengths[i], c) for i, c in picked] == [(10, 0), (30, 0), (40, 1), (60, 1),
+                                                    (70, 2), (90, 2)]
+    assert [lengths[i] for i, _ in gpu_dag.pick_by_length(lengths, 3, 1)] == [20, 50, 80]
+    with pytest.raises(ValueError, match="cannot fill 3 classes of 4"):
+        gpu_dag.pick_by_length(lengths, 3, 4)
+
+
+def test_the_tokenizer_decodes_every_id_of_the_models_vocabulary():
+    tok = gpu_dag.family_tokenizer(["Natalia sold 48 clips .", "a b c"], "llada", 600, 4096)
+    assert len(tok) == 600 and tok.model_max_length == 4096
+    assert tok.convert_ids_to_tokens(tok.mask_token_id) == "<|mdm_mask|>"
+    assert tok.decode([599]) == "<|reserved_599|>"
+    assert len(tok("Natalia sold 48 clips.", add_special_tokens=False)["input_ids"]) == \
+        gpu_dag.n_tokens("Natalia sold 48 clips.") == 5
+    with pytest.raises(ValueError, match="more than the model's vocabulary of 10"):
+        gpu_dag.family_tokenizer(["a b c d e f g"], "dream", 10, 2048)
+
+
+def _log(run: Path, rel: str, *lines: str) -> None:
+    path = run / "logs" / rel
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines) + "\n")
+
+
+def test_summary_reads_the_job_lines_and_puts_each_method_next_to_fp(tmp_path, capsys):
+    start = cli.job_record("evaluate", "start", 100.0)
+    assert start == {"stage": "evaluate", "status": "start", "start": 100.0}
+    def line(rec):
+        return cli.JOB_LINE + json.dumps(rec)
+
+    for method, wall in (("fp", 10.0), ("rtn", 15.0)):
+        bits = "fp" if method == "fp" else "w4a4"
+        _log(tmp_path, f"evaluate/m/{method}/{bits}/t/shard-0.log", line(start), "work",
+             line({"stage": "evaluate", "status": "ok", "start": 100.0, "wall_s": wall,
+                   "card": "NVIDIA H100 80GB HBM3", "peak_gpu_gb": 4.0}))
+    _log(tmp_path, "calibrate/m/rtn/w4a4.log", line({**start, "stage": "calibrate"}))
+    _log(tmp_path, "gather_eval/m/fp/fp/t.log")
+    bench = tmp_path / "results/benchmarks/evaluate/m/fp/fp/t/shard-0.tsv"
+    bench.parent.mkdir(parents=True)
+    bench.write_text("s\th:m:s\n12.5\t0:00:12\n")
+    records = gpu_dag.job_records(tmp_path)
+    by = {(r["job"], r["wildcards"]): r for r in records}
+    assert by[("evaluate", "m/fp/fp/t/shard-0")]["process_s"] == 12.5
+    assert by[("calibrate", "m/rtn/w4a4")]["status"] == "started, never ended (killed?)"
+    assert gpu_dag.max_overlap(records, gpu_only=True) == 2
+    text = "\n".join(gpu_dag.summary_lines(tmp_path, records))
+    assert "| m | t | 10.0 | 15.0 (1.50x) |" in text
+    assert "not ok: 1" in text and "1 gather_eval jobs of one shard" in text
+    out = tmp_path / "out"
+    gpu_dag.write_out(tmp_path, out, text.splitlines(), records)
+    assert sorted(p.name for p in out.iterdir()) == ["jobs.json", "logs_tail.txt", "summary.md"]
+
+
+def _cli(*args):
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.run([sys.executable, "-m", "fair_calib.cli", *args], capture_output=True,
+                          text=True, env=env)
+
+
+def test_a_stage_logs_its_wall_time_and_card_even_when_it_fails():
+    refused = _cli("prior", "--settings", "{}")             # refused before the job starts
+    assert refused.returncode != 0 and cli.JOB_LINE not in refused.stderr
+    failed = _cli("report", "--out", "x")                    # the stage's own parser refuses it
+    lines = [json.loads(l[len(cli.JOB_LINE):]) for l in failed.stderr.splitlines()
+             if l.startswith(cli.JOB_LINE)]
+    assert failed.returncode != 0 and [r["status"] for r in lines] == ["start", "error"]
+    assert lines[1]["card"] == "cpu" and lines[1]["wall_s"] >= 0
+
+
+def test_the_gpu_dag_configs_pass_the_workflows_checks():
+    from fair_calib.references import check_config
+
+    for files in (["gpu_dag.yaml"], ["gpu_dag.yaml", "gpu_dag_cpu.yaml"]):
+        cfg = C.validate_config(C.merged_config([REPO / "config" / f for f in files]))
+        check_config(cfg)
+        assert cfg["tables"]["main"]["methods"] == list(gpu_dag.METHOD_ORDER)
+        assert not cfg["diagnostics"]["enabled"] and not cfg["prior_ablation"]["enabled"]
