@@ -14,7 +14,7 @@ on the paper census of 2026-11-27; tests/test_census.py checks it against the ce
 
 For each shape, bf16 and each W4A4 structure (FAIR_CALIB_LOWBIT=real: ``transform``, the
 FAIR-Calib/FlatQuant online Kronecker transforms; ``hadamard``, QuaRot's online Hadamards;
-``plain``, RTN), built by benchmarks/lowbit_gpu.py's quantize helpers:
+``plain``, RTN), built by benchmarks/structures.py:
 
 As the evaluation stage runs them (``LoadedModel.replay_graphs``: repeated forwards replayed
 from CUDA graphs; 4-bit codes one per byte on CUDA):
@@ -180,12 +180,12 @@ def measure(model_name: str, lm, shape_list, args) -> dict:
     """{(mode, rows, tokens): seconds} of the model as it is."""
     import torch
 
-    from benchmarks import lowbit_gpu
+    from benchmarks import structures
 
     out = {}
     lm.replay_graphs()                 # as the evaluation stage runs the model
     for cls, rows, tokens in shape_list:
-        ids = lowbit_gpu.ids_for(model_name, rows, tokens, "cuda")
+        ids = structures.ids_for(model_name, rows, tokens, "cuda")
         out[("forward", rows, tokens)] = time_forward(lm, ids, args.iters)
         if cls == "generate" and rows == 1 and not args.no_decode:
             out[("decode", rows, tokens)] = time_decode(lm, tokens, args.decode_steps)
@@ -197,17 +197,18 @@ def measure(model_name: str, lm, shape_list, args) -> dict:
 def bench_model(model_name: str, args) -> list[dict]:
     import torch
 
-    from benchmarks import lowbit_gpu, shapes
+    from benchmarks import shapes
+    from benchmarks import structures
 
     shape_list = shapes_for(model_name, args)
     spec = shapes.SHAPES[model_name]
     hd = spec["hidden_size"] // spec["num_attention_heads"]
-    quantize = {"transform": lambda lm, g: lowbit_gpu.quantize_fair_calib(lm, g),
-                "hadamard": lambda lm, g: lowbit_gpu.quantize_quarot(lm, g, hd),
-                "plain": lambda lm, g: lowbit_gpu.quantize_rtn(lm, g)}
+    quantize = {"transform": lambda lm, g: structures.quantize_fair_calib(lm, g),
+                "hadamard": lambda lm, g: structures.quantize_quarot(lm, g, hd),
+                "plain": lambda lm, g: structures.quantize_rtn(lm, g)}
     device = torch.cuda.get_device_name()
     lm = shapes.build(model_name, device="cuda")
-    groups = lowbit_gpu.block_groups(lm, "cuda")
+    groups = structures.block_groups(lm, "cuda")
     bf16 = measure(model_name, lm, shape_list, args)
     recs = []
     for i, structure in enumerate(args.structures):
@@ -218,7 +219,7 @@ def bench_model(model_name: str, args) -> list[dict]:
             lm = shapes.build(model_name, device="cuda")
         t0 = time.perf_counter()
         quantize[structure](lm, groups)
-        lowbit_gpu.to_fp8_storage(lm)          # codes one per byte, as load_quantized on CUDA
+        structures.to_fp8_storage(lm)          # codes one per byte, as load_quantized on CUDA
         torch.cuda.synchronize()
         attach_s = time.perf_counter() - t0
         q = measure(model_name, lm, shape_list, args)

@@ -26,7 +26,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks import shapes  # noqa: E402
-from benchmarks.lowbit_gpu import (block_groups, emit, quantize_fair_calib,  # noqa: E402
+from benchmarks.structures import (block_groups, emit, quantize_fair_calib,  # noqa: E402
                                    quantize_quarot, quantize_rtn, to_fp8_storage)
 from fair_calib.decoding import decode, make_policy  # noqa: E402
 

@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import bz2
 import json
-import os
 import sys
 import time
 from pathlib import Path

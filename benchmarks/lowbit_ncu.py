@@ -25,7 +25,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks import shapes  # noqa: E402
-from benchmarks.lowbit_gpu import block_groups, quantize_fair_calib  # noqa: E402
+from benchmarks.structures import block_groups, quantize_fair_calib  # noqa: E402
 from fair_calib.quant import lowbit_triton as lt  # noqa: E402
 
 

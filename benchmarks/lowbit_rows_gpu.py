@@ -37,7 +37,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks import shapes  # noqa: E402
-from benchmarks.lowbit_gpu import (block_groups, emit, ids_for, quantize_fair_calib,  # noqa: E402
+from benchmarks.structures import (block_groups, emit, ids_for, quantize_fair_calib,  # noqa: E402
                                    quantize_quarot, quantize_rtn)
 from fair_calib.quant import lowbit, lowbit_triton  # noqa: E402
 from fair_calib.quant.blockio import call_block, capture_block_inputs  # noqa: E402

@@ -7,8 +7,8 @@ largest cost of the forward after the matmuls and attention (docs/benchmarks.md)
 where it computes the same bits (CUDA tensors, no autograd graph, the shapes and layouts below)
 and transformers' own function everywhere else (CPU, training, anything unexpected): outputs
 are bit for bit the same either way, so every number of the pipeline is unchanged; only the
-time moves (a forward with and one without are compared bit for bit by
-``benchmarks/lowbit_gpu.py``).
+time moves (a forward with and one without were compared bit for bit on lent H100s by the
+since-retired ``benchmarks/lowbit_gpu.py``; docs/benchmarks.md).
 
 ``FAIR_CALIB_ROTARY``: ``fused`` (default) or ``native`` (transformers' function always).
 """

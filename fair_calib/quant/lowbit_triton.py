@@ -54,7 +54,7 @@ GATED_TILE_MAX = 4096
 SPLIT_BR = 64          # rows of the product per chunk in the split kernel
 SPLIT_WARPS = 4
 SPLIT_UNROLL = True    # the split kernel's loops over chunks unrolled (else run-time loops)
-# per tile shape (n1, n2): settings that beat the defaults in benchmarks/lowbit_gpu.py's sweep
+# per tile shape (n1, n2): settings that beat the defaults in the (retired) lowbit_gpu.py sweep
 # (H100, 4096 tokens, SwiGLU product included, 2026-11-27: Dream's down_proj 481 us against
 # 647 at the defaults and 535 at its previous setting; LLaDA's product formed in the kernel
 # swept 237-347 us against 272-276 and was slower in the model, so LLaDA keeps its setting)

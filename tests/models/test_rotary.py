@@ -23,7 +23,8 @@ g = torch.Generator().manual_seed(0)
 n = 0
 # the interpreter rounds float32 -> bfloat16 toward zero (numpy has no bfloat16), so the
 # kernel's arithmetic is checked here in float16 and float32 (the same code; bfloat16 on the
-# GPU: benchmarks/lowbit_gpu.py's rotary stage and forwards, bit for bit)
+# GPU: the rotary stage and forwards of the since-retired benchmarks/lowbit_gpu.py, bit for
+# bit, docs/benchmarks.md)
 for qdt, cdt in ((torch.float16, torch.float16), (torch.float16, torch.float32),
                  (torch.float32, torch.float32)):
     for B, HQ, HK, S, D in ((2, 7, 3, 5, 16), (1, 4, 4, 3, 8), (3, 5, 1, 4, 32), (2, 3, 2, 1, 8)):

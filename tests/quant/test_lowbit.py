@@ -452,7 +452,7 @@ def test_chunked_kernels_equal_the_emulation_in_the_triton_interpreter():
     fused norm or static scales, give
     the emulation's codes and scales, run on CPU by Triton's interpreter in
     float32 (the interpreter has no bfloat16 arithmetic; the bf16 kernels are compared with the
-    emulation on the GPU by benchmarks/lowbit_gpu.py)."""
+    emulation on the GPU by benchmarks/lowbit_rows_gpu.py)."""
     import os
     import subprocess
     import sys
