@@ -9,7 +9,8 @@ the input it receives in the block's forward:
 
 - ``codes``: the fused kernel's codes and scales against the emulation's torch arithmetic on
   the same input: the fraction of codes that differ (bar <= ``CODE_TOLERANCE``; each by one
-  step) and the largest relative scale difference (bar <= ``SCALE_TOLERANCE``, 2 ulp);
+  step) and the largest relative scale difference (bar: ``SCALE_TOLERANCE``, two float32 ulp;
+  for transformed groups ``SCALE_TOLERANCE_TRANSFORMED``, one bf16 ulp of the token's max);
 - ``gemm``: the FP8 GEMM of the kernel's codes against the emulation's exact integer product of
   the same codes, scaled in float32 and rounded to bf16: within ``GEMM_ULPS`` bf16 ulp (the
   GEMM's epilogue applies the two scales in its own order, so a product can round the other
@@ -44,7 +45,10 @@ from fair_calib.quant.blockio import call_block, capture_block_inputs  # noqa: E
 
 TOKENS = list(range(1, 65)) + [100, 255, 401, 403, 408, 856, 1000, 1280, 2047, 4096]
 CODE_TOLERANCE = 0.01
-SCALE_TOLERANCE = 2.4e-7
+SCALE_TOLERANCE = 2.4e-7           # two float32 ulp (the CUDA division, docs/fidelity.md)
+# a transformed group's token max is a bf16 product summed in the kernel's order: one bf16 ulp
+# of it moves the scale by up to 2^-7 (the first reading, 2026-11-27, saw 0.46% on Dream)
+SCALE_TOLERANCE_TRANSFORMED = 2.0 ** -7
 GEMM_ULPS = 1.0     # the epilogue's float32 scaling in another order: one bf16 rounding apart
 DEVICE = "cuda"
 
@@ -78,8 +82,9 @@ def linear_inputs(lm, shape: str, m: int, dev: str) -> dict:
 
 
 def compare_linear(be, x, up) -> tuple[float, float, float]:
-    """(fraction of codes differing, max relative scale difference, the GEMM's largest
-    difference from the emulation's product of the same codes in bf16 ulps)."""
+    """(fraction of codes differing, max relative scale difference as a fraction of its bound,
+    the GEMM's largest difference from the emulation's product of the same codes in bf16
+    ulps)."""
     inp = be.inp
     x2 = x.reshape(-1, inp.dim)
     u2 = None if up is None else up.reshape(-1, inp.dim)
@@ -90,8 +95,9 @@ def compare_linear(be, x, up) -> tuple[float, float, float]:
     k = min(be.user, inp.n_readers - 1)
     y = lowbit_triton.gemm(be, codes[k], scales[k], torch.bfloat16)[:t]
     y_ref = lowbit.emulate_gemm(c[k], s[k], be.weight_int(), be.w_scale, be.bias, torch.bfloat16)
-    return (float((c != ref_c).float().mean()), float(((s - ref_s).abs() / ref_s).max()),
-            bf16_ulps(y, y_ref))
+    bound = SCALE_TOLERANCE_TRANSFORMED if inp.p1 is not None else SCALE_TOLERANCE
+    return (float((c != ref_c).float().mean()),
+            float(((s - ref_s).abs() / ref_s).max()) / bound, bf16_ulps(y, y_ref))
 
 
 def bf16_ulps(y: torch.Tensor, ref: torch.Tensor) -> float:
@@ -103,17 +109,17 @@ def bf16_ulps(y: torch.Tensor, ref: torch.Tensor) -> float:
 
 @torch.no_grad()
 def check_codes(lm, shape: str, name: str, dev: str) -> bool:
-    worst = {"code_diff": 0.0, "scale_rel": 0.0, "gemm_ulps": 0.0, "gemm_not_bitwise": 0,
+    worst = {"code_diff": 0.0, "scale_of_bound": 0.0, "gemm_ulps": 0.0, "gemm_not_bitwise": 0,
              "linears": 0}
     for m in TOKENS:
         for lname, (x, up) in linear_inputs(lm, shape, m, dev).items():
             diff, rel, ulps = compare_linear(lm.blocks[0].get_submodule(lname), x, up)
             worst["code_diff"] = max(worst["code_diff"], diff)
-            worst["scale_rel"] = max(worst["scale_rel"], rel)
+            worst["scale_of_bound"] = max(worst["scale_of_bound"], rel)
             worst["gemm_ulps"] = max(worst["gemm_ulps"], ulps)
             worst["gemm_not_bitwise"] += ulps > 0
             worst["linears"] += 1
-    ok = (worst["code_diff"] <= CODE_TOLERANCE and worst["scale_rel"] <= SCALE_TOLERANCE
+    ok = (worst["code_diff"] <= CODE_TOLERANCE and worst["scale_of_bound"] <= 1.0
           and worst["gemm_ulps"] <= GEMM_ULPS)
     emit({"kind": "rows_codes", "shape": shape, "structure": name,
           "tokens": f"1..64 and {TOKENS[64:]}", **worst, "ok": ok})
