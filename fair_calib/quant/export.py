@@ -53,19 +53,23 @@ def quant_basis_weight(ql: QuantLinear) -> tuple[torch.Tensor, torch.Tensor | No
 
 @torch.no_grad()
 def linear_codes(ql: QuantLinear) -> tuple[torch.Tensor, torch.Tensor]:
-    """(int8 codes, float32 per-row scale) with codes * scale == the folded quantized weight."""
+    """(int8 codes, float32 per-row scale) with codes * scale == the float32 quantized weight
+    Q_W(W T^{-1}) that :meth:`QuantLinear.fold` casts to the model dtype (its ``w_folded``)."""
     if ql.w_folded is None:
         ql.fold()
-    w = ql.w_folded.float()
     bits = ql.wq.bits
     if ql.w_quant is not None:                      # GPTQ keeps its codes
         codes, scale = ql._gptq
         return codes.to(torch.int8), scale.float().reshape(-1, 1)
-    # the row scales, with the same arithmetic as QuantLinear.fold
-    scale = ql.wq.row_scale(*quant_basis_weight(ql)).float().reshape(-1, 1)
-    codes = torch.clamp(torch.round(w / scale), -qmax(bits) - 1, qmax(bits))
-    if not torch.allclose(codes * scale, w, atol=1e-6, rtol=1e-5):
-        raise RuntimeError("export: folded weight is not on its quantization grid")
+    # codes and row scales from the float32 quantized weight, with the folding's arithmetic:
+    # in a bf16 model the folded weight is that value rounded to bf16, off the grid (every
+    # bf16 export was refused before, seen on a lent GPU)
+    w32, fac = quant_basis_weight(ql)
+    wq = ql.wq(w32, fac).float()
+    scale = ql.wq.row_scale(w32, fac).float().reshape(-1, 1)
+    codes = torch.clamp(torch.round(wq / scale), -qmax(bits) - 1, qmax(bits))
+    if not torch.allclose(codes * scale, wq, atol=1e-6, rtol=1e-5):
+        raise RuntimeError("export: quantized weight is not on its quantization grid")
     return codes.to(torch.int8), scale
 
 

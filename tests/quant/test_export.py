@@ -70,3 +70,20 @@ def test_group_wise_export_holds_codes_scales_and_zero_points(tmp_path):
         assert (f"{name}.g_idx" in t) == bool(cfg.get("act_order"))
         assert f"{name}.linear.weight" not in t
         assert meta["export_bytes"] < meta["fp_bf16_bytes"]
+
+
+def test_export_of_a_bf16_model(tmp_path):
+    """A bf16 model's folded weight is the float32 quantized weight rounded to bf16, off the
+    grid: the export takes codes and scales from the float32 weight (every bf16 export was
+    refused before, seen when the whole DAG first ran on a lent GPU)."""
+    for method in ({"type": "rtn", "keep_export": True},
+                   {"type": "flatquant", "epochs": 1, "keep_export": True}):
+        lm = tiny_random_loaded("llama", layers=1, hidden=64, intermediate=128)
+        lm.model.to(torch.bfloat16)
+        out = tmp_path / method["type"]
+        calibrate(lm, make_method(method, 4, 4), IDS, out, batch_size=4, log=lambda s: None)
+        assert (out / "export.safetensors").exists()
+        ql = lm.blocks[0].mlp.down_proj
+        codes, scale = linear_codes(ql)
+        assert ql.w_folded.dtype == torch.bfloat16
+        assert torch.equal((codes.float() * scale).to(torch.bfloat16), ql.w_folded)
