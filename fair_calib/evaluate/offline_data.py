@@ -441,6 +441,8 @@ def _write_oc_mmlu(include_dir: Path, offline: bool, data_dir, cache_dir) -> Non
         mmlu_cache = Path(prepare_offline_data(data_dir, cache_dir, ["mmlu"])["MMLU"])
     sub_dir = include_dir / "oc_mmlu_gen"
     sub_dir.mkdir(exist_ok=True)
+    # lm-eval imports a YAML's !function module from the YAML's own folder
+    shutil.copy(TEMPLATE_DIR / "fc_task_utils.py", sub_dir / "fc_task_utils.py")
     for s in OC_MMLU_SUBJECTS:
         if offline:
             data = {"DATASET_PATH": "json", "DATASET_NAME": None, "DATASET_KWARGS": {

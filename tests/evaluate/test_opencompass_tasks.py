@@ -160,3 +160,117 @@ def test_lm_renders_chat_as_opencompass_llada(tmp_path):
     assert lm.chat_template(True) == tok.chat_template and lm.chat_template(False) is None
     plain = DiffusionLM(loaded, chat_by_lm_eval=True)
     assert plain._prompt_ids(text) == tok(text, add_special_tokens=False)["input_ids"]
+
+
+LLADA_CHAT = ("{{ bos_token }}{% for m in messages %}<|start_header_id|>{{ m['role'] }}"
+              "<|end_header_id|>\n\n{{ m['content'] | trim }}<|eot_id|>{% endfor %}"
+              "{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n"
+              "{% endif %}")
+
+
+@pytest.mark.parametrize("column", ["gsm8k_cot", "humaneval"])
+def test_paper_settings_run_the_recipe_end_to_end(column, offline_data_dir, repo_root, tmp_path,
+                                                  monkeypatch):
+    """config/paper.yaml's LLaDA-Instruct settings of a column (shortened window, 2 documents)
+    run through ``evaluate``: lm-eval renders the OpenCompass turns with the model's chat
+    template, the model tokenizes them with the special prefix, decodes with the EOS option
+    and returns the whole window; the recipe's metric is reported."""
+    import yaml
+
+    from fair_calib.evaluate import lm as lm_mod
+    from fair_calib.evaluate.run import evaluate
+    from fair_calib.evaluate.task_settings import resolve_task
+    from fair_calib.models.adapters import load_model
+    from fixtures.hub_checkpoints import llada_checkpoint
+
+    llada_checkpoint(tmp_path / "m")
+    tok = load_model(tmp_path / "m", "llada").tokenizer
+    tok.chat_template = LLADA_CHAT
+    tok.save_pretrained(tmp_path / "m")
+    cfg = yaml.safe_load((repo_root / "config" / "paper.yaml").read_text())
+    task = resolve_task(column, cfg["tasks"][column], "llada-8b-instruct", "llada")
+    assert task["lm_eval_task"] in offline_data.OC_TASKS and task["whole_window"]
+    task.update(limit=2, offline=True, gen_length=4, steps=4, block_length=4)
+    seen = []
+    real = lm_mod.DiffusionLM._prompt_ids
+    monkeypatch.setattr(lm_mod.DiffusionLM, "_prompt_ids",
+                        lambda self, ctx: seen.append((ctx, self.policy())) or real(self, ctx))
+    settings = {"seed": 0, "device": "cpu", "dtype": "float32", "data_dir": str(offline_data_dir),
+                "model": {"name": "llada-8b-instruct", "family": "llada", "instruct": True},
+                "method": {"name": "fp", "type": "fp"}, "bits": {"name": "w16a16"}, "task": task}
+    df = evaluate(settings, tmp_path / "m", None, tmp_path / "out.parquet")
+    assert list(df["n"]) == [2]
+    assert list(df["metric"]) == (["acc,none"] if column == "gsm8k_cot" else ["pass@1,create_test"])
+    ctx, policy = seen[0]
+    assert ctx.startswith((tok.bos_token or "") + "<|start_header_id|>user<|end_header_id|>\n\n")
+    assert ctx.endswith("<|start_header_id|>assistant<|end_header_id|>\n\n")
+    if column == "gsm8k_cot":
+        assert ctx.count("<|start_header_id|>assistant") == 5      # 4 worked examples + the turn
+        assert policy.confidence_eos_eot_inf and not policy.logits_eos_inf
+    else:
+        assert "Complete the following python code:\n" in ctx
+        assert policy.logits_eos_inf and not policy.confidence_eos_eot_inf
+
+
+def test_mmlu_is_the_plain_mean_over_subjects():
+    """OpenCompass's summarizer reports `mmlu` as the unweighted mean of the subject scores
+    (`mmlu-weighted` is the other); ``mean_over: subtasks`` computes it from per-doc values."""
+    from fair_calib.evaluate.run import summarize
+    per_doc = {"metrics": {"acc,none": {"oc_mmlu_gen_a": {"0": 1.0},
+                                        "oc_mmlu_gen_b": {"0": 0.0, "1": 0.0, "2": 1.0}}},
+               "chance": {}}
+    row, = summarize(per_doc, "subtasks")
+    assert row["value"] == pytest.approx((1.0 + 1 / 3) / 2) and row["n"] == 4
+    row_docs, = summarize(per_doc)
+    assert row_docs["value"] == pytest.approx(2 / 4)                   # the document mean
+    with pytest.raises(ValueError, match="mean_over"):
+        summarize(per_doc, "subjects")
+
+
+def test_arc_dev_split_offline_is_refused_by_name(tmp_path):
+    with pytest.raises(FileNotFoundError, match="ARC-Challenge-Dev.jsonl.*data_source: hub"):
+        offline_data.write_oc_tasks(tmp_path / "t", ["oc_arc_c_gen"], True, tmp_path, tmp_path / "c")
+
+
+def test_hub_mode_renders_the_hub_datasets(tmp_path):
+    import yaml
+    offline_data.write_oc_tasks(tmp_path, ["oc_arc_c_gen", "oc_gsm8k_gen"], False, None, tmp_path)
+    text = (tmp_path / "oc_arc_c_gen.yaml").read_text()
+    assert "dataset_path: \"allenai/ai2_arc\"" in text and "test_split: \"validation\"" in text
+    assert "dataset_name: \"main\"" in (tmp_path / "oc_gsm8k_gen.yaml").read_text()
+    assert yaml.safe_load(text.replace("!function ", ""))["dataset_name"] == "ARC-Challenge"
+
+
+# The LLaDA authors' example configs (ML-GSAI/LLaDA opencompass/examples/*.py, eval_cfg) for the
+# Instruct models: (gen_length, gen_steps, gen_blocksize, diff_confidence_eos_eot_inf,
+# diff_logits_eos_inf, dataset config).
+LLADA_EXAMPLES = {
+    ("llada-8b-instruct", "arc_challenge"): (512, 512, 512, False, False, "oc_arc_c_gen"),
+    ("llada-8b-instruct", "hellaswag"): (3, 3, 3, False, False, "oc_hellaswag_gen"),
+    ("llada-8b-instruct", "mmlu"): (3, 3, 3, False, False, "oc_mmlu_gen"),
+    ("llada-8b-instruct", "gsm8k_cot"): (512, 512, 512, True, False, "oc_gsm8k_gen"),
+    ("llada-8b-instruct", "humaneval"): (512, 512, 512, False, True, "oc_humaneval_gen"),
+    ("llada-1.5", "gsm8k_cot"): (256, 256, 16, True, False, "oc_gsm8k_gen"),
+    ("llada-1.5", "humaneval"): (512, 512, 32, True, False, "oc_humaneval_gen"),
+}
+
+
+@pytest.mark.parametrize("model,column", sorted(LLADA_EXAMPLES))
+def test_paper_yaml_resolves_to_the_llada_recipe(model, column, repo_root):
+    import yaml
+
+    from fair_calib.evaluate.task_settings import resolve_task
+    cfg = yaml.safe_load((repo_root / "config" / "paper.yaml").read_text())
+    t = resolve_task(column, cfg["tasks"][column], model, "llada")
+    length, steps, block, conf_inf, logits_inf, task = LLADA_EXAMPLES[(model, column)]
+    dec = t.get("decoding") or {}
+    assert (t["gen_length"], t["steps"], t["block_length"]) == (length, steps, block)
+    assert (bool(dec.get("confidence_eos_eot_inf")), bool(dec.get("logits_eos_inf"))) == \
+        (conf_inf, logits_inf)
+    assert t["lm_eval_task"] == task and dec.get("temperature", 0.0) == 0.0   # LLaDAModel: 0.
+    assert t["apply_chat_template"] and t["fewshot_as_multiturn"] and t["whole_window"]
+    assert t["chat_add_special_tokens"] and t["batch_size"] == 1
+    assert t.get("cfg_scale", 0.0) == 0.0 and "policy" not in dec          # low_confidence, cfg 0
+    few = {"oc_mmlu_gen": 5, "oc_gsm8k_gen": 4}.get(task, 0)
+    assert t["num_fewshot"] == few
+    assert t.get("mean_over") == ("subtasks" if task == "oc_mmlu_gen" else None)
