@@ -380,8 +380,8 @@ def offline_task_error(cfg: Mapping, task: str, model: str) -> str | None:
     the hub): no offline definition of its lm-eval task, or k-shot where the offline copy has no
     few-shot pool (the `train` split). The evaluation job would refuse it only after loading
     the model; this finds it from the config alone."""
-    from .evaluate.offline_data import (ARC_DEV_FILE, NO_OFFLINE_FEWSHOT_POOL, OC_TASKS,
-                                        OFFLINE_TASKS)
+    from .evaluate.offline_data import (ARC_DEV_FILE, DREAM_TASKS, NO_OFFLINE_FEWSHOT_POOL,
+                                        OC_TASKS, OFFLINE_TASKS)
     from .evaluate.task_settings import resolve_task
 
     entry = cfg["tasks"][task]
@@ -402,6 +402,8 @@ def offline_task_error(cfg: Mapping, task: str, model: str) -> str | None:
             key = _override_key(task, entry, model, family, "lm_eval_task")
             return (f"config: {key} = {name!r} (model {model}) scores ARC-Challenge's dev split; "
                     f"{dev} is missing (AI2's ARC-Challenge-Dev.jsonl); {remedy}")
+        return None
+    if name in DREAM_TASKS:
         return None
     if name not in OFFLINE_TASKS:
         key = _override_key(task, entry, model, family, "lm_eval_task")

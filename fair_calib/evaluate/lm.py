@@ -205,7 +205,8 @@ class DiffusionLM(LM):
                  loader: str | None = None, escape_until: bool = False,
                  early_exit: bool | str = True, whole_window: bool | str = False,
                  chat_by_lm_eval: bool | str = False,
-                 chat_add_special_tokens: bool | str = False, **flat: Any) -> None:
+                 chat_add_special_tokens: bool | str = False, eos_split_until: bool | str = False,
+                 max_prompt_len: int | None = None, **flat: Any) -> None:
         super().__init__()
         likelihood, decoding = self._split_flat(flat, likelihood, decoding, batch_size)
         if loaded is None:
@@ -227,6 +228,8 @@ class DiffusionLM(LM):
         self.whole_window = _bool(whole_window)
         self.chat_by_lm_eval = _bool(chat_by_lm_eval)
         self.chat_add_special_tokens = _bool(chat_add_special_tokens)
+        self.eos_split_until = _bool(eos_split_until)
+        self.max_prompt_len = None if max_prompt_len in (None, "") else int(max_prompt_len)
         self.seed = int(seed)
         self.lik = likelihood_settings(loaded.adapter.likelihood, likelihood)
         self.decoding_overrides = {k: v for k, v in dict(decoding or {}).items() if v is not None}
@@ -405,11 +408,17 @@ class DiffusionLM(LM):
         ``escape_until`` (Dream's ``eval/eval.py`` argument): the text is Dream's, the whole
         window decoded and cut at the first EOS text, and ``until`` is not applied.
         ``whole_window`` (OpenCompass's LLaDA model): the whole window decoded with the special
-        tokens skipped, nothing cut."""
+        tokens skipped, nothing cut. ``eos_split_until`` (Dream ``eval_instruct``'s ``diffllm``):
+        Dream's text (as ``escape_until``), then cut at each ``until`` string in turn."""
         if self.whole_window:
             return self.tokenizer.decode(list(ids), skip_special_tokens=True)
-        if self.escape_until:
-            return self.tokenizer.decode(list(ids)).split(self.tokenizer.eos_token)[0]
+        if self.escape_until or self.eos_split_until:
+            text = self.tokenizer.decode(list(ids)).split(self.tokenizer.eos_token)[0]
+            if self.escape_until:
+                return text
+            for stop in until:             # eval_instruct's diffllm: r = r.split(s)[0] in turn
+                text = text.split(stop)[0]
+            return text
         ids = list(ids)
         for i, tok in enumerate(ids):
             if tok in self.stop_ids:
@@ -429,7 +438,9 @@ class DiffusionLM(LM):
         (with ``escape_until``: the EOS token alone, whose text the output is split at)."""
         from fair_calib.decoding import StopRule
 
-        if self.escape_until:
+        if self.escape_until or self.eos_split_until:
+            # the text before the first EOS is final once it is committed and all before it;
+            # the stop strings are cut from that final text
             eos = getattr(self.tokenizer, "eos_token_id", None)
             return StopRule(frozenset() if eos is None else frozenset({int(eos)}))
         return StopRule(frozenset(self.stop_ids), [list(u) for u in untils],
@@ -446,6 +457,8 @@ class DiffusionLM(LM):
             if isinstance(until, str):
                 until = [until]
             prompt = self._prompt_ids(context)
+            if self.max_prompt_len is not None:      # eval_instruct's diffllm: ids[-1024:]
+                prompt = prompt[-self.max_prompt_len:]
             room = self.max_length - policy.gen_length
             if room < 1:
                 raise ValueError(f"gen_length {policy.gen_length} leaves no room for a prompt "

@@ -457,3 +457,69 @@ def _write_oc_mmlu(include_dir: Path, offline: bool, data_dir, cache_dir) -> Non
              "metadata": {"version": 1}}
     (include_dir / "oc_mmlu_gen_group.yaml").write_text(json.dumps(group, indent=1))
 
+
+# ----------------------------------------------------------------------------- Dream eval_instruct
+# DreamLM/Dream eval_instruct's tasks that its lm-eval fork defines otherwise than lm-eval 0.4.13
+# (tasks/dream_*.yaml); its gsm8k_cot is lm-eval's own. name -> (hub path, config, split).
+DREAM_TASKS = {
+    "dream_mmlu_generative": ("cais/mmlu", None, "test"),
+    "dream_humaneval_instruct": ("openai/openai_humaneval", None, "test"),
+}
+RECIPE_TASKS = {**OC_TASKS, **DREAM_TASKS}
+
+
+def write_recipe_tasks(include_dir: str | os.PathLike, names: Iterable[str], offline: bool,
+                       data_dir: str | os.PathLike | None, cache_dir: str | os.PathLike) -> Path:
+    """Render the model authors' recipe tasks (``RECIPE_TASKS``) into ``include_dir``."""
+    names = list(names)
+    unknown = [n for n in names if n not in RECIPE_TASKS]
+    if unknown:
+        raise KeyError(f"no recipe task {unknown}; known: {sorted(RECIPE_TASKS)}")
+    include_dir = write_oc_tasks(include_dir, [n for n in names if n in OC_TASKS], offline,
+                                 data_dir, cache_dir)
+    for name in names:
+        if name == "dream_mmlu_generative":
+            _write_dream_mmlu(include_dir, offline, data_dir, cache_dir)
+        elif name == "dream_humaneval_instruct":
+            path, config, split = DREAM_TASKS[name]
+            subs = ({"DATASET_PATH": path, "DATASET_NAME": config, "DATASET_KWARGS": None,
+                     "TEST_SPLIT": split} if not offline else _local_json(prepare_offline_data(
+                         data_dir, cache_dir, ["humaneval"])["HUMANEVAL"]))
+            text = (TEMPLATE_DIR / f"{name}.yaml").read_text()
+            (include_dir / f"{name}.yaml").write_text(_render(text, subs))
+    return include_dir
+
+
+def dream_mmlu_subject_yaml(subject: str, data: dict[str, Any]) -> str:
+    """Task ``dream_mmlu_generative_<subject>`` over the dataset lines ``data``."""
+    subs = {"SUBJECT_TASK": f"dream_mmlu_generative_{subject}", "SUBJECT_ALIAS": subject,
+            "DESCRIPTION": f"The following are multiple choice questions (with answers) about "
+                           f"{subject.replace('_', ' ')}.\n\n", **data}
+    return _render((TEMPLATE_DIR / "dream_mmlu_generative_subject.yaml").read_text(), subs)
+
+
+def _write_dream_mmlu(include_dir: Path, offline: bool, data_dir, cache_dir) -> None:
+    """mmlu_generative: the 57 subjects and the group (size-weighted exact match)."""
+    if offline:
+        mmlu_cache = Path(prepare_offline_data(data_dir, cache_dir, ["mmlu"])["MMLU"])
+        subjects = mmlu_subjects(Path(data_dir))
+    else:
+        subjects = sorted(OC_MMLU_SUBJECTS)
+    sub_dir = include_dir / "dream_mmlu_generative"
+    sub_dir.mkdir(exist_ok=True)
+    for s in subjects:
+        if offline:
+            data = {"DATASET_PATH": "json", "DATASET_NAME": None, "DATASET_KWARGS": {
+                "data_files": {"test": str(mmlu_cache / "test" / f"{s}.jsonl"),
+                               "dev": str(mmlu_cache / "dev" / f"{s}.jsonl")}}}
+        else:
+            data = {"DATASET_PATH": DREAM_TASKS["dream_mmlu_generative"][0], "DATASET_NAME": s,
+                    "DATASET_KWARGS": None}
+        (sub_dir / f"dream_mmlu_generative_{s}.yaml").write_text(dream_mmlu_subject_yaml(s, data))
+    group = {"group": "dream_mmlu_generative",
+             "task": [f"dream_mmlu_generative_{s}" for s in subjects],
+             "aggregate_metric_list": [{"metric": "exact_match", "weight_by_size": True,
+                                        "filter_list": "get_response"}],
+             "metadata": {"version": 3}}
+    (include_dir / "dream_mmlu_generative_group.yaml").write_text(json.dumps(group, indent=1))
+

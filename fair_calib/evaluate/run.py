@@ -20,7 +20,8 @@ Settings (JSON): ``{"seed", "device", "dtype", "data_dir", "synthetic_dir", "mod
 "cfg_scale", "eps", "exact_below", "add_bos_token", "decoding": {...}, "offline": bool,
 "allow_code_execution": bool, "escape_until": bool, "code_postprocess": "none"|"dream",
 "early_exit": bool, "apply_chat_template": bool, "fewshot_as_multiturn": bool,
-"chat_add_special_tokens": bool, "whole_window": bool, "mean_over": "documents"|"subtasks"}}``:
+"chat_add_special_tokens": bool, "whole_window": bool, "mean_over": "documents"|"subtasks",
+"eos_split_until": bool, "max_prompt_len": int}}``:
 one task's settings already resolved for the model (``fair_calib.evaluate.task_settings``: entry < ``by_family`` < ``by_model``).
 ``offline`` defaults to ``data_source == "local"`` (the config default); ``data_source: hub``
 uses lm-eval's own task definitions and datasets.
@@ -109,8 +110,8 @@ def build_task_manager(settings: Mapping[str, Any], include_dir: str | os.PathLi
         synth = settings.get("synthetic_dir") or "resources/data"
         offline_data.write_synthetic_tasks(synth, include_dir, [name])
         return TaskManager(include_path=str(include_dir), include_defaults=False)
-    if name in offline_data.OC_TASKS:     # the LLaDA authors' OpenCompass recipes
-        offline_data.write_oc_tasks(Path(include_dir) / "tasks", [name], is_offline(settings),
+    if name in offline_data.RECIPE_TASKS:  # the model authors' recipes (OpenCompass, Dream's fork)
+        offline_data.write_recipe_tasks(Path(include_dir) / "tasks", [name], is_offline(settings),
                                     settings.get("data_dir") or offline_data.default_data_dir(),
                                     Path(include_dir) / "_cache")
         return TaskManager(include_path=str(Path(include_dir) / "tasks"), include_defaults=False)
@@ -296,6 +297,8 @@ def make_lm(settings: Mapping[str, Any], model_dir: str | os.PathLike,
                        whole_window=bool(task.get("whole_window", False)),
                        chat_add_special_tokens=bool(task.get("chat_add_special_tokens", False)),
                        chat_by_lm_eval=bool(task.get("apply_chat_template", False)),
+                       eos_split_until=bool(task.get("eos_split_until", False)),
+                       max_prompt_len=task.get("max_prompt_len"),
                        gen_batch_size=task.get("batch_size"), compute_greedy=compute_greedy,
                        early_exit=bool(task.get("early_exit", True)))
 
