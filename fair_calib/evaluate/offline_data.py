@@ -337,6 +337,11 @@ OC_TASKS = {
     "oc_mmlu_gen": ("cais/mmlu", None, "test"),
     "oc_gsm8k_gen": ("openai/gsm8k", "main", "test"),
     "oc_humaneval_gen": ("openai/openai_humaneval", None, "test"),
+    # OpenCompass's generative configs of the benchmarks LLaDA's repository has no recipe for
+    "oc_piqa_gen": ("baber/piqa", None, "validation"),
+    "oc_boolq_gen": ("aps/super_glue", "boolq", "validation"),
+    "oc_winogrande_gen": ("allenai/winogrande", "winogrande_xl", "validation"),
+    "oc_arc_e_gen": ("allenai/ai2_arc", "ARC-Easy", "validation"),
 }
 # mmlu_gen_a484b3's subjects (its mmlu_all_sets); the reported MMLU is their plain mean.
 OC_MMLU_SUBJECTS = (
@@ -358,16 +363,17 @@ OC_MMLU_SUBJECTS = (
 # ARC-Challenge's dev split as AI2 ships it (ARC-V1-Feb2018: ARC-Challenge-Dev.jsonl), the file
 # OpenCompass's ARCDataset reads; the offline copies hold the test split only.
 ARC_DEV_FILE = "arc/ARC-Challenge-Dev.jsonl"
+ARC_DEV_FILES = {"oc_arc_c_gen": ARC_DEV_FILE, "oc_arc_e_gen": "arc/ARC-Easy-Dev.jsonl"}
 
 
-def read_arc_dev(data_dir: Path) -> list[dict[str, Any]]:
+def read_arc_dev(data_dir: Path, task: str = "oc_arc_c_gen") -> list[dict[str, Any]]:
     """AI2's ARC jsonl (``question: {stem, choices: [{text, label}]}``) -> the hub rows."""
-    path = Path(data_dir) / ARC_DEV_FILE
+    path = Path(data_dir) / ARC_DEV_FILES[task]
     if not path.is_file():
         raise FileNotFoundError(
-            f"{path} missing: oc_arc_c_gen (OpenCompass ARC_c_gen_1e0de5) scores ARC-Challenge's "
-            f"dev split, which the offline copies lack; put AI2's ARC-Challenge-Dev.jsonl there "
-            f"or run with data_source: hub (allenai/ai2_arc, validation)")
+            f"{path} missing: {task} (OpenCompass's ARC config) scores the dev split, which the "
+            f"offline copies lack; put AI2's {path.name} there or run with data_source: hub "
+            f"(allenai/ai2_arc, validation)")
     return [{"id": r.get("id", ""), "question": r["question"]["stem"],
              "choices": {"text": [c["text"] for c in r["question"]["choices"]],
                          "label": [c["label"] for c in r["question"]["choices"]]},
@@ -388,9 +394,12 @@ def oc_task_sources(name: str, offline: bool, data_dir: str | os.PathLike | None
         return {"DATASET_PATH": path, "DATASET_NAME": config, "DATASET_KWARGS": None,
                 "TEST_SPLIT": split}
     data_dir, cache_dir = Path(data_dir).resolve(), Path(cache_dir).resolve()
-    if name == "oc_arc_c_gen":
-        return _local_json(_cached(cache_dir, "arc/challenge_dev.jsonl",
-                                   lambda: read_arc_dev(data_dir)))
+    if name in ARC_DEV_FILES:
+        return _local_json(_cached(cache_dir, f"arc/{name}_dev.jsonl",
+                                   lambda: read_arc_dev(data_dir, name)))
+    if name in ("oc_piqa_gen", "oc_boolq_gen", "oc_winogrande_gen"):
+        key = name[3:-4]
+        return _local_json(prepare_offline_data(data_dir, cache_dir, [key])[key.upper()])
     if name == "oc_hellaswag_gen":
         return _local_json(prepare_offline_data(data_dir, cache_dir, ["hellaswag"])["HELLASWAG"])
     if name == "oc_gsm8k_gen":

@@ -48,7 +48,9 @@ def task_manager(tmp_path_factory):
     inc.mkdir()
     shutil.copy(TASKS / "fc_task_utils.py", inc / "fc_task_utils.py")
     for name, key in (("oc_arc_c_gen", "arc"), ("oc_hellaswag_gen", "hellaswag"),
-                      ("oc_gsm8k_gen", "gsm8k"), ("oc_humaneval_gen", "humaneval")):
+                      ("oc_gsm8k_gen", "gsm8k"), ("oc_humaneval_gen", "humaneval"),
+                      ("oc_piqa_gen", "piqa"), ("oc_boolq_gen", "boolq"),
+                      ("oc_winogrande_gen", "winogrande"), ("oc_arc_e_gen", "arc_e")):
         data = _jsonl(tmp / f"{key}.jsonl", DOCS[key])
         text = offline_data._render((TASKS / f"{name}.yaml").read_text(),
                                     offline_data._local_json(data))
@@ -85,7 +87,11 @@ def _turns(tm, name):
     ("oc_hellaswag_gen", "hellaswag/hellaswag_gen_6faab5.py", "label"),
     (f"oc_mmlu_gen_{DOCS['mmlu']['subject']}", "mmlu/mmlu_gen_a484b3.py", "target"),
     ("oc_gsm8k_gen", "gsm8k/gsm8k_gen_1d7fe4.py", "answer"),
-    ("oc_humaneval_gen", "humaneval/humaneval_gen_8e312c.py", "task_id")])
+    ("oc_humaneval_gen", "humaneval/humaneval_gen_8e312c.py", "task_id"),
+    ("oc_piqa_gen", "piqa/piqa_gen_1194eb.py", "answer"),
+    ("oc_boolq_gen", "SuperGLUE_BoolQ/SuperGLUE_BoolQ_gen_883d50.py", "label"),
+    ("oc_winogrande_gen", "winogrande/winogrande_gen_458220.py", "answer"),
+    ("oc_arc_e_gen", "ARC_e/ARC_e_gen_1e0de5.py", "answerKey")])
 def test_chat_turns_equal_opencompass(task_manager, name, config, column):
     want = EXPECTED["prompts"][config]
     got = _turns(task_manager, name)
@@ -99,6 +105,10 @@ def test_first_option_postprocess_equals_opencompass():
     outs = DOCS["outputs"]["first_option"]
     assert [utils.first_option_postprocess(t, "ABCD") for t in outs] == \
         EXPECTED["first_option_postprocess"]
+    assert [utils.first_option_postprocess(t, "AB") for t in outs] == \
+        EXPECTED["first_option_postprocess_AB"]
+    assert [utils.first_capital_postprocess(t) for t in DOCS["outputs"]["first_capital"]] == \
+        EXPECTED["first_capital_postprocess"]
 
 
 def test_first_option_patterns_transcribed():

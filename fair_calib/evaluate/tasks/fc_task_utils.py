@@ -220,6 +220,57 @@ oc_hellaswag_acc = _first_option_acc("label")
 oc_mmlu_acc = _first_option_acc("target")
 
 
+def oc_piqa_docs(dataset):
+    """OpenCompass's ``PIQADatasetV2``: goal, sol1, sol2, answer 'A'/'B' ('NULL' unlabelled)."""
+    def convert(doc):
+        label = int(doc["label"])
+        return {"goal": doc["goal"], "sol1": doc["sol1"], "sol2": doc["sol2"],
+                "answer": "NULL" if label < 0 else "AB"[label]}
+    return dataset.map(convert, remove_columns=dataset.column_names)
+
+
+def oc_boolq_docs(dataset):
+    """OpenCompass's ``BoolQDatasetV2``: passage, question as they are, label 'A' (true) or
+    'B' (false); the hub rows' label is 1 for true."""
+    def convert(doc):
+        return {"passage": doc["passage"], "question": doc["question"],
+                "label": "A" if int(doc["label"]) == 1 else "B"}
+    return dataset.map(convert, remove_columns=dataset.column_names)
+
+
+def oc_winogrande_docs(dataset):
+    """OpenCompass's ``WinograndeDatasetV2``: prompt = the sentence (with its '_'), the two
+    options, answer ' AB'[answer] ('NULL' unlabelled)."""
+    def convert(doc):
+        answer = doc["answer"]
+        return {"prompt": doc["sentence"], "only_option1": doc["option1"],
+                "only_option2": doc["option2"],
+                "answer": " AB"[int(answer)] if answer != "" else "NULL"}
+    return dataset.map(convert, remove_columns=dataset.column_names)
+
+
+def first_capital_postprocess(text):
+    """OpenCompass's ``first_capital_postprocess``: the first upper-case character, else ''."""
+    for t in text:
+        if t.isupper():
+            return t
+    return ''
+
+
+def oc_boolq_acc(doc, results):
+    return {"acc": float(first_capital_postprocess(results[0]) == str(doc["label"]))}
+
+
+def _first_option_acc_ab(column):
+    def process_results(doc, results):
+        return {"acc": float(first_option_postprocess(results[0], "AB") == str(doc[column]))}
+    return process_results
+
+
+oc_piqa_acc = _first_option_acc_ab("answer")
+oc_winogrande_acc = _first_option_acc_ab("answer")
+
+
 def gsm8k_postprocess(text):
     """OpenCompass's ``gsm8k_postprocess``: the last number before the first 'Question:'."""
     text = text.split('Question:')[0]
