@@ -382,11 +382,11 @@ def offline_task_error(cfg: Mapping, task: str, model: str) -> str | None:
     the model; this finds it from the config alone."""
     from .evaluate.offline_data import (ARC_DEV_FILES, DREAM_TASKS, NO_OFFLINE_FEWSHOT_POOL,
                                         OC_TASKS, OFFLINE_TASKS)
-    from .evaluate.task_settings import resolve_task
+    from .evaluate.task_settings import resolve_task, use_by_model
 
     entry = cfg["tasks"][task]
     family = cfg["models"][model]["family"]
-    t = resolve_task(task, entry, model, family)
+    t = resolve_task(task, entry, model, family, by_model=use_by_model(cfg))
     if t.get("kind") != "lm_eval":
         return None
     offline = t.get("offline")

@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 from typing import Any, Mapping
 
-from fair_calib.evaluate.task_settings import resolve_task
+from fair_calib.evaluate.task_settings import resolve_task, use_by_model
 
 FWD_FIXED_S = 0.012            # per forward: launches, host work (LLaDA-8B, H100, bf16)
 FWD_TOKEN_S = 27e-6            # per token of the forward (same fit)
@@ -71,6 +71,18 @@ TASK_SHAPES = {
     "gsm8k": dict(docs=1319, prompt=70, shot=110, default_shots=5),
     "humaneval": dict(docs=164, prompt=150, shot=0, default_shots=0),
     "humaneval_instruct": dict(docs=164, prompt=170, shot=0, default_shots=0),
+    # the Instruct models' recipes (issue 33; prompt tokens with the chat template, estimated)
+    "oc_arc_c_gen": dict(docs=295, prompt=70, shot=0, default_shots=0),
+    "oc_arc_e_gen": dict(docs=567, prompt=60, shot=0, default_shots=0),
+    "oc_piqa_gen": dict(docs=1838, prompt=60, shot=0, default_shots=0),
+    "oc_boolq_gen": dict(docs=3270, prompt=170, shot=0, default_shots=0),
+    "oc_winogrande_gen": dict(docs=1267, prompt=50, shot=0, default_shots=0),
+    "oc_hellaswag_gen": dict(docs=10042, prompt=140, shot=0, default_shots=0),
+    "oc_mmlu_gen": dict(docs=14042, prompt=140, shot=140, default_shots=5),
+    "oc_gsm8k_gen": dict(docs=1319, prompt=80, shot=260, default_shots=4),
+    "oc_humaneval_gen": dict(docs=164, prompt=170, shot=0, default_shots=0),
+    "dream_mmlu_generative": dict(docs=14042, prompt=140, shot=100, default_shots=4),
+    "dream_humaneval_instruct": dict(docs=164, prompt=330, shot=0, default_shots=0),
 }
 
 
@@ -161,7 +173,7 @@ def eval_seconds(cfg: Mapping[str, Any], model: str, method: str, task: str,
     from fair_calib.models.adapters import get_adapter
 
     family = cfg["models"][model]["family"]
-    t = resolve_task(task, cfg["tasks"][task], model, family)
+    t = resolve_task(task, cfg["tasks"][task], model, family, by_model=use_by_model(cfg))
     name = t.get("lm_eval_task") or task
     if name not in TASK_SHAPES:
         return 0.0                                  # synthetic tasks: CPU-sized
@@ -246,7 +258,8 @@ def project(cfg: Mapping[str, Any]) -> dict[str, Any]:
     for model, method, bits, task in ev:
         sec = eval_seconds(cfg, model, method, task, bits)
         by_task[task] = by_task.get(task, 0.0) + sec
-        shards = resolve_task(task, cfg["tasks"][task], model, cfg["models"][model]["family"])
+        shards = resolve_task(task, cfg["tasks"][task], model, cfg["models"][model]["family"],
+                              by_model=use_by_model(cfg))
         longest = max(longest, sec / int(shards.get("shards", 1)))
     calib = calib_cells(cfg)
     probes = probe_cells(cfg)
@@ -255,8 +268,9 @@ def project(cfg: Mapping[str, Any]) -> dict[str, Any]:
         "probe_shard": (sum(int(cfg["probes"][p].get("shards", 1)) for _, p in probes),
                         sum(probe_seconds(cfg, m, p) for m, p in probes)),
         "calibrate": (len(calib), sum(calib_seconds(cfg, m, x) for m, x, _ in calib)),
-        "evaluate_shard": (sum(int(resolve_task(t, cfg["tasks"][t], m, cfg["models"][m]["family"])
-                                   .get("shards", 1)) for m, _, _, t in ev), sum(by_task.values())),
+        "evaluate_shard": (sum(int(resolve_task(t, cfg["tasks"][t], m, cfg["models"][m]["family"],
+                                                by_model=use_by_model(cfg)).get("shards", 1))
+                               for m, _, _, t in ev), sum(by_task.values())),
         "trajectories": (traj_jobs, traj_s),
     }
     out = {rule: {"jobs": jobs, "gpu_hours": round(sec / 3600, 1)} for rule, (jobs, sec) in rules.items()}

@@ -284,3 +284,22 @@ def test_paper_yaml_resolves_to_the_llada_recipe(model, column, repo_root):
     few = {"oc_mmlu_gen": 5, "oc_gsm8k_gen": 4}.get(task, 0)
     assert t["num_fewshot"] == few
     assert t.get("mean_over") == ("subtasks" if task == "oc_mmlu_gen" else None)
+
+
+def test_the_base_settings_are_one_setting_away(repo_root):
+    """``instruct_recipes: false``: the Instruct models run their family's (Base) settings."""
+    import yaml
+
+    from fair_calib.cost import TASK_SHAPES
+    from fair_calib.evaluate.task_settings import resolve_task, use_by_model
+    cfg = yaml.safe_load((repo_root / "config" / "paper.yaml").read_text())
+    assert use_by_model(cfg) and not use_by_model({**cfg, "instruct_recipes": False})
+    for column in cfg["tables"]["main"]["tasks"]:
+        entry = cfg["tasks"][column]
+        for model in ("llada-8b-instruct", "llada-1.5", "dream-7b-instruct"):
+            family = cfg["models"][model]["family"]
+            base = "llada-8b-base" if family == "llada" else "dream-7b-base"
+            assert resolve_task(column, entry, model, family, by_model=False) == \
+                resolve_task(column, entry, base, family)
+            recipe = resolve_task(column, entry, model, family)
+            assert recipe.get("lm_eval_task", column) in TASK_SHAPES     # costed, not 0 s
