@@ -324,6 +324,15 @@ def use_code_postprocess(leaf_tasks: Mapping[str, Any], name: str | None) -> Non
             "filter_fn": POSTPROCESSORS[name]}]])
 
 
+def chat_kwargs(task: Mapping[str, Any]) -> dict[str, bool]:
+    """lm-eval's chat arguments of a task that asks for the chat template (none otherwise:
+    lm-eval's own defaults, as before the setting existed)."""
+    if not task.get("apply_chat_template"):
+        return {}
+    return {"apply_chat_template": True,
+            "fewshot_as_multiturn": bool(task.get("fewshot_as_multiturn", False))}
+
+
 def evaluate(settings: Mapping[str, Any], model_dir: str | os.PathLike | None,
              calib_dir: str | os.PathLike | None, out_path: str | os.PathLike,
              shard: int = 0, num_shards: int = 1, loaded=None):
@@ -373,9 +382,7 @@ def evaluate(settings: Mapping[str, Any], model_dir: str | os.PathLike | None,
                     num_fewshot=task.get("num_fewshot"), samples=samples, log_samples=True,
                     bootstrap_iters=0, task_manager=tm, random_seed=seed,
                     numpy_random_seed=seed, torch_random_seed=seed,
-                    fewshot_random_seed=FEWSHOT_SEED,
-                    apply_chat_template=bool(task.get("apply_chat_template", False)),
-                    fewshot_as_multiturn=bool(task.get("fewshot_as_multiturn", False)),
+                    fewshot_random_seed=FEWSHOT_SEED, **chat_kwargs(task),
                     confirm_run_unsafe_code=bool(allow_code and unsafe))
             per_doc = per_doc_values(res, leaf_tasks)
             per_doc["steps"] = decode_steps_per_doc(lm, samples)
