@@ -4,6 +4,7 @@ Self-contained on purpose: lm-eval's own ``truthfulqa/utils.py`` imports sacrebl
 import time and ``humaneval/utils.py`` downloads HF ``evaluate``'s ``code_eval`` from the hub.
 """
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -76,7 +77,6 @@ def pass_at_k(references, predictions, k=None, timeout: float = 10.0):
 # ARC_c_gen_1e0de5, hellaswag_gen_6faab5, mmlu_gen_a484b3, gsm8k_gen_1d7fe4,
 # humaneval_gen_8e312c; the oc_*.yaml tasks). The documents are put in the columns the
 # OpenCompass dataset loaders give, so the prompts read as the configs' templates.
-import re  # noqa: E402  (kept with the code that uses it)
 
 
 def oc_arc_docs(dataset):
