@@ -56,7 +56,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from fair_calib.evaluate.task_settings import resolve_task
+from fair_calib.evaluate.task_settings import resolve_task, use_by_model
 
 BUCKET = 64                                   # tokens of a shape bucket
 EXACT_MIN_ROWS = 32                           # fair_calib/evaluate/likelihood.py
@@ -295,7 +295,7 @@ def job_settings(cfg: Mapping[str, Any], model: str, task: str) -> JobSettings:
     from fair_calib.models.adapters import get_adapter
 
     family = cfg["models"][model]["family"]
-    t = resolve_task(task, cfg["tasks"][task], model, family)
+    t = resolve_task(task, cfg["tasks"][task], model, family, by_model=use_by_model(cfg))
     adapter = get_adapter(family)
     name = t.get("lm_eval_task") or task
     limit = int(t["limit"]) if t.get("limit") else None

@@ -380,12 +380,13 @@ def offline_task_error(cfg: Mapping, task: str, model: str) -> str | None:
     the hub): no offline definition of its lm-eval task, or k-shot where the offline copy has no
     few-shot pool (the `train` split). The evaluation job would refuse it only after loading
     the model; this finds it from the config alone."""
-    from .evaluate.offline_data import NO_OFFLINE_FEWSHOT_POOL, OFFLINE_TASKS
-    from .evaluate.task_settings import resolve_task
+    from .evaluate.offline_data import (ARC_DEV_FILES, DREAM_TASKS, NO_OFFLINE_FEWSHOT_POOL,
+                                        OC_TASKS, OFFLINE_TASKS)
+    from .evaluate.task_settings import resolve_task, use_by_model
 
     entry = cfg["tasks"][task]
     family = cfg["models"][model]["family"]
-    t = resolve_task(task, entry, model, family)
+    t = resolve_task(task, entry, model, family, by_model=use_by_model(cfg))
     if t.get("kind") != "lm_eval":
         return None
     offline = t.get("offline")
@@ -395,6 +396,15 @@ def offline_task_error(cfg: Mapping, task: str, model: str) -> str | None:
         return None
     name = t.get("lm_eval_task", task)
     remedy = f"set data_source: hub (or tasks.{task}.offline: false)"
+    if name in OC_TASKS:     # the LLaDA authors' OpenCompass recipes: local copies, but ARC's dev
+        dev = Path(cfg.get("data_dir") or "../shared/data") / ARC_DEV_FILES.get(name, "")
+        if name in ARC_DEV_FILES and not dev.is_file():
+            key = _override_key(task, entry, model, family, "lm_eval_task")
+            return (f"config: {key} = {name!r} (model {model}) scores ARC's dev split; "
+                    f"{dev} is missing (AI2's {dev.name}); {remedy}")
+        return None
+    if name in DREAM_TASKS:
+        return None
     if name not in OFFLINE_TASKS:
         key = _override_key(task, entry, model, family, "lm_eval_task")
         return (f"config: {key} = {name!r} (model {model}) has no offline definition (offline "

@@ -36,7 +36,7 @@ import sys
 from pathlib import Path
 from typing import Any, Mapping
 
-from fair_calib.evaluate.task_settings import resolve_task
+from fair_calib.evaluate.task_settings import resolve_task, use_by_model
 from fair_calib.plan import base_method
 
 FWD_FIXED_S = 0.012            # per forward: launches, host work (LLaDA-8B, H100, bf16)
@@ -217,6 +217,18 @@ TASK_SHAPES = {
     "gsm8k": dict(docs=1319, prompt=70, shot=110, default_shots=5),
     "humaneval": dict(docs=164, prompt=150, shot=0, default_shots=0),
     "humaneval_instruct": dict(docs=164, prompt=170, shot=0, default_shots=0),
+    # the Instruct models' recipes (issue 33; prompt tokens with the chat template, estimated)
+    "oc_arc_c_gen": dict(docs=295, prompt=70, shot=0, default_shots=0),
+    "oc_arc_e_gen": dict(docs=567, prompt=60, shot=0, default_shots=0),
+    "oc_piqa_gen": dict(docs=1838, prompt=60, shot=0, default_shots=0),
+    "oc_boolq_gen": dict(docs=3270, prompt=170, shot=0, default_shots=0),
+    "oc_winogrande_gen": dict(docs=1267, prompt=50, shot=0, default_shots=0),
+    "oc_hellaswag_gen": dict(docs=10042, prompt=140, shot=0, default_shots=0),
+    "oc_mmlu_gen": dict(docs=14042, prompt=140, shot=140, default_shots=5),
+    "oc_gsm8k_gen": dict(docs=1319, prompt=80, shot=260, default_shots=4),
+    "oc_humaneval_gen": dict(docs=164, prompt=170, shot=0, default_shots=0),
+    "dream_mmlu_generative": dict(docs=14042, prompt=140, shot=100, default_shots=4),
+    "dream_humaneval_instruct": dict(docs=164, prompt=330, shot=0, default_shots=0),
 }
 
 
@@ -353,7 +365,7 @@ def eval_seconds(cfg: Mapping[str, Any], model: str, method: str, task: str,
     from fair_calib.models.adapters import get_adapter
 
     family = cfg["models"][model]["family"]
-    t = resolve_task(task, cfg["tasks"][task], model, family)
+    t = resolve_task(task, cfg["tasks"][task], model, family, by_model=use_by_model(cfg))
     name = t.get("lm_eval_task") or task
     if name not in TASK_SHAPES:
         return 0.0                                  # synthetic tasks: CPU-sized

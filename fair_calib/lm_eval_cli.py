@@ -88,7 +88,11 @@ def render_tasks(out: str | Path, tasks: list[str] | None, data_dir: str | None 
         if data_dir or not synthetic_dir:
             tasks += list(offline_data.OFFLINE_TASKS)
     synth = [t for t in tasks if t in offline_data.SYNTHETIC_TASKS]
-    real = [t for t in tasks if t not in offline_data.SYNTHETIC_TASKS]
+    recipes = [t for t in tasks if t in offline_data.RECIPE_TASKS]   # named only, never default
+    real = [t for t in tasks if t not in offline_data.SYNTHETIC_TASKS and t not in recipes]
+    if recipes:
+        offline_data.write_recipe_tasks(out, recipes, True, data_dir or
+                                        offline_data.default_data_dir(), out / "_cache")
     if synth:
         offline_data.write_synthetic_tasks(synthetic_dir or "resources/data", out, synth)
     if real:

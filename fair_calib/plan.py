@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from fair_calib.evaluate.task_settings import resolve_task
+from fair_calib.evaluate.task_settings import resolve_task, use_by_model
 
 SEED_SEP = "@s"     # as workflow/rules/common.smk
 
@@ -82,7 +82,8 @@ def eval_cells(cfg: Mapping[str, Any]) -> list[tuple[str, str, str, str]]:
 
 def task_shards(cfg: Mapping[str, Any], model: str, task: str) -> int:
     family = cfg["models"][model]["family"]
-    return int(resolve_task(task, cfg["tasks"][task], model, family).get("shards", 1))
+    return int(resolve_task(task, cfg["tasks"][task], model, family,
+                            by_model=use_by_model(cfg)).get("shards", 1))
 
 
 def calib_cells(cfg: Mapping[str, Any]) -> list[tuple[str, str, str]]:

@@ -333,7 +333,8 @@ def test_offline_setting_a_task_cannot_honour_fails_the_plan(ws):
 
 def test_dream_humaneval_jobs_run_the_authors_stop_handling_and_postprocess(ws):
     """[DG] eval_dream_gen.sh: escape_until=true and postprocess_code.py for Dream-Base; the
-    instruct model's harness (eval_instruct) applies the stop strings and no post-processing."""
+    instruct model's harness (eval_instruct) applies the stop strings after its EOS split, and
+    its humaneval_instruct filter is the same sanitize of prompt + first block (issue 33)."""
     import json
     import re
     import shlex
@@ -349,7 +350,9 @@ def test_dream_humaneval_jobs_run_the_authors_stop_handling_and_postprocess(ws):
     base = job_task("dream-7b-base")
     assert (base["escape_until"], base["code_postprocess"]) == (True, "dream")
     inst = job_task("dream-7b-instruct")
-    assert (inst["escape_until"], inst["code_postprocess"]) == (False, "none")
+    assert (inst["escape_until"], inst["eos_split_until"], inst["code_postprocess"]) == \
+        (False, True, "dream")
+    assert inst["lm_eval_task"] == "dream_humaneval_instruct" and inst["apply_chat_template"]
     assert "code_postprocess" not in job_task("llada-8b-base")
 
 

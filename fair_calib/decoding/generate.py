@@ -379,9 +379,21 @@ class _ActiveRows:
 
 
 def _block_tokens(span: torch.Tensor, policy: DecodePolicy, batch: "_ActiveRows", mask_id: int,
-                  uniform_conf: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+                  uniform_conf: bool, eos_eot: tuple[int, int] | None = None
+                  ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """LLaDA's token step: Gumbel-max (float64) or argmax, and the untempered softmax
-    probability of the chosen token in the logits' dtype (``generate.py``)."""
+    probability of the chosen token in the logits' dtype (``generate.py``).
+
+    Its two options act on ``eos_eot = (EOS, EoT)`` as its code computes them:
+    ``logits_eos_inf`` sets the EOS logit to -inf before the token choice (so EOS is never
+    chosen, and gets probability 0 in the confidence softmax too); ``confidence_eos_eot_inf``
+    runs ``logits_with_noise[:, :, EOS] = logits[:, :, EoT] = -inf`` after the choice. At
+    temperature 0 ``add_gumbel_noise`` returns ``logits`` itself, so both ids get -inf in the
+    softmax the confidence is read from; at temperature > 0 ``logits_with_noise`` is a float64
+    copy, so only EoT does there (EOS keeps its probability)."""
+    if policy.logits_eos_inf:
+        span = span.clone()
+        span[..., eos_eot[0]] = float("-inf")
     if policy.temperature > 0:
         noisy_logits = span.double()
         noisy_logits[..., mask_id] = float("-inf")   # never sample the mask token itself
@@ -390,6 +402,11 @@ def _block_tokens(span: torch.Tensor, policy: DecodePolicy, batch: "_ActiveRows"
         x0 = span.argmax(-1)
     if uniform_conf:
         return _never_the_mask(x0, span, mask_id), None
+    if policy.confidence_eos_eot_inf:
+        span = span.clone()
+        span[..., eos_eot[1]] = float("-inf")
+        if policy.temperature == 0:
+            span[..., eos_eot[0]] = float("-inf")
     probs = torch.softmax(span, dim=-1)
     conf = probs.gather(-1, x0[..., None]).squeeze(-1)
     if policy.temperature == 0:
@@ -397,6 +414,19 @@ def _block_tokens(span: torch.Tensor, policy: DecodePolicy, batch: "_ActiveRows"
         conf = torch.where(fixed != x0, probs.gather(-1, fixed[..., None]).squeeze(-1), conf)
         x0 = fixed
     return x0, conf
+
+
+def _eos_eot_ids(model: Any, policy: DecodePolicy) -> tuple[int, int] | None:
+    """The (EOS, EoT) ids LLaDA's generate options act on; an error where they are asked for on
+    a model whose family names none."""
+    if not (policy.logits_eos_inf or policy.confidence_eos_eot_inf):
+        return None
+    ids = getattr(model, "eos_eot_ids", None)
+    if ids is None:
+        raise ValueError(f"decoding logits_eos_inf / confidence_eos_eot_inf need the family's "
+                         f"(EOS, EoT) tokens (adapter eos_eot_tokens); family "
+                         f"{getattr(getattr(model, 'adapter', None), 'name', '?')!r} has none")
+    return int(ids[0]), int(ids[1])
 
 
 def _decode_blocks(model, batch: _ActiveRows, policy: DecodePolicy, recorder) -> None:
@@ -408,6 +438,7 @@ def _decode_blocks(model, batch: _ActiveRows, policy: DecodePolicy, recorder) ->
     n_blocks = k // bl
     spb = T // n_blocks
     uniform_conf = policy.name in ("random", "random_commit")
+    eos_eot = _eos_eot_ids(model, policy)
     step_index = 0
     for blk in range(n_blocks):
         lo, hi = blk * bl, (blk + 1) * bl
@@ -427,7 +458,8 @@ def _decode_blocks(model, batch: _ActiveRows, policy: DecodePolicy, recorder) ->
                 return
             win, n = batch.win, len(batch)
             masked_before = win == mask_id
-            x0, conf = _block_tokens(logits[:, lo:hi], policy, batch, mask_id, uniform_conf)
+            x0, conf = _block_tokens(logits[:, lo:hi], policy, batch, mask_id, uniform_conf,
+                                     eos_eot)
             if uniform_conf:
                 u = block_u if block_rows == batch.rows else block_u[
                     torch.tensor([block_rows.index(r) for r in batch.rows], device=block_u.device)]

@@ -39,6 +39,11 @@ class DecodePolicy:
     eps: float = 1e-3
     top_p: float | None = None
     top_k: int | None = None
+    # LLaDA generate.py's options (its Appendix B.4), off by default: ``logits_eos_inf`` sets
+    # the EOS logit to -inf before the token choice; ``confidence_eos_eot_inf`` sets -inf where
+    # its chained assignment puts it (see ``generate._block_tokens``). Block policies only.
+    logits_eos_inf: bool = False
+    confidence_eos_eot_inf: bool = False
 
     def __post_init__(self) -> None:
         self.validate()
@@ -92,6 +97,12 @@ class DecodePolicy:
             raise ValueError(f"eps must lie in (0, 1), got {self.eps!r}")
         if self.top_p is not None and not (0 < self.top_p <= 1):
             raise ValueError(f"top_p must lie in (0, 1], got {self.top_p!r}")
+        for key in ("logits_eos_inf", "confidence_eos_eot_inf"):
+            if not isinstance(getattr(self, key), bool):
+                raise ValueError(f"decoding {key} must be true or false, got {getattr(self, key)!r}")
+            if getattr(self, key) and self.name not in BLOCK_POLICIES:
+                raise ValueError(f"decoding {key} is an option of LLaDA's generate (policies "
+                                 f"{list(BLOCK_POLICIES)}), not of {self.name!r}")
         if self.top_k is not None and (isinstance(self.top_k, bool) or not isinstance(self.top_k, int)
                                        or self.top_k < 1):
             raise ValueError(f"top_k must be a positive integer, got {self.top_k!r}")

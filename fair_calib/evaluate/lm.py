@@ -74,7 +74,8 @@ def _model_max_length(loaded: LoadedModel) -> int:
 
 
 DECODING_KEYS = ("policy", "steps", "gen_length", "block_length", "temperature", "alg_temp",
-                 "top_p", "top_k")
+                 "top_p", "top_k", "logits_eos_inf", "confidence_eos_eot_inf")
+BOOL_DECODING_KEYS = ("logits_eos_inf", "confidence_eos_eot_inf")   # "true" from --model_args
 
 
 def _hub_config_file(repo_id: str):
@@ -202,7 +203,10 @@ class DiffusionLM(LM):
                  compute_greedy: bool = True, add_bos_token: bool = False,
                  batch_size: int | str | None = None, max_batch_size: int | None = None,
                  loader: str | None = None, escape_until: bool = False,
-                 early_exit: bool | str = True, **flat: Any) -> None:
+                 early_exit: bool | str = True, whole_window: bool | str = False,
+                 chat_by_lm_eval: bool | str = False,
+                 chat_add_special_tokens: bool | str = False, eos_split_until: bool | str = False,
+                 max_prompt_len: int | None = None, **flat: Any) -> None:
         super().__init__()
         likelihood, decoding = self._split_flat(flat, likelihood, decoding, batch_size)
         if loaded is None:
@@ -222,6 +226,11 @@ class DiffusionLM(LM):
         self.instruct = _bool(instruct)
         self.add_bos_token = _bool(add_bos_token)
         self.escape_until = _bool(escape_until)
+        self.whole_window = _bool(whole_window)
+        self.chat_by_lm_eval = _bool(chat_by_lm_eval)
+        self.chat_add_special_tokens = _bool(chat_add_special_tokens)
+        self.eos_split_until = _bool(eos_split_until)
+        self.max_prompt_len = None if max_prompt_len in (None, "") else int(max_prompt_len)
         self.seed = int(seed)
         self.lik = likelihood_settings(loaded.adapter.likelihood, likelihood)
         self.decoding_overrides = {k: v for k, v in dict(decoding or {}).items() if v is not None}
@@ -245,7 +254,7 @@ class DiffusionLM(LM):
             if key in SETTING_KEYS or key == "cfg":
                 likelihood[key] = val
             elif key in DECODING_KEYS:
-                decoding[key] = val
+                decoding[key] = _bool(val) if key in BOOL_DECODING_KEYS else val
             else:
                 raise TypeError(f"fair_calib_dlm: unknown argument {key!r}; likelihood keys "
                                 f"{sorted(SETTING_KEYS)}, decoding keys {sorted(DECODING_KEYS)}")
@@ -342,7 +351,40 @@ class DiffusionLM(LM):
             out.append(total)
         return out
 
+    # ------------------------------------------------------------------ chat (lm-eval's API)
+    @property
+    def tokenizer_name(self) -> str:
+        """lm-eval fingerprints its request cache with it when it applies a chat template."""
+        return str(getattr(self.tokenizer, "name_or_path", "") or "").replace("/", "__")
+
+    def chat_template(self, chat_template: bool | str = False) -> str | None:
+        """The tokenizer's chat template (what lm-eval records of the run); None when off."""
+        if chat_template is False or chat_template is None:
+            return None
+        template = getattr(self.tokenizer, "chat_template", None)
+        if isinstance(template, dict):
+            template = template.get(chat_template if isinstance(chat_template, str) else "default")
+        return template
+
+    def apply_chat_template(self, chat_history: list[dict[str, str]],
+                            add_generation_prompt: bool = True) -> str:
+        """lm-eval's chat hook (``apply_chat_template`` / ``fewshot_as_multiturn`` of a task):
+        the tokenizer's template over the turns, as lm-eval's HF model renders them; a history
+        ending in an assistant turn (a task's ``gen_prefix``) is continued, not closed."""
+        if getattr(self.tokenizer, "chat_template", None) is None:
+            raise ValueError(f"apply_chat_template: the tokenizer of this {self.loaded.adapter.name} "
+                             f"model has no chat template; run the task without it")
+        return self.tokenizer.apply_chat_template(
+            chat_history, tokenize=False, add_generation_prompt=add_generation_prompt,
+            continue_final_message=not add_generation_prompt)
+
     def _prompt_ids(self, context: str) -> list[int]:
+        """The prompt's ids: lm-eval already rendered the chat turns (``chat_by_lm_eval``; the
+        text is then tokenized with the tokenizer's special prefix only where
+        ``chat_add_special_tokens``, as OpenCompass's LLaDA model does), or an Instruct model's
+        template over one user turn, or the plain text."""
+        if self.chat_by_lm_eval:
+            return self._enc(context, special=self.chat_add_special_tokens)
         if self.instruct and self.loaded.adapter.chat_template:
             text = self.tokenizer.apply_chat_template([{"role": "user", "content": context}],
                                                       add_generation_prompt=True, tokenize=False)
@@ -365,9 +407,19 @@ class DiffusionLM(LM):
     def postprocess(self, ids: Sequence[int], until: Sequence[str]) -> str:
         """Cut at the first EOS/pad token, decode, then cut at the earliest ``until`` string.
         ``escape_until`` (Dream's ``eval/eval.py`` argument): the text is Dream's, the whole
-        window decoded and cut at the first EOS text, and ``until`` is not applied."""
-        if self.escape_until:
-            return self.tokenizer.decode(list(ids)).split(self.tokenizer.eos_token)[0]
+        window decoded and cut at the first EOS text, and ``until`` is not applied.
+        ``whole_window`` (OpenCompass's LLaDA model): the whole window decoded with the special
+        tokens skipped, nothing cut. ``eos_split_until`` (Dream ``eval_instruct``'s ``diffllm``):
+        Dream's text (as ``escape_until``), then cut at each ``until`` string in turn."""
+        if self.whole_window:
+            return self.tokenizer.decode(list(ids), skip_special_tokens=True)
+        if self.escape_until or self.eos_split_until:
+            text = self.tokenizer.decode(list(ids)).split(self.tokenizer.eos_token)[0]
+            if self.escape_until:
+                return text
+            for stop in until:             # eval_instruct's diffllm: r = r.split(s)[0] in turn
+                text = text.split(stop)[0]
+            return text
         ids = list(ids)
         for i, tok in enumerate(ids):
             if tok in self.stop_ids:
@@ -387,7 +439,9 @@ class DiffusionLM(LM):
         (with ``escape_until``: the EOS token alone, whose text the output is split at)."""
         from fair_calib.decoding import StopRule
 
-        if self.escape_until:
+        if self.escape_until or self.eos_split_until:
+            # the text before the first EOS is final once it is committed and all before it;
+            # the stop strings are cut from that final text
             eos = getattr(self.tokenizer, "eos_token_id", None)
             return StopRule(frozenset() if eos is None else frozenset({int(eos)}))
         return StopRule(frozenset(self.stop_ids), [list(u) for u in untils],
@@ -404,6 +458,8 @@ class DiffusionLM(LM):
             if isinstance(until, str):
                 until = [until]
             prompt = self._prompt_ids(context)
+            if self.max_prompt_len is not None:      # eval_instruct's diffllm: ids[-1024:]
+                prompt = prompt[-self.max_prompt_len:]
             room = self.max_length - policy.gen_length
             if room < 1:
                 raise ValueError(f"gen_length {policy.gen_length} leaves no room for a prompt "
@@ -419,7 +475,9 @@ class DiffusionLM(LM):
             if self.loaded.device.type != "cpu":   # generate() draws on the model's device
                 gens = [torch.Generator(device=self.loaded.device).manual_seed(g.initial_seed())
                         for g in gens]
-            stop = self.stop_rule([untils[i] for i in idx]) if self.early_exit else None
+            # whole_window keeps text after an EOS: no row is final before the last step
+            stop = self.stop_rule([untils[i] for i in idx]) \
+                if self.early_exit and not self.whole_window else None
             out = decode(self.loaded, [prompts[i] for i in idx], policy, gens, stop=stop)
             for row, i in enumerate(idx):
                 results[i] = self.postprocess(out.tokens[row].tolist(), untils[i])

@@ -325,3 +325,210 @@ def write_synthetic_tasks(synthetic_dir: str | os.PathLike, include_dir: str | o
         text = (TEMPLATE_DIR / f"{task}.yaml").read_text()
         (include_dir / f"{task}.yaml").write_text(_render(text, {task.upper(): str(data)}))
     return include_dir
+
+
+# ----------------------------------------------------------------------------- OpenCompass
+# The generative OpenCompass recipes of the LLaDA authors' Instruct evaluation (tasks/oc_*.yaml),
+# read from the hub (data_source: hub) or from the local copies. name -> (hub dataset path,
+# hub config name, hub split).
+OC_TASKS = {
+    "oc_arc_c_gen": ("allenai/ai2_arc", "ARC-Challenge", "validation"),
+    "oc_hellaswag_gen": ("Rowan/hellaswag", None, "validation"),
+    "oc_mmlu_gen": ("cais/mmlu", None, "test"),
+    "oc_gsm8k_gen": ("openai/gsm8k", "main", "test"),
+    "oc_humaneval_gen": ("openai/openai_humaneval", None, "test"),
+    # OpenCompass's generative configs of the benchmarks LLaDA's repository has no recipe for
+    "oc_piqa_gen": ("baber/piqa", None, "validation"),
+    "oc_boolq_gen": ("aps/super_glue", "boolq", "validation"),
+    "oc_winogrande_gen": ("allenai/winogrande", "winogrande_xl", "validation"),
+    "oc_arc_e_gen": ("allenai/ai2_arc", "ARC-Easy", "validation"),
+}
+# mmlu_gen_a484b3's subjects (its mmlu_all_sets); the reported MMLU is their plain mean.
+OC_MMLU_SUBJECTS = (
+    "college_biology", "college_chemistry", "college_computer_science", "college_mathematics",
+    "college_physics", "electrical_engineering", "astronomy", "anatomy", "abstract_algebra",
+    "machine_learning", "clinical_knowledge", "global_facts", "management", "nutrition",
+    "marketing", "professional_accounting", "high_school_geography", "international_law",
+    "moral_scenarios", "computer_security", "high_school_microeconomics", "professional_law",
+    "medical_genetics", "professional_psychology", "jurisprudence", "world_religions",
+    "philosophy", "virology", "high_school_chemistry", "public_relations",
+    "high_school_macroeconomics", "human_sexuality", "elementary_mathematics",
+    "high_school_physics", "high_school_computer_science", "high_school_european_history",
+    "business_ethics", "moral_disputes", "high_school_statistics", "miscellaneous",
+    "formal_logic", "high_school_government_and_politics", "prehistory", "security_studies",
+    "high_school_biology", "logical_fallacies", "high_school_world_history",
+    "professional_medicine", "high_school_mathematics", "college_medicine",
+    "high_school_us_history", "sociology", "econometrics", "high_school_psychology",
+    "human_aging", "us_foreign_policy", "conceptual_physics")
+# ARC-Challenge's dev split as AI2 ships it (ARC-V1-Feb2018: ARC-Challenge-Dev.jsonl), the file
+# OpenCompass's ARCDataset reads; the offline copies hold the test split only.
+ARC_DEV_FILE = "arc/ARC-Challenge-Dev.jsonl"
+ARC_DEV_FILES = {"oc_arc_c_gen": ARC_DEV_FILE, "oc_arc_e_gen": "arc/ARC-Easy-Dev.jsonl"}
+
+
+def read_arc_dev(data_dir: Path, task: str = "oc_arc_c_gen") -> list[dict[str, Any]]:
+    """AI2's ARC jsonl (``question: {stem, choices: [{text, label}]}``) -> the hub rows."""
+    path = Path(data_dir) / ARC_DEV_FILES[task]
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"{path} missing: {task} (OpenCompass's ARC config) scores the dev split, which the "
+            f"offline copies lack; put AI2's {path.name} there or run with data_source: hub "
+            f"(allenai/ai2_arc, validation)")
+    return [{"id": r.get("id", ""), "question": r["question"]["stem"],
+             "choices": {"text": [c["text"] for c in r["question"]["choices"]],
+                         "label": [c["label"] for c in r["question"]["choices"]]},
+             "answerKey": r["answerKey"]} for r in _read_jsonl(path)]
+
+
+def _local_json(path: str | Path, split: str = "test") -> dict[str, Any]:
+    return {"DATASET_PATH": "json", "DATASET_NAME": None,
+            "DATASET_KWARGS": {"data_files": {split: str(path)}}, "TEST_SPLIT": split}
+
+
+def oc_task_sources(name: str, offline: bool, data_dir: str | os.PathLike | None,
+                    cache_dir: str | os.PathLike) -> dict[str, Any]:
+    """The dataset lines of an OpenCompass task's YAML: the hub's rows, or local copies
+    converted to them (the task's ``process_docs`` then gives OpenCompass's columns)."""
+    path, config, split = OC_TASKS[name]
+    if not offline:
+        return {"DATASET_PATH": path, "DATASET_NAME": config, "DATASET_KWARGS": None,
+                "TEST_SPLIT": split}
+    data_dir, cache_dir = Path(data_dir).resolve(), Path(cache_dir).resolve()
+    if name in ARC_DEV_FILES:
+        return _local_json(_cached(cache_dir, f"arc/{name}_dev.jsonl",
+                                   lambda: read_arc_dev(data_dir, name)))
+    if name in ("oc_piqa_gen", "oc_boolq_gen", "oc_winogrande_gen"):
+        key = name[3:-4]
+        return _local_json(prepare_offline_data(data_dir, cache_dir, [key])[key.upper()])
+    if name == "oc_hellaswag_gen":
+        return _local_json(prepare_offline_data(data_dir, cache_dir, ["hellaswag"])["HELLASWAG"])
+    if name == "oc_gsm8k_gen":
+        return _local_json(data_dir / "gsm8k" / "test.jsonl")
+    if name == "oc_humaneval_gen":
+        return _local_json(prepare_offline_data(data_dir, cache_dir, ["humaneval"])["HUMANEVAL"])
+    raise KeyError(name)
+
+
+def write_oc_tasks(include_dir: str | os.PathLike, names: Iterable[str], offline: bool,
+                   data_dir: str | os.PathLike | None, cache_dir: str | os.PathLike) -> Path:
+    """Render the OpenCompass recipe tasks ``names`` (``OC_TASKS``) into ``include_dir``."""
+    include_dir = Path(include_dir).resolve()
+    include_dir.mkdir(parents=True, exist_ok=True)
+    shutil.copy(TEMPLATE_DIR / "fc_task_utils.py", include_dir / "fc_task_utils.py")
+    for name in names:
+        if name not in OC_TASKS:
+            raise KeyError(f"no OpenCompass recipe task {name!r}; known: {sorted(OC_TASKS)}")
+        if name == "oc_mmlu_gen":
+            _write_oc_mmlu(include_dir, offline, data_dir, cache_dir)
+            continue
+        text = (TEMPLATE_DIR / f"{name}.yaml").read_text()
+        subs = oc_task_sources(name, offline, data_dir, cache_dir)
+        (include_dir / f"{name}.yaml").write_text(_render(text, subs))
+    return include_dir
+
+
+def oc_mmlu_subject_yaml(subject: str, data: dict[str, Any]) -> str:
+    """Task ``oc_mmlu_gen_<subject>``: mmlu_gen_a484b3's hint and templates for ``subject``
+    over the dataset lines ``data`` (``DATASET_PATH``, ``DATASET_NAME``, ``DATASET_KWARGS``)."""
+    hint = (f"There is a single choice question about {subject.replace('_', ' ')}. Answer the "
+            f"question by replying A, B, C or D.")
+    options = "\nA. {{A}}\nB. {{B}}\nC. {{C}}\nD. {{D}}\n"
+    subs = {"SUBJECT_TASK": f"oc_mmlu_gen_{subject}", "SUBJECT_ALIAS": subject,
+            "DOC_TO_TEXT": f"{hint}\nQ: {{{{input}}}}{options}A: ",
+            "ICE_TO_TEXT": f"{hint}\nQuestion: {{{{input}}}}{options}Answer: ", **data}
+    return _render((TEMPLATE_DIR / "oc_mmlu_gen_subject.yaml").read_text(), subs)
+
+
+def _write_oc_mmlu(include_dir: Path, offline: bool, data_dir, cache_dir) -> None:
+    """mmlu_gen_a484b3: one task per subject (its hint in the prompts) and the group."""
+    if offline:
+        have = set(mmlu_subjects(Path(data_dir)))
+        missing = [s for s in OC_MMLU_SUBJECTS if s not in have]
+        if missing:
+            raise FileNotFoundError(f"MMLU subjects {missing} missing under "
+                                    f"{Path(data_dir) / 'mmlu' / 'test'}")
+        mmlu_cache = Path(prepare_offline_data(data_dir, cache_dir, ["mmlu"])["MMLU"])
+    sub_dir = include_dir / "oc_mmlu_gen"
+    sub_dir.mkdir(exist_ok=True)
+    # lm-eval imports a YAML's !function module from the YAML's own folder
+    shutil.copy(TEMPLATE_DIR / "fc_task_utils.py", sub_dir / "fc_task_utils.py")
+    for s in OC_MMLU_SUBJECTS:
+        if offline:
+            data = {"DATASET_PATH": "json", "DATASET_NAME": None, "DATASET_KWARGS": {
+                "data_files": {"test": str(mmlu_cache / "test" / f"{s}.jsonl"),
+                               "dev": str(mmlu_cache / "dev" / f"{s}.jsonl")}}}
+        else:
+            data = {"DATASET_PATH": OC_TASKS["oc_mmlu_gen"][0], "DATASET_NAME": s,
+                    "DATASET_KWARGS": None}
+        (sub_dir / f"oc_mmlu_gen_{s}.yaml").write_text(oc_mmlu_subject_yaml(s, data))
+    group = {"group": "oc_mmlu_gen", "task": [f"oc_mmlu_gen_{s}" for s in OC_MMLU_SUBJECTS],
+             "aggregate_metric_list": [{"metric": "acc", "weight_by_size": False}],
+             "metadata": {"version": 1}}
+    (include_dir / "oc_mmlu_gen_group.yaml").write_text(json.dumps(group, indent=1))
+
+
+# ----------------------------------------------------------------------------- Dream eval_instruct
+# DreamLM/Dream eval_instruct's tasks that its lm-eval fork defines otherwise than lm-eval 0.4.13
+# (tasks/dream_*.yaml); its gsm8k_cot is lm-eval's own. name -> (hub path, config, split).
+DREAM_TASKS = {
+    "dream_mmlu_generative": ("cais/mmlu", None, "test"),
+    "dream_humaneval_instruct": ("openai/openai_humaneval", None, "test"),
+}
+RECIPE_TASKS = {**OC_TASKS, **DREAM_TASKS}
+
+
+def write_recipe_tasks(include_dir: str | os.PathLike, names: Iterable[str], offline: bool,
+                       data_dir: str | os.PathLike | None, cache_dir: str | os.PathLike) -> Path:
+    """Render the model authors' recipe tasks (``RECIPE_TASKS``) into ``include_dir``."""
+    names = list(names)
+    unknown = [n for n in names if n not in RECIPE_TASKS]
+    if unknown:
+        raise KeyError(f"no recipe task {unknown}; known: {sorted(RECIPE_TASKS)}")
+    include_dir = write_oc_tasks(include_dir, [n for n in names if n in OC_TASKS], offline,
+                                 data_dir, cache_dir)
+    for name in names:
+        if name == "dream_mmlu_generative":
+            _write_dream_mmlu(include_dir, offline, data_dir, cache_dir)
+        elif name == "dream_humaneval_instruct":
+            path, config, split = DREAM_TASKS[name]
+            subs = ({"DATASET_PATH": path, "DATASET_NAME": config, "DATASET_KWARGS": None,
+                     "TEST_SPLIT": split} if not offline else _local_json(prepare_offline_data(
+                         data_dir, cache_dir, ["humaneval"])["HUMANEVAL"]))
+            text = (TEMPLATE_DIR / f"{name}.yaml").read_text()
+            (include_dir / f"{name}.yaml").write_text(_render(text, subs))
+    return include_dir
+
+
+def dream_mmlu_subject_yaml(subject: str, data: dict[str, Any]) -> str:
+    """Task ``dream_mmlu_generative_<subject>`` over the dataset lines ``data``."""
+    subs = {"SUBJECT_TASK": f"dream_mmlu_generative_{subject}", "SUBJECT_ALIAS": subject,
+            "DESCRIPTION": f"The following are multiple choice questions (with answers) about "
+                           f"{subject.replace('_', ' ')}.\n\n", **data}
+    return _render((TEMPLATE_DIR / "dream_mmlu_generative_subject.yaml").read_text(), subs)
+
+
+def _write_dream_mmlu(include_dir: Path, offline: bool, data_dir, cache_dir) -> None:
+    """mmlu_generative: the 57 subjects and the group (size-weighted exact match)."""
+    if offline:
+        mmlu_cache = Path(prepare_offline_data(data_dir, cache_dir, ["mmlu"])["MMLU"])
+        subjects = mmlu_subjects(Path(data_dir))
+    else:
+        subjects = sorted(OC_MMLU_SUBJECTS)
+    sub_dir = include_dir / "dream_mmlu_generative"
+    sub_dir.mkdir(exist_ok=True)
+    for s in subjects:
+        if offline:
+            data = {"DATASET_PATH": "json", "DATASET_NAME": None, "DATASET_KWARGS": {
+                "data_files": {"test": str(mmlu_cache / "test" / f"{s}.jsonl"),
+                               "dev": str(mmlu_cache / "dev" / f"{s}.jsonl")}}}
+        else:
+            data = {"DATASET_PATH": DREAM_TASKS["dream_mmlu_generative"][0], "DATASET_NAME": s,
+                    "DATASET_KWARGS": None}
+        (sub_dir / f"dream_mmlu_generative_{s}.yaml").write_text(dream_mmlu_subject_yaml(s, data))
+    group = {"group": "dream_mmlu_generative",
+             "task": [f"dream_mmlu_generative_{s}" for s in subjects],
+             "aggregate_metric_list": [{"metric": "exact_match", "weight_by_size": True,
+                                        "filter_list": "get_response"}],
+             "metadata": {"version": 3}}
+    (include_dir / "dream_mmlu_generative_group.yaml").write_text(json.dumps(group, indent=1))
+

@@ -19,8 +19,10 @@ Settings (JSON): ``{"seed", "device", "dtype", "data_dir", "synthetic_dir", "mod
 "num_fewshot", "limit", "gen_length", "steps", "block_length", "mc_num", "batch_size",
 "cfg_scale", "eps", "exact_below", "add_bos_token", "decoding": {...}, "offline": bool,
 "allow_code_execution": bool, "escape_until": bool, "code_postprocess": "none"|"dream",
-"early_exit": bool}}``: one task's settings already resolved for the model
-(``fair_calib.evaluate.task_settings``: entry < ``by_family`` < ``by_model``).
+"early_exit": bool, "apply_chat_template": bool, "fewshot_as_multiturn": bool,
+"chat_add_special_tokens": bool, "whole_window": bool, "mean_over": "documents"|"subtasks",
+"eos_split_until": bool, "max_prompt_len": int}}``:
+one task's settings already resolved for the model (``fair_calib.evaluate.task_settings``: entry < ``by_family`` < ``by_model``).
 ``offline`` defaults to ``data_source == "local"`` (the config default); ``data_source: hub``
 uses lm-eval's own task definitions and datasets.
 """
@@ -108,6 +110,11 @@ def build_task_manager(settings: Mapping[str, Any], include_dir: str | os.PathLi
         synth = settings.get("synthetic_dir") or "resources/data"
         offline_data.write_synthetic_tasks(synth, include_dir, [name])
         return TaskManager(include_path=str(include_dir), include_defaults=False)
+    if name in offline_data.RECIPE_TASKS:  # the model authors' recipes (OpenCompass, Dream's fork)
+        offline_data.write_recipe_tasks(Path(include_dir) / "tasks", [name], is_offline(settings),
+                                    settings.get("data_dir") or offline_data.default_data_dir(),
+                                    Path(include_dir) / "_cache")
+        return TaskManager(include_path=str(Path(include_dir) / "tasks"), include_defaults=False)
     if is_offline(settings):
         offline_data.check_offline_fewshot(name, task.get("num_fewshot"))
         data_dir = settings.get("data_dir") or offline_data.default_data_dir()
@@ -204,9 +211,16 @@ def decode_steps_per_doc(lm: Any, samples: Mapping[str, list[int]]) -> dict[str,
     return out
 
 
-def summarize(per_doc: Mapping[str, Any]) -> list[dict[str, Any]]:
+def summarize(per_doc: Mapping[str, Any], mean_over: str | None = None) -> list[dict[str, Any]]:
     """One row per metric key: mean, stderr (ddof=1), n, mean chance over the same documents,
-    and the decoding steps of the whole run."""
+    and the decoding steps of the whole run. ``mean_over: subtasks`` (a group such as
+    OpenCompass's MMLU, whose reported score is the plain mean over its subjects): the value is
+    the mean of the subtasks' means and the stderr that of a mean of independent subtask means,
+    ``sqrt(sum_s se_s^2) / S``."""
+    if mean_over not in (None, "documents", "subtasks"):
+        raise ValueError(f"task.mean_over = {mean_over!r}; choose documents or subtasks")
+    if mean_over == "subtasks":
+        return _summarize_subtask_mean(per_doc)
     rows = []
     chance = per_doc["chance"]
     steps = decode_step_totals(per_doc)
@@ -221,6 +235,25 @@ def summarize(per_doc: Mapping[str, Any]) -> list[dict[str, Any]]:
         rows.append({"metric": key, "value": float(arr.mean()) if n else float("nan"),
                      "stderr": float(arr.std(ddof=1) / math.sqrt(n)) if n > 1 else float("nan"),
                      "n": n, "chance": float(np.mean(ch)) if n else float("nan"), **steps})
+    return rows
+
+
+def _summarize_subtask_mean(per_doc: Mapping[str, Any]) -> list[dict[str, Any]]:
+    rows = []
+    steps = decode_step_totals(per_doc)
+    for key in sorted(per_doc["metrics"]):
+        means, var_of_means, ch, n = [], [], [], 0
+        for task_name, docs in sorted(per_doc["metrics"][key].items()):
+            arr = np.asarray([v for _, v in sorted(docs.items(), key=lambda kv: int(kv[0]))])
+            means.append(float(arr.mean()))
+            var_of_means.append(float(arr.var(ddof=1)) / len(arr) if len(arr) > 1 else float("nan"))
+            chance = per_doc["chance"].get(task_name, {})
+            ch.append(float(np.mean([chance.get(d, 0.0) for d in docs])))
+            n += len(arr)
+        s = len(means)
+        rows.append({"metric": key, "value": float(np.mean(means)) if s else float("nan"),
+                     "stderr": math.sqrt(sum(var_of_means)) / s if s else float("nan"),
+                     "n": n, "chance": float(np.mean(ch)) if s else float("nan"), **steps})
     return rows
 
 
@@ -261,6 +294,11 @@ def make_lm(settings: Mapping[str, Any], model_dir: str | os.PathLike,
                        likelihood=likelihood, decoding=decoding,
                        add_bos_token=bool(task.get("add_bos_token", False)),
                        escape_until=bool(task.get("escape_until", False)),
+                       whole_window=bool(task.get("whole_window", False)),
+                       chat_add_special_tokens=bool(task.get("chat_add_special_tokens", False)),
+                       chat_by_lm_eval=bool(task.get("apply_chat_template", False)),
+                       eos_split_until=bool(task.get("eos_split_until", False)),
+                       max_prompt_len=task.get("max_prompt_len"),
                        gen_batch_size=task.get("batch_size"), compute_greedy=compute_greedy,
                        early_exit=bool(task.get("early_exit", True)))
 
@@ -284,6 +322,15 @@ def use_code_postprocess(leaf_tasks: Mapping[str, Any], name: str | None) -> Non
                              f"filter (a code task such as humaneval); {t} is not")
         filters[0] = build_filter_ensemble(filters[0].name, [["custom", {
             "filter_fn": POSTPROCESSORS[name]}]])
+
+
+def chat_kwargs(task: Mapping[str, Any]) -> dict[str, bool]:
+    """lm-eval's chat arguments of a task that asks for the chat template (none otherwise:
+    lm-eval's own defaults, as before the setting existed)."""
+    if not task.get("apply_chat_template"):
+        return {}
+    return {"apply_chat_template": True,
+            "fewshot_as_multiturn": bool(task.get("fewshot_as_multiturn", False))}
 
 
 def evaluate(settings: Mapping[str, Any], model_dir: str | os.PathLike | None,
@@ -335,14 +382,14 @@ def evaluate(settings: Mapping[str, Any], model_dir: str | os.PathLike | None,
                     num_fewshot=task.get("num_fewshot"), samples=samples, log_samples=True,
                     bootstrap_iters=0, task_manager=tm, random_seed=seed,
                     numpy_random_seed=seed, torch_random_seed=seed,
-                    fewshot_random_seed=FEWSHOT_SEED,
+                    fewshot_random_seed=FEWSHOT_SEED, **chat_kwargs(task),
                     confirm_run_unsafe_code=bool(allow_code and unsafe))
             per_doc = per_doc_values(res, leaf_tasks)
             per_doc["steps"] = decode_steps_per_doc(lm, samples)
             raw = _json_safe({k: v for k, v in res.items() if k != "samples"})
     if task.get("kind") == "synthetic_gen":
         per_doc = _majority_chance(per_doc, settings)
-    stats = summarize(per_doc)
+    stats = summarize(per_doc, task.get("mean_over"))
     df = _rows_frame(settings, stats)
     prov = io.provenance(settings, seed=seed, shard=shard, num_shards=num_shards,
                          model_dir=str(model_dir), calib_dir=str(calib_dir) if calib_dir else None)
@@ -380,7 +427,7 @@ def gather(shard_paths: Iterable[str | os.PathLike], out_path: str | os.PathLike
             merged["chance"].setdefault(t, {}).update(docs)
         for t, docs in (rec["per_doc"].get("steps") or {}).items():
             merged.setdefault("steps", {}).setdefault(t, {}).update(docs)
-    df = _rows_frame(settings, summarize(merged))
+    df = _rows_frame(settings, summarize(merged, settings["task"].get("mean_over")))
     prov = io.provenance(settings, seed=settings.get("seed"),
                          gathered_from=[str(p) for p in shard_paths])
     io.write_json(raw_json_path(out_path), {"lm_eval_shards": raws, "per_doc": merged,

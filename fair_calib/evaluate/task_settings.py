@@ -20,12 +20,21 @@ OVERRIDE_KEYS = ("by_family", "by_model")
 FIXED_KEYS = ("kind", "label")      # what a table column is; never differs per model
 
 
-def resolve_task(name: str, entry: Mapping[str, Any], model: str, family: str) -> dict[str, Any]:
-    """The settings task ``name`` runs with on ``model`` (of ``family``)."""
+def resolve_task(name: str, entry: Mapping[str, Any], model: str, family: str,
+                 by_model: bool = True) -> dict[str, Any]:
+    """The settings task ``name`` runs with on ``model`` (of ``family``). ``by_model=False``
+    (the config's ``instruct_recipes: false``) leaves the per-model entries out: every model
+    runs its family's settings, the Instruct models those of their Base model."""
     out = {k: v for k, v in entry.items() if k not in OVERRIDE_KEYS}
     out.update(entry.get("by_family", {}).get(family, {}))
-    out.update(entry.get("by_model", {}).get(model, {}))
+    if by_model:
+        out.update(entry.get("by_model", {}).get(model, {}))
     return {"name": name, **out}
+
+
+def use_by_model(cfg: Mapping[str, Any]) -> bool:
+    """The config's ``instruct_recipes`` (default true: per-model entries apply)."""
+    return bool(cfg.get("instruct_recipes", True))
 
 
 def check_task_overrides(cfg: Mapping[str, Any], families: Any) -> None:

@@ -41,6 +41,9 @@ class FamilyAdapter:
     likelihood: dict[str, Any] = field(default_factory=dict)  # MC likelihood estimator settings
     eos_token: str | None = None
     pad_token: str | None = None
+    # The (EOS, EoT) tokens LLaDA's generate.py options ``logits_eos_inf`` /
+    # ``confidence_eos_eot_inf`` act on (ids 126081, 126348 in its code); None: no such options.
+    eos_eot_tokens: tuple[str, str] | None = None
     # Hub families: the layout (``fair_calib.models.hub.LAYOUTS``) that maps the released
     # checkpoint onto a native transformers class; the paths above are the native ones.
     hub_layout: str | None = None
@@ -92,6 +95,7 @@ register_adapter(FamilyAdapter(
     likelihood={"estimator": "llada", "mc_num": 128, "batch_size": 8, "cfg_scale": 0.0,
                 "exact_below": 2},
     eos_token="<|eot_id|>", pad_token="<|endoftext|>",
+    eos_eot_tokens=("<|endoftext|>", "<|eot_id|>"),
 ))
 
 register_adapter(FamilyAdapter(
@@ -161,6 +165,8 @@ class LoadedModel:
     mask_id: int
     pad_id: int
     eos_id: int | None
+    # ids of the adapter's ``eos_eot_tokens`` (LLaDA's generate options), None where it has none
+    eos_eot_ids: tuple[int, int] | None = None
     # repeated forwards replayed from CUDA graphs, once :meth:`replay_graphs` is called
     graphs: Any = field(default=None, repr=False, compare=False)
 
@@ -361,8 +367,12 @@ def _wrap(model, tokenizer, adapter: FamilyAdapter, config_mask: int | None) -> 
     if pad_id is None and adapter.pad_token:
         pad_id = tokenizer.convert_tokens_to_ids(adapter.pad_token)
     eos_id = tokenizer.convert_tokens_to_ids(adapter.eos_token) if adapter.eos_token else tokenizer.eos_token_id
+    eos_eot = None
+    if adapter.eos_eot_tokens and tokenizer is not None:
+        eos_eot = tuple(int(tokenizer.convert_tokens_to_ids(t)) for t in adapter.eos_eot_tokens)
     return LoadedModel(model=model, tokenizer=tokenizer, adapter=adapter, mask_id=int(mask_id),
-                       pad_id=int(pad_id if pad_id is not None else eos_id), eos_id=eos_id)
+                       pad_id=int(pad_id if pad_id is not None else eos_id), eos_id=eos_id,
+                       eos_eot_ids=eos_eot)
 
 
 def _load_plain(source: str, torch_dtype):

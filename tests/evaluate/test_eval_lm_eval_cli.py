@@ -76,3 +76,24 @@ def test_lm_eval_cli_with_limit_2(tmp_path, synthetic_dir, calibrated):
 def test_unknown_model_arg_is_named():
     with pytest.raises(TypeError, match="unknown argument 'mcnum'"):
         DiffusionLM(make_loaded(), mcnum=4)
+
+
+def test_recipe_tasks_render_and_their_model_args_parse(tmp_path, offline_data_dir):
+    """`fair-calib render-tasks --tasks oc_gsm8k_gen` writes the recipe for lm-eval's
+    --include_path, and the recipe's model settings pass through --model_args (run with
+    lm-eval's own --apply_chat_template --fewshot_as_multiturn)."""
+    from fixtures.hub_checkpoints import llada_checkpoint
+
+    from fair_calib.lm_eval_cli import render_tasks
+
+    include = render_tasks(tmp_path / "tasks", ["oc_gsm8k_gen"], data_dir=str(offline_data_dir))
+    assert (include / "oc_gsm8k_gen.yaml").is_file() and (include / "fc_task_utils.py").is_file()
+    assert not (include / "piqa.yaml").exists()                   # named tasks only
+    llada_checkpoint(tmp_path / "m")
+    lm = DiffusionLM.create_from_arg_string(
+        f"pretrained={tmp_path / 'm'},family=llada,chat_by_lm_eval=true,"
+        "chat_add_special_tokens=true,whole_window=true,gen_length=4,steps=4,block_length=4,"
+        "confidence_eos_eot_inf=true", {"batch_size": 1, "device": "cpu"})
+    assert (lm.chat_by_lm_eval, lm.chat_add_special_tokens, lm.whole_window) == (True,) * 3
+    pol = lm.policy()
+    assert (pol.confidence_eos_eot_inf, pol.logits_eos_inf, pol.gen_length) == (True, False, 4)

@@ -9,7 +9,7 @@ def eval_inputs(wc):
     return inputs
 
 
-from fair_calib.evaluate.task_settings import check_task_overrides, resolve_task
+from fair_calib.evaluate.task_settings import check_task_overrides, resolve_task, use_by_model
 
 check_task_overrides(config, registry.FAMILIES)
 
@@ -17,7 +17,8 @@ check_task_overrides(config, registry.FAMILIES)
 def task_entry(task, model):
     """The task's settings for this model: entry < by_family < by_model (the authors' scripts
     differ per family, task and instruct setup)."""
-    resolved = resolve_task(task, config["tasks"][task], model, config["models"][model]["family"])
+    resolved = resolve_task(task, config["tasks"][task], model, config["models"][model]["family"],
+                            by_model=use_by_model(config))
     for key in DISPLAY_KEYS:  # display only: the table reads them, no evaluation reruns
         resolved.pop(key, None)
     return resolved
