@@ -267,6 +267,24 @@ def gen_prompts(task: str, data_dir: Path, shots: int) -> list[str]:
 
 
 GEN_TASKS = ("gsm8k", "gsm8k_cot", "humaneval", "humaneval_instruct")
+# The Instruct models' generation recipes (fair_calib/evaluate/tasks/oc_*.yaml, dream_*.yaml):
+# their documents are the base task's, and their prompts are counted as the base task's lm-eval
+# rendering (the recipes' own wording and chat turns differ by a few tokens a document; chat
+# tokens are added as for every Instruct generation): an approximation of their lengths.
+RECIPE_BASE = {"oc_arc_c_gen": "arc_challenge", "oc_arc_e_gen": "arc_easy",
+               "oc_boolq_gen": "boolq", "oc_hellaswag_gen": "hellaswag", "oc_mmlu_gen": "mmlu",
+               "oc_piqa_gen": "piqa", "oc_winogrande_gen": "winogrande",
+               "oc_gsm8k_gen": "gsm8k_cot", "oc_humaneval_gen": "humaneval",
+               "dream_humaneval_instruct": "humaneval_instruct",
+               "dream_mmlu_generative": "mmlu"}
+
+
+def recipe_prompts(task: str, data_dir: Path, shots: int) -> list[str]:
+    """Prompts of an Instruct recipe task, from its base task's documents (RECIPE_BASE)."""
+    base = RECIPE_BASE[task]
+    if base in GEN_TASKS:
+        return gen_prompts(base, data_dir, shots)
+    return [d.context for d in mc_documents(base, data_dir, shots)]
 
 
 # ----------------------------------------------------------------------------- forwards
@@ -303,7 +321,7 @@ def job_settings(cfg: Mapping[str, Any], model: str, task: str) -> JobSettings:
                   instruct=bool(cfg["models"][model].get("instruct", False)),
                   add_bos=bool(t.get("add_bos_token", False)),
                   early_exit=bool(t.get("early_exit", True)))
-    if name in GEN_TASKS or t["kind"] == "synthetic_gen":
+    if name in GEN_TASKS or name in RECIPE_BASE or t["kind"] == "synthetic_gen":
         dec = {**adapter.decoding, **(t.get("decoding") or {}),
                **{k: t[k] for k in ("gen_length", "steps", "block_length") if t.get(k) is not None}}
         shots = t.get("num_fewshot")
@@ -390,8 +408,10 @@ def evaluation_forwards(st: JobSettings, data_dir: Path, counter: TokenCounter,
     if st.kind == "generate":
         key = ("gen", fam, task, st.shots, st.limit)
         if key not in cache:
-            cache[key] = [counter.count(p, fam, task)
-                          for p in gen_prompts(task, data_dir, st.shots)[:st.limit]]
+            prompts = (recipe_prompts if task in RECIPE_BASE else gen_prompts)(
+                task, data_dir, st.shots)
+            cache[key] = [counter.count(p, fam, RECIPE_BASE.get(task, task))
+                          for p in prompts[:st.limit]]
         return gen_forwards([n + extra for n in cache[key]], st)
     key = ("mc", fam, task, st.shots, st.limit)
     if key not in cache:
