@@ -28,6 +28,8 @@ SUBCOMMANDS = {
 }
 # These read their own subcommand name (one module serves two of them).
 WHOLE_ARGV = ("trajectories", "diagnose", "lm-eval", "render-tasks")
+# These write no output of the workflow (lm-eval's own options name its files): no output lock.
+UNLOCKED = ("lm-eval", "cost", "check-config")
 
 
 def _checked_settings(stage: str, argv: list[str]) -> list[str]:
@@ -134,6 +136,12 @@ def main(argv: list[str] | None = None) -> None:
 
     numerics.pin_environment()
     rest = _checked_settings(stage, argv[1:])
+    if stage not in UNLOCKED:
+        # before the card and the work: a second job for this output waits for the first
+        # (fair_calib/job_lock.py), whatever Snakemake's own lock does
+        from . import job_lock
+
+        job_lock.hold(stage, rest)
     _take_gpu_slot(rest)
     module = importlib.import_module(SUBCOMMANDS[stage])
     from .io import CorruptFileError
