@@ -427,7 +427,9 @@ def test_truncated_prior_is_moved_aside_and_only_it_is_redone(ws):
                                             "intermediate": 64, "steps": 2, "batch_size": 4,
                                             "seq_len": 32}}},
         "probes": {"default": {"n_samples": 4, "steps": 4, "gen_length": 4, "shards": 2,
-                               "batch_size": 4}}}))
+                               "batch_size": 2}},
+        # the cross-corpus probes' 16 samples are more than these 4 prompts (refused)
+        "diagnostics": {"cross_corpus": []}}))
     target = "results/prior/tiny-llada/default.parquet"
     configs = ["--cores", "2", "--configfile", "config/smoke.yaml", "tiny.yaml"]
     env = {**os.environ, "PYTHONPATH": str(REPO)}

@@ -18,8 +18,9 @@ import yaml
 from fair_calib import job_lock
 
 REPO = Path(__file__).resolve().parents[1]
-CORPUS = {"seed": 0, "n_train_docs": 300, "n_calib_docs": 8, "n_probe": 8, "n_facts": 8,
-          "n_mc_items": 8, "n_gen_items": 8}
+# the default's prompt and item counts (the config check compares the probes with them)
+CORPUS = {"seed": 0, "n_train_docs": 300, "n_calib_docs": 8, "n_probe": 128, "n_facts": 128,
+          "n_mc_items": 200, "n_gen_items": 200}
 
 
 def _env(**extra):
