@@ -150,6 +150,12 @@ def check_calibration_pairing(calib_dir: str, source: str, family: str) -> None:
 
     if not (Path(calib_dir) / "meta.json").is_file():
         return  # load_quantized names the missing file
+    from fair_calib.model_identity import CalibrationOfOtherWeightsError, check_calibration_content
+
+    try:
+        check_calibration_content(calib_dir, source)
+    except CalibrationOfOtherWeightsError as err:
+        raise CalibrationMismatchError(str(err)) from None
     made = calibrated_model(calib_dir)
     same = _same_checkpoint(made["model_dir"], source) if made["model_dir"] else None
     if (made["family"] and made["family"] != family) or same is False:
