@@ -69,6 +69,17 @@ include: "workflow/rules/diagnostics.smk"
 include: "workflow/rules/report.smk"
 
 
+# A table name not in the config (`results/tables/mian.tex`): say which tables there are, before
+# the table rule's input function fails on it with a traceback.
+if workflow.is_main_process:
+    from fair_calib.preflight import unknown_table_target
+
+    # (the command line's words: Snakemake's parsed targets are not known yet while parsing)
+    problem = unknown_table_target(sys.argv[1:], config["tables"])
+    if problem:
+        sys.exit(f"Error: {problem}")
+
+
 # A corrupt or truncated intermediate under results/ (a full disk, a partial copy) is moved
 # aside to <name>.corrupt, so Snakemake finds it missing and reruns the job that writes it and
 # what depends on it, instead of a later job failing on it. Not while another run holds the
@@ -93,3 +104,12 @@ onsuccess:
     from fair_calib.report.summary import print_summary
 
     print_summary(config)
+
+
+# A failed job: one line each, what failed and what to do (the last line of its log, which the
+# stage CLI writes after the traceback; fair_calib/failures.py). The traceback stays in the log.
+onerror:
+    from fair_calib.failures import summary_lines
+
+    for line in summary_lines(log):
+        print(line, file=sys.stderr)
