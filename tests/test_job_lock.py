@@ -45,6 +45,18 @@ def _held_elsewhere(path: Path) -> bool:
         os.close(fd)
 
 
+def _holders(path: str) -> list[int]:
+    """Processes that have ``path`` open (Linux /proc)."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and any(os.readlink(fd) == path for fd in (proc / "fd").iterdir()):
+                pids.append(int(proc.name))
+        except OSError:
+            continue
+    return pids
+
+
 def test_primary_output_and_lock_path():
     assert job_lock.primary_output(["--settings", "{}", "--out", "a/b.parquet"]) == "a/b.parquet"
     assert job_lock.primary_output(["--out-dir=results/calib/m/x/w4a4"]) == "results/calib/m/x/w4a4"
@@ -91,8 +103,8 @@ def test_a_killed_holder_leaves_no_lock(tmp_path):
 
 
 # A sitecustomize for the jobs of the scenario below: it records when the make-data stage
-# computes (after the CLI's checks and lock, around the stage's own run_cli) and makes run A's
-# computation last long enough for runs B and C to start meanwhile.
+# computes (after the CLI's checks and lock, around the stage's own run_cli) and holds run A's
+# computation until the test releases it (once run C's job has started).
 TIMING_HOOK = '''
 import importlib, os, time
 _import = importlib.import_module
@@ -106,7 +118,10 @@ def import_module(name, *args, **kwargs):
             log = os.environ["FAIR_CALIB_TEST_TIMES"]
             with open(log, "a") as f:
                 f.write(f"start {os.getpid()} {time.time()}\\n")
-            time.sleep(float(os.environ.get("FAIR_CALIB_TEST_SLOW", "0")))
+            release = os.environ.get("FAIR_CALIB_TEST_RELEASE")
+            deadline = time.time() + 120
+            while release and not os.path.exists(release) and time.time() < deadline:
+                time.sleep(0.1)
             try:
                 return run(argv)
             finally:
@@ -143,9 +158,10 @@ def test_three_runs_never_compute_one_output_at_once(tmp_path):
     assert first.returncode == 0, first.stdout + first.stderr
     times.unlink()
 
-    run_a = subprocess.Popen(cmd, cwd=ws, env={**env, "FAIR_CALIB_TEST_SLOW": "12"},
+    release = tmp_path / "release"
+    run_a = subprocess.Popen(cmd, cwd=ws, env={**env, "FAIR_CALIB_TEST_RELEASE": str(release)},
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    deadline = time.time() + 90
+    deadline = time.time() + 120
     while not (times.exists() and "start" in times.read_text()):
         assert run_a.poll() is None and time.time() < deadline, run_a.stdout.read()
         time.sleep(0.2)
@@ -153,11 +169,19 @@ def test_three_runs_never_compute_one_output_at_once(tmp_path):
     run_b = subprocess.run(done, cwd=ws, env=env, capture_output=True, text=True)
     assert run_b.returncode == 0 and "Nothing to be done" in run_b.stdout + run_b.stderr, (
         run_b.stdout + run_b.stderr)
-    assert run_a.poll() is None, "A ended before C could start: make FAIR_CALIB_TEST_SLOW longer"
-    run_c = subprocess.run(cmd, cwd=ws, env=env, capture_output=True, text=True, timeout=180)
+    run_c = subprocess.Popen(cmd, cwd=ws, env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True)
+    # A computes until C's job has started: C's job waits on the output's lock (two processes
+    # hold the lock file open), or, were there no lock, computes too (a second start)
+    lock = str(job_lock.lock_path(ws / "resources/data", "make-data"))
+    while len(_holders(lock)) < 2 and times.read_text().count("start") < 2:
+        assert run_c.poll() is None and time.time() < deadline, run_c.stdout.read()
+        time.sleep(0.2)
+    release.write_text("")
+    out_c, _ = run_c.communicate(timeout=180)
     out_a, _ = run_a.communicate(timeout=180)
     assert run_a.returncode == 0, out_a
-    assert run_c.returncode == 0, run_c.stdout + run_c.stderr
+    assert run_c.returncode == 0, out_c
     spans = {}
     for line in times.read_text().splitlines():
         event, pid, t = line.split()
