@@ -116,6 +116,7 @@ importlib.import_module = import_module
 '''
 
 
+@pytest.mark.slow
 def test_a_failed_job_is_one_line_on_the_console(tmp_path):
     """A job that fails (here: a full disk, simulated in the stage): the console shows the
     log's last line (what failed, what to do) and no traceback; the log holds the traceback."""

@@ -135,6 +135,7 @@ importlib.import_module = import_module
 '''
 
 
+@pytest.mark.slow
 def test_three_runs_never_compute_one_output_at_once(tmp_path):
     """The issue's scenario: run A computes an output; run B, with nothing to do, removes
     .snakemake/locks on exit; run C, A's command again, then plans the same job. C's job must
