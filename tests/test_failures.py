@@ -134,3 +134,32 @@ def test_a_failed_job_is_one_line_on_the_console(tmp_path):
                       "left on device; the disk (or quota) is full: free space where the outputs "
                       "are written, then rerun [log: logs/make_data/make_data.log]"], out[-3000:]
     assert "Traceback" in (ws / "logs/make_data/make_data.log").read_text()
+
+
+def test_a_missing_calib_dir_is_named_as_missing_before_the_model_loads(tmp_path):
+    from fair_calib.evaluate.lm import check_calibration_pairing
+
+    with pytest.raises(FileNotFoundError, match="does not exist: calibrate first"):
+        check_calibration_pairing(str(tmp_path / "calib/m/rtn/w4a4"), str(tmp_path / "no-model"),
+                                  "tiny-llada")
+
+
+def test_at_a_terminal_the_failure_is_one_line_without_traceback(monkeypatch):
+    import io
+
+    from fair_calib import cli
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    term = Terminal()
+    monkeypatch.setattr(sys, "stderr", term)
+    monkeypatch.delenv("FAIR_CALIB_TRACEBACK", raising=False)
+    try:
+        raise FileNotFoundError(2, "No such file or directory", "results/calib/x/meta.json")
+    except FileNotFoundError as err:
+        line = cli._failure_line("lm-eval", err)
+    assert term.getvalue() == ""                     # the traceback only with FAIR_CALIB_TRACEBACK=1
+    assert line.startswith("error: fair-calib lm-eval: FileNotFoundError: ")
+    assert "results/calib/x/meta.json" in line and "rerun Snakemake" in line and "\n" not in line
