@@ -28,6 +28,26 @@ except ConfigError as err:
     sys.exit(f"Error: {err}")
 
 
+configfile: "config/config.yaml"
+
+
+try:
+    validate_config(config, os.path.join(workflow.basedir, "workflow/schemas/config.schema.yaml"))
+except ConfigError as err:
+    sys.exit(f"Error: {err}")
+
+
+# A config's own folder (`workdir`: smoke.yaml's runs/smoke, hub_layout.yaml's runs/hub_layout):
+# its resources/, results/ and logs/ live there, so it never overwrites the work of another
+# config (the default's trained models, its tables). Relative data_dir and model folders keep
+# pointing where they did. `snakemake --directory` takes precedence.
+if config.get("workdir", ".") != "." and workflow.overwrite_workdir is None:
+    from fair_calib.config import rebase_relative_paths
+
+    rebase_relative_paths(config, config["workdir"])
+    workflow.workdir(config["workdir"])
+
+
 # Another run in this directory: say so first (Snakemake's own message about incomplete files
 # advises --rerun-incomplete, which would redo the files that run is writing).
 LOCKED = any(os.scandir(".snakemake/locks")) if os.path.isdir(".snakemake/locks") else False
@@ -36,15 +56,6 @@ if workflow.is_main_process and "--unlock" not in sys.argv and LOCKED:
           "Wait for it to finish; do not rerun with --rerun-incomplete (its jobs' outputs are "
           "incomplete because they are being written). If no other run is active (a killed run "
           "left the lock behind), `snakemake --unlock` removes it.", file=sys.stderr)
-
-
-configfile: "config/config.yaml"
-
-
-try:
-    validate_config(config, os.path.join(workflow.basedir, "workflow/schemas/config.schema.yaml"))
-except ConfigError as err:
-    sys.exit(f"Error: {err}")
 
 
 # Path segments never contain "/": without this, `results/eval/{model}/{method}/{bits}/{task}.parquet`
@@ -67,6 +78,17 @@ include: "workflow/rules/calibrate.smk"
 include: "workflow/rules/evaluate.smk"
 include: "workflow/rules/diagnostics.smk"
 include: "workflow/rules/report.smk"
+
+
+# A table name not in the config (`results/tables/mian.tex`): say which tables there are, before
+# the table rule's input function fails on it with a traceback.
+if workflow.is_main_process:
+    from fair_calib.preflight import unknown_table_target
+
+    # (the command line's words: Snakemake's parsed targets are not known yet while parsing)
+    problem = unknown_table_target(sys.argv[1:], config["tables"])
+    if problem:
+        sys.exit(f"Error: {problem}")
 
 
 # A corrupt or truncated intermediate under results/ (a full disk, a partial copy) is moved
@@ -92,4 +114,15 @@ rule all:
 onsuccess:
     from fair_calib.report.summary import print_summary
 
-    print_summary(config)
+    # in a config's own folder (`workdir`), its paths from where snakemake was started
+    here = os.path.relpath(os.path.abspath("results"), workflow.workdir_init)
+    print_summary(config, "results", shown=here)
+
+
+# A failed job: one line each, what failed and what to do (the last line of its log, which the
+# stage CLI writes after the traceback; fair_calib/failures.py). The traceback stays in the log.
+onerror:
+    from fair_calib.failures import summary_lines
+
+    for line in summary_lines(log):
+        print(line, file=sys.stderr)

@@ -631,6 +631,7 @@ def run(settings: dict[str, Any], model_dir: str | Path, out_dir: str | Path,
         prior_path: str | Path | None = None, log: Callable[[str], None] = print) -> dict[str, Any]:
     """Load the model and calibration data named by ``settings`` and calibrate (see module doc)."""
     from . import data
+    from .model_identity import content_id
     from .models.adapters import load_model
 
     # On CPU peak memory is the process's RSS high-water mark. Every job writes Parquet at the
@@ -667,6 +668,9 @@ def run(settings: dict[str, Any], model_dir: str | Path, out_dir: str | Path,
     batch_size = int(settings["method"].get("batch_size") or calib.get("batch_size", 4))
     run_info = {"settings": settings, "method_name": settings["method"].get("name", method.type_name),
                 "bits": bits, "model_dir": str(model_dir),
+                # the weights calibrated (fair_calib/model_identity.py): every stage that
+                # applies this calibration refuses other weights at model_dir
+                "model_content": content_id(model_dir),
                 "prior": None if prior_path is None or weights is None else str(prior_path)}
     return calibrate(loaded, method, ids, out_dir, weights=weights, batch_size=batch_size,
                      run_info=run_info, log=log)

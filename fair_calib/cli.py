@@ -30,6 +30,8 @@ SUBCOMMANDS = {
 }
 # These read their own subcommand name (one module serves two of them).
 WHOLE_ARGV = ("trajectories", "diagnose", "lm-eval", "render-tasks")
+# These write no output of the workflow (lm-eval's own options name its files): no output lock.
+UNLOCKED = ("lm-eval", "cost", "check-config")
 
 
 def _checked_settings(stage: str, argv: list[str]) -> list[str]:
@@ -136,7 +138,7 @@ def main(argv: list[str] | None = None) -> None:
 
     numerics.pin_environment()
     rest = _checked_settings(stage, argv[1:])
-    _take_gpu_slot(rest)
+    _exit_quietly_on_signals(stage)
     start = time.time()
     status = "error"
     if stage in JOB_STAGES:
@@ -150,12 +152,70 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _run_stage(stage: str, rest: list[str]) -> None:
-    module = importlib.import_module(SUBCOMMANDS[stage])
     from .io import CorruptFileError
     try:
+        if stage not in UNLOCKED:
+            # before the card and the work: a second job for this output waits for the first
+            # (fair_calib/job_lock.py), whatever Snakemake's own lock does
+            from . import job_lock
+
+            job_lock.hold(stage, rest)
+        _take_gpu_slot(rest)
+        module = importlib.import_module(SUBCOMMANDS[stage])
         module.run_cli([stage] + rest if stage in WHOLE_ARGV else rest)
     except CorruptFileError as err:  # names the file and the command that regenerates it
         sys.exit(f"error: fair-calib {stage}: {err}")
+    except KeyboardInterrupt:
+        sys.exit(_interrupted(stage, "Ctrl-C"))
+    except Exception as err:         # noqa: BLE001 - every failure ends in one line
+        sys.exit(_failure_line(stage, err))
+
+
+def _interrupted(stage: str, how: str) -> str:
+    return (f"fair-calib {stage}: interrupted ({how}); nothing half-written is kept as finished "
+            "(outputs are written atomically; a calibration resumes from its finished blocks)")
+
+
+def _exit_quietly_on_signals(stage: str) -> None:
+    """SIGTERM (a cluster's scancel, Snakemake stopping its jobs) ends the stage like Ctrl-C:
+    one line, no traceback."""
+    import signal
+
+    def stop(signum, frame):
+        raise SystemExit(f"{_interrupted(stage, signal.Signals(signum).name)}")
+
+    signal.signal(signal.SIGTERM, stop)
+
+
+def _failure_hint(err: BaseException) -> str:
+    """What to do about a failure, by what it is."""
+    import errno
+
+    if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
+        return "the disk (or quota) is full: free space where the outputs are written, then rerun"
+    if isinstance(err, MemoryError):
+        return ("out of memory: lower the job's sizes or raise its memory "
+                "(resources.<rule>.mem_mb in the config)")
+    if isinstance(err, FileNotFoundError):
+        return ("a file it reads is missing: rerun Snakemake, which makes the files the job "
+                "needs (or pass the path of one that exists)")
+    if isinstance(err, OSError):
+        return "a file-system error: check the path named here (its folders, permissions)"
+    if isinstance(err, (ValueError, KeyError, TypeError)):
+        return "check the settings or files named here; the traceback above says where"
+    return "unexpected: the traceback above says where (please report it with this log)"
+
+
+def _failure_line(stage: str, err: BaseException) -> str:
+    """The traceback to stderr (a workflow job's log; at a terminal only with
+    FAIR_CALIB_TRACEBACK=1), then one line: what failed and what to do."""
+    import os
+    import traceback
+
+    if not sys.stderr.isatty() or os.environ.get("FAIR_CALIB_TRACEBACK"):
+        traceback.print_exc()
+    what = " ".join(str(err).split()) or type(err).__name__
+    return f"error: fair-calib {stage}: {type(err).__name__}: {what}; {_failure_hint(err)}"
 
 
 # The stages the workflow runs as jobs: each writes, to its log (stderr), one line when it

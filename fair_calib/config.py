@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import sys
 from functools import lru_cache
 from pathlib import Path
@@ -440,6 +441,28 @@ def missing_model_folder(source: str) -> str | None:
     if not Path(source).expanduser().is_dir():
         return f"model folder {source!r} does not exist"
     return None
+
+
+def rebase_relative_paths(cfg: dict, workdir: str, start: str | None = None) -> dict:
+    """Before the workflow moves into a config's own folder (``workdir``): the relative paths
+    the config names outside it (``data_dir``, local model folders) rewritten relative to that
+    folder, so they keep naming the same place. ``synthetic_dir`` stays as it is: the config's
+    own corpus, inside its folder. ``start``: where relative paths were meant (the cwd)."""
+    start = os.path.abspath(start or os.getcwd())
+    target = os.path.join(start, workdir)
+
+    def rebase(path: str) -> str:
+        if os.path.isabs(os.path.expanduser(path)):
+            return path
+        return os.path.relpath(os.path.join(start, path), target)
+
+    if cfg.get("data_dir"):
+        cfg["data_dir"] = rebase(cfg["data_dir"])
+    for entry in (cfg.get("models") or {}).values():
+        source = entry.get("source", "")
+        if source not in ("train", "convert") and looks_like_local_path(source):
+            entry["source"] = rebase(source)
+    return cfg
 
 
 # ------------------------------------------------------------------------------ CLI

@@ -452,6 +452,10 @@ def record_trajectories(settings: dict[str, Any], model_dir: str, calib_dir: str
 
     mcfg = dict(settings.get("model") or {})
     family = mcfg.get("family") or _family_of(model_dir)
+    if calib_dir:    # before the model loads: a calibration of other weights is refused
+        from fair_calib.model_identity import check_calibration_content
+
+        check_calibration_content(calib_dir, model_dir)
     loaded = load_model(model_dir, family, settings.get("dtype") or "float32",
                         settings.get("device") or "cpu",
                         trust_remote_code=mcfg.get("trust_remote_code"),

@@ -123,6 +123,14 @@ def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
     try:
         yield tmp
+        # everything inside too: libraries write some files through private temporary files
+        # (transformers' save_pretrained leaves model.safetensors 0600 whatever the umask)
+        for folder, dirs, files in os.walk(tmp):
+            for name in dirs:
+                give_umask_permissions(Path(folder) / name, folder=True)
+            for name in files:
+                if not os.path.islink(os.path.join(folder, name)):
+                    give_umask_permissions(Path(folder) / name)
         give_umask_permissions(tmp, folder=True)
         if path.exists():
             shutil.rmtree(path)

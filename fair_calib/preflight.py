@@ -125,3 +125,17 @@ def report_line(path: Path, target: Path, why: str) -> str:
     # it does for temp files): a broken probe shard under an intact prior stays aside.
     return (f"Note: {path} is corrupt or truncated ({why}); moved it aside to {target.name}. "
             "It will be regenerated, with what depends on it, where a requested output needs it.")
+
+
+def unknown_table_target(targets, tables) -> str | None:
+    """A requested ``results/tables/<name>.tex`` (or ``.parquet``) whose name is not a table of
+    the config, named with the tables there are (one line; None when every target is known)."""
+    import re
+
+    for target in sorted(targets):
+        m = re.fullmatch(r"(?:\./)?results/tables/([^/]+)\.(tex|parquet)", str(target))
+        if m and m.group(1) not in tables:
+            known = ", ".join(f"results/tables/{t}.{m.group(2)}" for t in tables)
+            return (f"target {target}: this config has no table {m.group(1)!r}; its tables are "
+                    f"{known} (`snakemake` alone builds all of them)")
+    return None

@@ -112,6 +112,7 @@ def check_config(cfg):
     check_labels(cfg)
     check_shapes(cfg)
     check_prior_ablation(cfg)
+    check_limits(cfg)
 
 
 def check_prior_ablation(cfg):
@@ -247,3 +248,172 @@ def _check_method_bits(cfg, tname, t) -> None:
             raise ConfigError(f"config: tables.{tname}: method {method} (type {mtype}) is "
                               f"weight-only but runs at {bits}; give it a_bits 16 bits (e.g. "
                               f"w4a16) in tables.{tname}.method_bits")
+
+# ---------------------------------------------------------------- limits the plan can know
+# A job that fails on a size its config asked for has already cost its finished outputs:
+# Snakemake deletes a job's old outputs before running it. So every size that can be compared
+# with its source from the config alone is compared here, before any job.
+SYNTHETIC_PROMPTS = {"synthetic": "n_probe", "facts": "n_facts"}      # probe dataset -> corpus key
+SYNTHETIC_ITEMS = {"synthetic_mc": "n_mc", "synthetic_gen": "n_gen"}  # task kind -> corpus key
+CORPUS_KEYS = {"n_probe": "corpus.n_probe", "n_facts": "corpus.n_facts",
+               "n_mc": "corpus.n_mc_items", "n_gen": "corpus.n_gen_items"}
+STORED_ACTIVATIONS = 2   # a block's inputs and its targets, held for every calibration window
+
+
+def corpus_sizes(cfg) -> dict:
+    """The synthetic corpus's sizes as make-data builds them (its defaults, the config's keys)."""
+    from fair_calib.models.tiny.corpus import DEFAULT_CORPUS, normalise_corpus_settings
+
+    given = normalise_corpus_settings(cfg.get("corpus"))
+    sizes = {**DEFAULT_CORPUS, **given}
+    if "n_eval_items" in given:
+        sizes["n_mc"] = given.get("n_mc", given["n_eval_items"])
+        sizes["n_gen"] = given.get("n_gen", given["n_eval_items"])
+    return sizes
+
+
+def used_methods(cfg) -> set:
+    """Methods some job of the run computes: the tables', the diagnostics', the ablation's."""
+    used = set()
+    for t in cfg["tables"].values():
+        used.update(t.get("methods", []))
+        used.update(t[k] for k in ("baseline", "method") if k in t)
+        used.update(row[0] for row in t.get("rows", []))
+    diag = cfg.get("diagnostics", {})
+    if diag.get("enabled", True) and diag.get("models"):
+        used.update(diag.get("methods", []))
+    abl = cfg.get("prior_ablation", {})
+    if abl.get("enabled", True) and abl.get("models"):
+        used.update(abl.get("methods", []) + abl.get("floors", []))
+        used.update([abl["reference"]] if abl.get("reference") else [])
+    return used & set(cfg["methods"])
+
+
+def used_priors(cfg) -> set:
+    priors = {cfg["methods"][m].get("prior") for m in used_methods(cfg)} - {None}
+    diag = cfg.get("diagnostics", {})
+    if diag.get("enabled", True) and diag.get("models"):
+        priors.update(pair[k].split("/")[1] for pair in diag.get("cross_corpus", [])
+                      for k in ("a", "b"))
+    return priors & set(cfg["priors"])
+
+
+def _prompts_of(cfg, dataset):
+    """How many prompts a probe dataset holds, where the config says it (the synthetic
+    corpus), with the key that says it; (None, None) for offline data (data_dir)."""
+    key = SYNTHETIC_PROMPTS.get(dataset)
+    return (corpus_sizes(cfg)[key], CORPUS_KEYS[key]) if key else (None, None)
+
+
+def check_limits(cfg):
+    """Sizes against their sources: a prior's n_probe against its probe's samples, a probe's
+    and the diagnostics' samples against the prompts, a CPU calibration's stored activations
+    against the calibrate job's declared memory."""
+    probes = set()
+    for name in sorted(used_priors(cfg)):
+        prior = cfg["priors"][name]
+        probe = cfg["probes"][prior["probe"]]
+        probes.add(prior["probe"])
+        if prior.get("n_probe") is not None and prior["n_probe"] > probe["n_samples"]:
+            raise ConfigError(
+                f"config: priors.{name}.n_probe = {prior['n_probe']} is more than the "
+                f"{probe['n_samples']} samples of its probe (probes.{prior['probe']}.n_samples); "
+                f"lower n_probe, or raise the probe's n_samples")
+    diag = cfg.get("diagnostics", {})
+    if diag.get("enabled", True) and diag.get("models"):
+        dprobe = diag.get("probe", "default")
+        have, key = _prompts_of(cfg, cfg["probes"][dprobe]["dataset"])
+        n = diag.get("n_samples", 16)
+        if have is not None and n > have:
+            raise ConfigError(
+                f"config: diagnostics.n_samples = {n} is more than the {have} prompts of the "
+                f"probe's dataset ({cfg['probes'][dprobe]['dataset']}: {key}); lower "
+                f"diagnostics.n_samples, or raise {key}")
+    for name in sorted(probes):
+        probe = cfg["probes"][name]
+        have, key = _prompts_of(cfg, probe["dataset"])
+        if have is not None and probe["n_samples"] > have:
+            raise ConfigError(
+                f"config: probes.{name}.n_samples = {probe['n_samples']} is more than the {have} "
+                f"prompts of its dataset ({probe['dataset']}: {key}); lower n_samples, or "
+                f"raise {key}")
+    check_calibration_memory(cfg)
+
+
+def hidden_size(cfg, model):
+    """A model's hidden width where the config says it (a trained tiny model, or a hub-layout
+    copy of one); None for a checkpoint the config does not describe."""
+    entry = cfg["models"][model]
+    if entry["source"] == "convert":
+        entry = cfg["models"].get(entry.get("convert_from"), {})
+    return (entry.get("train") or {}).get("hidden") if entry.get("source") == "train" else None
+
+
+def calibration_floor_mb(n_samples, seq_len, hidden, bytes_per_value=4):
+    """A lower bound of what a calibration holds: every window's block inputs and targets
+    (float32 on CPU), n_samples x seq_len x hidden values each; the model, the next block's
+    inputs and the optimiser come on top."""
+    return STORED_ACTIVATIONS * n_samples * seq_len * hidden * bytes_per_value / 2**20
+
+
+def check_calibration_memory(cfg):
+    """A CPU calibration whose stored activations alone exceed resources.calibrate.mem_mb is
+    refused: it would swap for hours or be killed, not fail fast."""
+    from fair_calib.job_resources import setting
+
+    if cfg.get("device", "cpu") != "cpu":
+        return       # activations live on the GPU, whose memory no resource declares
+    table = cfg.get("resources", {})
+    declared = setting(table, "calibrate", "mem_mb", 2000)
+    models = {m for t in cfg["tables"].values() for m in t.get("models", []) + [t.get("model")]}
+    diag = cfg.get("diagnostics", {})
+    if diag.get("enabled", True):
+        models |= set(diag.get("models", []))
+    abl = cfg.get("prior_ablation", {})
+    if abl.get("enabled", True):
+        models |= set(abl.get("models", []))
+    for method in sorted(used_methods(cfg)):
+        m = cfg["methods"][method]
+        if m["type"] == "fp":
+            continue
+        for model in sorted(models - {None}):
+            hidden = hidden_size(cfg, model)
+            calib = {**cfg["calibration"], **m.get("calibration", {}),
+                     **m.get("calibration_by_family", {}).get(cfg["models"][model]["family"], {})}
+            if not hidden:
+                continue
+            need = calibration_floor_mb(calib["n_samples"], calib["seq_len"], hidden)
+            if need > declared:
+                raise ConfigError(
+                    f"config: calibration.n_samples = {calib['n_samples']} x seq_len "
+                    f"{calib['seq_len']} on {model} (hidden {hidden}) stores at least "
+                    f"{need:,.0f} MB of block inputs and targets (methods.{method}), more than "
+                    f"resources.calibrate.mem_mb = {declared}; lower n_samples or raise mem_mb")
+
+
+def shard_notes(cfg) -> list[str]:
+    """Shard counts beyond the work they split (shards that compute nothing): one note each."""
+    notes = []
+    sizes = corpus_sizes(cfg)
+    for name, t in cfg["tasks"].items():
+        shards = [(f"tasks.{name}.shards", t.get("shards", 1), t.get("limit"))]
+        for section in ("by_family", "by_model"):
+            for key, over in (t.get(section) or {}).items():
+                if "shards" in over:
+                    shards.append((f"tasks.{name}.{section}.{key}.shards", over["shards"],
+                                   over.get("limit", t.get("limit"))))
+        items = sizes.get(SYNTHETIC_ITEMS.get(t["kind"], ""))
+        for key, n, limit in shards:
+            cap = [x for x in (items, limit if isinstance(limit, int) else None) if x]
+            if cap and n > min(cap):
+                notes.append(f"Note: config: {key} = {n} splits {min(cap)} items; "
+                             f"{n - min(cap)} of its shards per model and method evaluate "
+                             "nothing (each still a job)")
+    for name, p in cfg["probes"].items():
+        size = p.get("batch_size") or 8       # the schema's default
+        batches = -(-p["n_samples"] // size)
+        if p.get("shards", 1) > batches:
+            notes.append(f"Note: config: probes.{name}.shards = {p['shards']} splits "
+                         f"{batches} batches of {size} samples; "
+                         f"{p['shards'] - batches} of its shards probe nothing (each still a job)")
+    return notes

@@ -205,6 +205,30 @@ def test_cli_fair_calib_with_prior(tmp_path):
     assert meta["export_bytes"] > 0 and meta["fp_bf16_bytes"] > 0
     df, _ = io.read_parquet(out / "stats.parquet")
     assert sorted(df.block.unique()) == [0, 1]
+    _calibration_belongs_to_the_weights(mdir, out)
+
+
+def _calibration_belongs_to_the_weights(mdir, out):
+    """Issue 32: a model retrained at the same path must not take the old calibration."""
+    from fair_calib.evaluate.lm import CalibrationMismatchError, check_calibration_pairing
+    from fair_calib.model_identity import (CalibrationOfOtherWeightsError,
+                                           check_calibration_content, content_id)
+    from safetensors.torch import load_file, save_file
+
+    made = io.read_json(out / "meta.json")["provenance"]["config"]["model_content"]
+    assert made == f"sha256:{io.file_sha256(mdir / 'model.safetensors')}"
+    check_calibration_pairing(str(out), str(mdir), "tiny-llada")        # its own weights
+    weights = load_file(mdir / "model.safetensors")
+    name = sorted(weights)[0]
+    weights[name] = weights[name] + 1.0                                  # "retrained"
+    save_file(weights, str(mdir / "model.safetensors"), metadata={"format": "pt"})
+    now = content_id(mdir)
+    assert now != made
+    with pytest.raises(CalibrationMismatchError) as err:                 # lm-eval
+        check_calibration_pairing(str(out), str(mdir), "tiny-llada")
+    assert made in str(err.value) and now in str(err.value) and "\n" not in str(err.value)
+    with pytest.raises(CalibrationOfOtherWeightsError):                  # evaluate, trajectories
+        check_calibration_content(out, mdir)
 
 
 def _block_outputs(lm, ids):
@@ -284,3 +308,26 @@ def test_training_rebuilds_matrices_when_the_optimizer_hides_its_updates(tmp_pat
 def meta_rows(out_dir):
     df, _ = io.read_parquet(out_dir / "stats.parquet")
     return df.sort_values(["block", "epoch"]).to_dict("records")
+
+
+def test_content_id_of_tiny_sharded_and_cached_checkpoints(tmp_path):
+    import hashlib
+
+    from fair_calib.model_identity import content_id
+
+    tiny = tmp_path / "tiny"
+    tiny.mkdir()
+    (tiny / "model.safetensors").write_bytes(b"weights")
+    assert content_id(tiny) == f"sha256:{hashlib.sha256(b'weights').hexdigest()}"
+    (tiny / "fair_calib.json").write_text(json.dumps({"model_sha256": "ab" * 32}))
+    assert content_id(tiny) == f"sha256:{'ab' * 32}"          # recorded by train-tiny: read
+    # a hub cache snapshot: shards are symlinks to blobs named by their sha256 (not reread)
+    blobs, snap = tmp_path / "blobs", tmp_path / "snapshots/rev"
+    blobs.mkdir()
+    snap.mkdir(parents=True)
+    for i, sha in enumerate(("1" * 64, "2" * 64)):
+        (blobs / sha).write_bytes(b"not what the name says")
+        (snap / f"model-0000{i + 1}-of-00002.safetensors").symlink_to(blobs / sha)
+    lines = f"model-00001-of-00002.safetensors {'1' * 64}\nmodel-00002-of-00002.safetensors {'2' * 64}\n"
+    assert content_id(snap) == f"sha256:{hashlib.sha256(lines.encode()).hexdigest()}"
+    assert content_id(tmp_path / "absent") is None and content_id("org/not-cached-model") is None

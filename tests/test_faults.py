@@ -427,7 +427,9 @@ def test_truncated_prior_is_moved_aside_and_only_it_is_redone(ws):
                                             "intermediate": 64, "steps": 2, "batch_size": 4,
                                             "seq_len": 32}}},
         "probes": {"default": {"n_samples": 4, "steps": 4, "gen_length": 4, "shards": 2,
-                               "batch_size": 4}}}))
+                               "batch_size": 2}},
+        # the cross-corpus probes' 16 samples are more than these 4 prompts (refused)
+        "diagnostics": {"cross_corpus": []}}))
     target = "results/prior/tiny-llada/default.parquet"
     configs = ["--cores", "2", "--configfile", "config/smoke.yaml", "tiny.yaml"]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
@@ -440,7 +442,8 @@ def test_truncated_prior_is_moved_aside_and_only_it_is_redone(ws):
 
     first = snakemake()
     assert first.returncode == 0, first.out[-3000:]
-    prior = ws / target
+    run_dir = ws / "runs/smoke"      # smoke.yaml's own folder (config key workdir)
+    prior = run_dir / target
     before, _ = io.read_parquet(prior)
     broken = _truncate(prior)
     plan = snakemake("-n")
@@ -453,8 +456,8 @@ def test_truncated_prior_is_moved_aside_and_only_it_is_redone(ws):
     assert rerun.returncode == 0, rerun.out[-3000:]
     after, _ = io.read_parquet(prior)
     pd.testing.assert_frame_equal(before, after)
-    assert (ws / (target + ".corrupt")).read_bytes() == broken
-    assert sorted(p.name for p in (ws / "results").rglob("*.corrupt*")) == ["default.parquet.corrupt"]
+    assert (run_dir / (target + ".corrupt")).read_bytes() == broken
+    assert sorted(p.name for p in (run_dir / "results").rglob("*.corrupt*")) == ["default.parquet.corrupt"]
 
 
 def test_concurrent_run_is_named_as_such(ws):

@@ -179,21 +179,23 @@ def test_whole_dag_on_checkpoints_in_the_released_layouts_then_rerun_scope(ws):
     run = subprocess.run(["snakemake", "--cores", "2"] + configs, cwd=ws, capture_output=True,
                          text=True)
     assert run.returncode == 0, (run.stdout + run.stderr)[-4000:]
-    llada = ws / "resources/hub/toy-llada"
+    out = ws / HUB_RUN              # hub_layout.yaml's own folder (config key workdir)
+    assert not (ws / "results").exists() and not (ws / "resources").exists()
+    llada = out / "resources/hub/toy-llada"
     cfg = json.loads((llada / "config.json").read_text())
     assert cfg["model_type"] == "llada" and cfg["block_type"] == "llama" and "d_model" in cfg
     keys = json.loads((llada / "model.safetensors.index.json").read_text())["weight_map"]
     assert "model.transformer.ff_out.weight" in keys and "model.transformer.blocks.0.ff_out.weight" in keys
-    dream = json.loads((ws / "resources/hub/toy-dream/config.json").read_text())
+    dream = json.loads((out / "resources/hub/toy-dream/config.json").read_text())
     assert dream["model_type"] == "Dream"
-    tex = (ws / "results/tables/main.tex").read_text()
+    tex = (out / "results/tables/main.tex").read_text()
     assert "\\toprule" in tex
     for label in ("LLaDA layout (toy)", "Dream layout (toy)", "RTN", "QuaRot", "FlatQuant",
                   "QDrop", "FAIR-Calib"):
         assert label in tex, label
     for table in ("calib_memory", "deploy_memory"):
-        assert (ws / f"results/tables/{table}.tex").is_file(), table
-    assert list((ws / "results/figures").glob("*toy-dream*.png"))
+        assert (out / f"results/tables/{table}.tex").is_file(), table
+    assert list((out / "results/figures").glob("*toy-dream*.png"))
     again = subprocess.run(["snakemake", "-n", "--cores", "2"] + configs, cwd=ws,
                            capture_output=True, text=True)
     assert again.returncode == 0
@@ -211,6 +213,9 @@ def test_whole_dag_on_checkpoints_in_the_released_layouts_then_rerun_scope(ws):
     assert "fair-calib" not in outputs and "flatquant" in outputs
     _display_and_environment_edits_rerun_nothing_expensive(ws, configs)
     _deleted_intermediate_is_rebuilt_as_documented(ws, configs)
+
+
+HUB_RUN = "runs/hub_layout"     # config/hub_layout.yaml's workdir
 
 
 def _planned_rules(ws, configs, *extra, targets=()):
@@ -239,7 +244,7 @@ def _display_and_environment_edits_rerun_nothing_expensive(ws, configs):
     assert not rules and "Nothing to be done" in out, out[-3000:]
     import torch
     if not torch.cuda.is_available():   # a real run is refused before any output is deleted
-        model = ws / "resources/models/tiny-llada/model.safetensors"
+        model = ws / HUB_RUN / "resources/models/tiny-llada/model.safetensors"
         before = model.stat().st_mtime_ns
         run = subprocess.run(["snakemake", "--cores", "2", "--forceall"] + configs + ["env.yaml"],
                              cwd=ws, capture_output=True, text=True)
@@ -256,7 +261,7 @@ def _deleted_intermediate_is_rebuilt_as_documented(ws, configs):
     """results/README.md: deleting an intermediate reruns nothing while what depends on it is
     up to date; naming it with the final target rebuilds it and what depends on it."""
     evaluation = "results/eval/toy-llada/rtn/w4a4/synth_gen.parquet"
-    (ws / evaluation).unlink()
+    (ws / HUB_RUN / evaluation).unlink()
     rules, out = _planned_rules(ws, configs, targets=["results/tables/main.tex"])
     assert not rules and "Nothing to be done" in out
     rules, _ = _planned_rules(ws, configs, targets=[evaluation, "results/tables/main.tex"])

@@ -149,8 +149,17 @@ def check_calibration_pairing(calib_dir: str, source: str, family: str) -> None:
     tiny-dream applied to tiny-llada runs, and reports a meaningless accuracy."""
     from pathlib import Path
 
+    if not Path(calib_dir).is_dir():       # before the model loads (minutes for 8B weights)
+        raise FileNotFoundError(f"calib_dir {calib_dir} does not exist: calibrate first "
+                                f"(snakemake {calib_dir}/meta.json), or pass an existing one")
     if not (Path(calib_dir) / "meta.json").is_file():
         return  # load_quantized names the missing file
+    from fair_calib.model_identity import CalibrationOfOtherWeightsError, check_calibration_content
+
+    try:
+        check_calibration_content(calib_dir, source)
+    except CalibrationOfOtherWeightsError as err:
+        raise CalibrationMismatchError(str(err)) from None
     made = calibrated_model(calib_dir)
     same = _same_checkpoint(made["model_dir"], source) if made["model_dir"] else None
     if (made["family"] and made["family"] != family) or same is False:

@@ -276,6 +276,10 @@ def make_lm(settings: Mapping[str, Any], model_dir: str | os.PathLike,
     from fair_calib.evaluate.lm import DiffusionLM
 
     model, task = settings["model"], settings["task"]
+    if calib_dir:    # before the model loads: a calibration of other weights is refused
+        from fair_calib.model_identity import check_calibration_content
+
+        check_calibration_content(calib_dir, model_dir)
     if loaded is None:
         from fair_calib.models.adapters import load_model
 

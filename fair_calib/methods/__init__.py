@@ -66,6 +66,9 @@ def load_quantized(loaded, calib_dir: str | Path, fold: bool = True, keep_fp: bo
 
     calib_dir = Path(calib_dir)
     meta_path = calib_dir / "meta.json"
+    if not calib_dir.is_dir():
+        raise FileNotFoundError(f"calib_dir {calib_dir} does not exist: calibrate first "
+                                f"(snakemake {calib_dir}/meta.json), or pass an existing one")
     if not meta_path.exists():
         raise FileNotFoundError(f"{meta_path} missing: calibration in {calib_dir} is incomplete")
     meta = io.read_json(meta_path)

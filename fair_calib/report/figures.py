@@ -62,8 +62,13 @@ HATCHES = ["", "//", "..", "xx", "\\\\", "--", "++", "oo"]
 FP_STYLE = {"linestyle": "-", "marker": "o", "color": "#000000", "hatch": ""}
 METHOD_COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
                  "#17becf", "#bcbd22", "#7f7f7f"]
-COLORS = ["#1b9e77", "#d95f02", "#7570b3", "#e7298a", "#66a61e", "#e6ab02", "#a6761d",
-          "#666666", "#1a1a80", "#801a1a"]
+# Models, priors, corpora: ten colours each at least 31 CIELAB units (Delta E 1976) from every
+# method colour, from FP's black and from each other (the previous palette had Dark2's orange
+# 14 units from the methods' orange and a grey 10 from theirs: a model read as a method).
+# Picked greedily from the xkcd colour names for the largest such distance, lightness 28..65
+# (legible on white), chroma over 35; tests/report/test_report_figures.py measures it.
+COLORS = ["#920a4e", "#3c4d03", "#9a6200", "#11875d", "#0804f9", "#ff08e8", "#a00498",
+          "#ff0789", "#0165fc", "#c760ff"]
 
 
 def _style(i: int) -> dict[str, Any]:
@@ -299,9 +304,11 @@ def plot_bars(ax, labels: Sequence[str], means: Sequence[float], errs: Sequence[
 
 
 def plot_curves(curves: Sequence[tuple], title: str, ax=None,
-                ylabel: str = r"prior $\bar{w}$ (unitless)", legend: bool = True):
+                ylabel: str = r"prior $\bar{w}$ (unitless)", legend: bool = True,
+                within: tuple[float, float] = (0.0, 1.0)):
     """Prior curves over window positions: (label, xs, ys[, style[, band]]), each in its own
-    line style, marker and colour; ``band`` (an array) is drawn as a shaded ys ± band."""
+    line style, marker and colour; ``band`` (an array) is drawn as a shaded ys ± band, clipped
+    to ``within`` (a prior lies in (0, 1]: a band past it would show weights none can have)."""
     fig = None
     if ax is None:
         fig, ax = plt.subplots(figsize=(4.6, 3.0))
@@ -311,7 +318,9 @@ def plot_curves(curves: Sequence[tuple], title: str, ax=None,
         ax.plot(xs, ys, label=lab, markersize=3, markevery=max(1, len(xs) // 12), zorder=2, **st)
         band = curve[4] if len(curve) > 4 else None
         if band is not None:
-            ax.fill_between(xs, np.asarray(ys) - band, np.asarray(ys) + band, color=st["color"],
+            low, high = within
+            ax.fill_between(xs, np.clip(np.asarray(ys) - band, low, high),
+                            np.clip(np.asarray(ys) + band, low, high), color=st["color"],
                             alpha=0.18, linewidth=0, zorder=1)
     _integer_ticks(ax.xaxis)
     ax.set_xlabel("position in generation window (tokens)")
@@ -529,7 +538,8 @@ def _cross_corpus_figure(r: _Run, priors: Mapping[tuple[str, str], pd.DataFrame]
     fig.tight_layout()
     n_txt = ", ".join(str(n) for n in sorted(n for n in n_samples if n is not None))
     band = (f"Shaded bands: w_bar ± one standard deviation of the per-sample curves "
-            f"(across-sample variability{', over ' + n_txt + ' probed samples' if n_txt else ''})."
+            f"(across-sample variability{', over ' + n_txt + ' probed samples' if n_txt else ''}), "
+            "clipped to the prior's range [0, 1]."
             if banded else "No bands: a prior file without w_std (written before it was "
             "recorded; rerun its prior job to get them).")
     r.save(fig, "prior_cross_corpus",
@@ -620,7 +630,13 @@ def floor_sweep(points: pd.DataFrame, out_dir: str | Path, settings: Mapping[str
             ax.axhspan(r["mean"] - r["std"], r["mean"] + r["std"], color=style["color"],
                        alpha=0.12, linewidth=0)
     task = _label(settings, "tasks", settings.get("task", ""))
-    ax.set_xlabel("prior floor (weight of calibration positions outside the window)")
+    # floors span decades (0.01, 0.05, 1): on a linear axis the small ones collapse into one
+    floors = sorted(set(points["floor"])) if len(points) else []
+    if floors and min(floors) > 0:
+        ax.set_xscale("log")
+        ax.set_xticks(floors, [f"{f:g}" for f in floors])
+        ax.minorticks_off()
+    ax.set_xlabel("prior floor (weight of calibration positions outside the window; log scale)")
     ax.set_ylabel(f"{task} accuracy (%)")
     ax.set_title(f"FAIR-Calib at {str(settings.get('bits', '')).upper()}: accuracy vs the "
                  "prior's floor", fontsize=10)

@@ -59,9 +59,12 @@ def table_lines(cells: Sequence[Mapping[str, Any]], labels: Mapping[str, Mapping
     return lines
 
 
-def summary(config: Mapping[str, Any], results: str | Path = "results") -> list[str]:
-    """The lines printed at the end of a successful run."""
+def summary(config: Mapping[str, Any], results: str | Path = "results",
+            shown: str | Path | None = None) -> list[str]:
+    """The lines printed at the end of a successful run; ``shown``: the results folder as the
+    user names it (a config's own ``workdir``: runs/smoke/results), where it differs."""
     results = Path(results)
+    name = Path(shown) if shown else results
     tables = [results / "tables" / f"{t}.tex" for t in (config.get("tables") or {})]
     tables = [t for t in tables if t.is_file()]
     figures = sorted((results / "figures").glob("*.png")) if (results / "figures").is_dir() else []
@@ -69,10 +72,10 @@ def summary(config: Mapping[str, Any], results: str | Path = "results") -> list[
         return []
     out = ["", "Results:"]
     if tables:
-        out.append("  tables:  " + ", ".join(str(t) for t in tables)
+        out.append("  tables:  " + ", ".join(str(name / t.relative_to(results)) for t in tables)
                    + " (LaTeX; the cells with their ± in the .parquet beside each)")
     if figures:
-        out.append(f"  figures: {results / 'figures'}/ ({len(figures)} figures: PDF and PNG, "
+        out.append(f"  figures: {name / 'figures'}/ ({len(figures)} figures: PDF and PNG, "
                    "each with its caption in a .txt)")
     main = results / "tables" / "main.parquet"
     if main.is_file() and (results / "tables" / "main.tex").is_file():
@@ -89,11 +92,11 @@ def summary(config: Mapping[str, Any], results: str | Path = "results") -> list[
 
 
 def print_summary(config: Mapping[str, Any], results: str | Path = "results",
-                  stream: TextIO | None = None) -> None:
+                  stream: TextIO | None = None, shown: str | Path | None = None) -> None:
     """Print :func:`summary`; a summary that fails never fails the finished run."""
     stream = stream or sys.stdout
     try:
-        lines = summary(config, results)
+        lines = summary(config, results, shown)
     except Exception as err:  # noqa: BLE001 - the run succeeded; say why there is no summary
         lines = [f"(no results summary: {type(err).__name__}: {err})"]
     for ln in lines:

@@ -680,7 +680,10 @@ def build_table(name: str | None, settings: Mapping[str, Any],
                 f"\\textbf{{{latex_escape((bits or '').upper())} results on the {efam} family.}} "
                 "Accuracy (\\%). Higher is better.")
             slug = "".join(ch if ch.isalnum() else "_" for ch in fam.lower()) or "all"
-            flab = lab or f"tab:main_{slug}"
+            # the table's own name in its label: two tables of kind main (main, prior_ablation)
+            # never share one \label
+            own = "".join(ch if ch.isalnum() else "_" for ch in tname)
+            flab = lab or f"tab:{own}_{slug}"
             if lab and len(families) > 1:
                 flab = f"{lab}_{slug}"
             parts.append(main_table(ev, ms, methods, tasks, labels, bits=bits, fp_method=fp,

@@ -116,9 +116,18 @@ def test_short_training_run_loads_through_adapter(family, data_dir, tmp_path):
     out = tmp_path / family
     settings = {"seed": 0, "device": "cpu", "dtype": "float32",
                 "model": {"name": family, "family": family, "train": TINY}}
-    tt.run_cli(["--settings", json.dumps(settings), "--data", str(data_dir), "--out", str(out),
-                "--no-progress"])
+    import os
+
+    umask = os.umask(0o022)
+    try:
+        tt.run_cli(["--settings", json.dumps(settings), "--data", str(data_dir), "--out", str(out),
+                    "--no-progress"])
+    finally:
+        os.umask(umask)
     assert sorted(p.name for p in tmp_path.iterdir()) == [family]  # no temp folder left
+    # every file as the umask says (save_pretrained writes model.safetensors 0600 itself)
+    modes = {p.name: oct(p.stat().st_mode & 0o777) for p in out.iterdir()}
+    assert set(modes.values()) == {"0o644"}, modes
     for name in ("config.json", "model.safetensors", "tokenizer.json", "fair_calib.json",
                  "train_log.parquet"):
         assert (out / name).exists(), name

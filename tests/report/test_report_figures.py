@@ -341,7 +341,7 @@ def test_cross_corpus_panels_share_axes_and_show_bands(tmp_path, monkeypatch):
         bands = ax.collections
         assert len(bands) == 2          # one band per curve
         top = bands[0].get_paths()[0].vertices[:, 1].max()
-        assert top == pytest.approx(1.0 + 0.1)
+        assert top == pytest.approx(1.0)    # w_bar 1 + std 0.1, clipped to the range (0, 1]
     assert "standard deviation" in caption and "16 probed samples" in caption
     # the same two corpora in both panels: one legend, not two
     assert a0.get_legend() is not None and a1.get_legend() is None
@@ -387,3 +387,44 @@ def test_shipped_cross_corpus_pairs_name_their_corpora(name):
     cfg = yaml.safe_load((Path(__file__).parents[2] / "config" / name).read_text())
     for pair in (cfg.get("diagnostics") or {}).get("cross_corpus") or []:
         assert len(pair.get("labels") or []) == 2, pair
+
+
+def _cielab(hex_colour: str) -> np.ndarray:
+    """sRGB (D65) -> CIELAB, the textbook formulas."""
+    rgb = np.array([int(hex_colour[i:i + 2], 16) / 255 for i in (1, 3, 5)])
+    lin = np.where(rgb <= 0.04045, rgb / 12.92, ((rgb + 0.055) / 1.055) ** 2.4)
+    xyz = np.array([[0.4124, 0.3576, 0.1805], [0.2126, 0.7152, 0.0722],
+                    [0.0193, 0.1192, 0.9505]]) @ lin / np.array([0.95047, 1.0, 1.08883])
+    f = np.where(xyz > (6 / 29) ** 3, np.cbrt(xyz), xyz / (3 * (6 / 29) ** 2) + 4 / 29)
+    return np.array([116 * f[1] - 16, 500 * (f[0] - f[1]), 200 * (f[1] - f[2])])
+
+
+def test_model_colours_are_far_from_every_method_colour():
+    """Issue 32: a model's colour (and a prior's, a corpus's) is never read as a method's: at
+    least 30 CIELAB units (Delta E 1976) from every method colour, FP's black, and each other."""
+    methods = [_cielab(c) for c in F.METHOD_COLORS + [F.FP_STYLE["color"]]]
+    others = [_cielab(c) for c in F.COLORS]
+    assert min(np.linalg.norm(o - m) for o in others for m in methods) >= 30
+    assert min(np.linalg.norm(a - b) for i, a in enumerate(others) for b in others[i + 1:]) >= 30
+
+
+def test_floor_sweep_is_on_a_log_axis_with_the_floors_as_ticks(tmp_path, monkeypatch):
+    seen = {}
+    monkeypatch.setattr(F, "save", lambda fig, out_dir, name, caption="": seen.update(fig=fig) or [])
+    points = pd.DataFrame({"model": "m", "floor": [0.01, 0.05, 1.0], "mean": [40.0, 50.0, 45.0],
+                           "std": [2.0, 3.0, 1.0], "n_seeds": 3})
+    F.floor_sweep(points, tmp_path, {"task": "gen", "bits": "w2a4"})
+    ax = seen["fig"].axes[0]
+    assert ax.get_xscale() == "log"
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["0.01", "0.05", "1"]
+
+
+def test_prior_bands_stay_within_the_priors_range():
+    """w_bar ± std past 1 (or below 0) is a weight no prior can have: the band is clipped."""
+    import matplotlib.pyplot as plt
+
+    fig = F.plot_curves([("a", np.arange(3), np.array([0.2, 0.9, 1.0]), None,
+                          np.array([0.5, 0.3, 0.3]))], "t")
+    band = fig.axes[0].collections[0].get_paths()[0].vertices[:, 1]
+    assert band.max() == pytest.approx(1.0) and band.min() == pytest.approx(0.0)
+    plt.close(fig)

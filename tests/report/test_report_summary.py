@@ -56,6 +56,10 @@ def test_summary_says_where_results_are_and_prints_the_main_table(tmp_path):
     assert table[5].startswith("Tiny-Dream")
     assert "standard error over the items" in text and "Chance" in text
     assert len(out) < 25
+    # a config in its own folder (workdir: runs/smoke): paths as the user names them
+    shown = "\n".join(S.summary(CONFIG, res, shown="runs/smoke/results"))
+    assert "tables:  runs/smoke/results/tables/main.tex " in shown
+    assert "figures: runs/smoke/results/figures/ (2 figures" in shown
 
 
 def test_a_wide_table_keeps_the_avg_column(tmp_path):
@@ -84,7 +88,7 @@ def test_snakefile_prints_the_summary_on_success():
     from pathlib import Path
 
     text = (Path(__file__).parents[2] / "Snakefile").read_text()
-    assert "onsuccess:" in text and "print_summary(config)" in text
+    assert "onsuccess:" in text and "print_summary(config" in text
 
 
 def test_readme_warns_about_the_cuda_wheel_before_the_command_and_documents_figures():

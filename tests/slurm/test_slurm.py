@@ -145,7 +145,9 @@ def run_snakemake(repo: Path, args: list[str], log: Path) -> tuple[int, str, flo
 
 
 def config_args(*extra: str) -> list[str]:
-    return ["--configfile", CONFIG, *extra, "--"]
+    # in the copy's own root, whatever folder the config names for itself (smoke.yaml's
+    # workdir: runs/smoke): this test compares and kills files there
+    return ["--configfile", CONFIG, *extra, "--config", "workdir=.", "--"]
 
 
 def scontrol_job(jobid: str) -> dict[str, str]:
@@ -359,7 +361,8 @@ def _fault_overlay(workdir: Path) -> Path:
     """Config overlay that makes the fault cell's blocks train long enough to be killed in."""
     method = FAULT_CELL.split("/")[1]
     path = workdir / "fault.yaml"
-    path.write_text(f"methods:\n  {method}: {{epochs: {FAULT_EPOCHS}}}\n")
+    # workdir ".": the copy's own root, where this test looks (as config_args says)
+    path.write_text(f"methods:\n  {method}: {{epochs: {FAULT_EPOCHS}}}\nworkdir: \".\"\n")
     return path
 
 
@@ -486,7 +489,8 @@ def test_interrupted_run_is_not_taken_as_complete(slurm_repo, workdir):
     (cdir / "stats.parquet").write_bytes(b"PAR1")
     meta.write_text('{"partial": true}\n')
     # the SIGKILLed Snakemake left its lock behind, as on a lost login node
-    subprocess.run(snakemake_cmd("--unlock", "--configfile", CONFIG, timeout=300), cwd=repo,
+    subprocess.run(snakemake_cmd("--unlock", "--configfile", CONFIG, str(_fault_overlay(workdir)),
+                                 timeout=300), cwd=repo,
                    env=_env(repo), capture_output=True, check=True)
     # without --rerun-incomplete Snakemake refuses to go on and names the incomplete outputs
     dry = subprocess.run(

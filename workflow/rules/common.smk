@@ -19,6 +19,11 @@ try:
     check_config(config)
 except ValueError as err:  # one line, no traceback: the message names the key
     sys.exit(f"Error: {err}")
+if workflow.is_main_process:
+    from fair_calib.references import shard_notes
+
+    for note in shard_notes(config):  # shards beyond the work they split: jobs that do nothing
+        print(note, file=sys.stderr)
 
 
 def check_environment():

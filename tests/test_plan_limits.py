@@ -1,0 +1,98 @@
+"""Every limit the plan can know is checked before any job (issue 32): a job that fails on a size
+the config asked for has already cost its finished outputs (Snakemake deletes them first)."""
+from __future__ import annotations
+
+import copy
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from fair_calib import config as C
+from fair_calib.references import calibration_floor_mb, check_config, shard_notes
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _merge(base, over):
+    out = copy.deepcopy(base)
+    for k, v in over.items():
+        out[k] = _merge(out.get(k, {}), v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def _config(*overs):
+    cfg = C.load_yaml(REPO / "config/config.yaml")
+    for over in overs:
+        cfg = _merge(cfg, C.load_yaml(REPO / "config" / over) if isinstance(over, str) else over)
+    return C.validate_config(cfg)
+
+
+@pytest.mark.parametrize("extra", [[], ["smoke.yaml"], ["paper.yaml"], ["smoke.yaml", "hub_layout.yaml"]])
+def test_shipped_configs_are_within_their_limits(extra):
+    cfg = _config(*extra)
+    check_config(cfg)
+    assert shard_notes(cfg) == []
+
+
+LIMITS = [
+    ({"priors": {"default": {"n_probe": 1000}}},
+     "priors.default.n_probe = 1000 is more than the 64 samples of its probe (probes.default.n_samples)"),
+    ({"diagnostics": {"n_samples": 1000}},
+     "diagnostics.n_samples = 1000 is more than the 128 prompts of the probe's dataset (synthetic: corpus.n_probe)"),
+    ({"probes": {"cc-facts": {"n_samples": 129}}, "corpus": {"n_facts": 128}},
+     "probes.cc-facts.n_samples = 129 is more than the 128 prompts of its dataset (facts: corpus.n_facts)"),
+    ({"calibration": {"n_samples": 100000}},
+     "calibration.n_samples = 100000 x seq_len 40 on tiny-dream (hidden 128) stores at least 3,906 MB"),
+]
+
+
+@pytest.mark.parametrize("over, needle", LIMITS, ids=[n.split(" ")[0] for _, n in LIMITS])
+def test_a_size_beyond_its_source_is_a_config_error(over, needle):
+    with pytest.raises(C.ConfigError) as err:
+        check_config(_config(over))
+    assert needle in str(err.value) and "\n" not in str(err.value), err.value
+
+
+def test_limits_hold_for_what_the_run_uses_only():
+    # an unused prior may ask for more than its probe holds: no job reads it
+    check_config(_config({"priors": {"spare": {"probe": "default", "n_probe": 1000}}}))
+    # within the declared memory: 100000 windows fit in 4,000 MB
+    check_config(_config({"calibration": {"n_samples": 100000}},
+                         {"resources": {"calibrate": {"mem_mb": 4000}}}))
+    # on a GPU the activations are not in the host memory the job declares
+    check_config(_config({"calibration": {"n_samples": 100000}, "device": "cuda"}))
+
+
+def test_calibration_floor_is_inputs_and_targets_of_every_window():
+    assert calibration_floor_mb(100000, 40, 128) == 2 * 100000 * 40 * 128 * 4 / 2**20
+
+
+def test_shards_beyond_the_items_are_named():
+    notes = shard_notes(_config({"tasks": {"synth_mc": {"shards": 500}}}))
+    assert notes == ["Note: config: tasks.synth_mc.shards = 500 splits 200 items; 300 of its "
+                     "shards per model and method evaluate nothing (each still a job)"]
+    notes = shard_notes(_config({"tasks": {"synth_gen": {"limit": 10, "shards": 12}},
+                                 "probes": {"default": {"shards": 9}}}))
+    assert len(notes) == 2 and "tasks.synth_gen.shards = 12 splits 10 items" in notes[0]
+    assert "probes.default.shards = 9 splits 2 batches of 32 samples" in notes[1]
+
+
+@pytest.mark.parametrize("over, key", [({"priors": {"default": {"n_probe": 1000}}}, "priors.default.n_probe"),
+                                       ({"diagnostics": {"n_samples": 1000}}, "diagnostics.n_samples")])
+def test_snakemake_refuses_them_before_any_job(tmp_path, over, key):
+    for item in ("Snakefile", "workflow", "config"):
+        src = REPO / item
+        (shutil.copytree if src.is_dir() else shutil.copy)(src, tmp_path / item)
+    (tmp_path / "over.yaml").write_text(yaml.safe_dump(over))
+    res = subprocess.run(["snakemake", "-n", "--cores", "1", "--configfile", "over.yaml"],
+                         cwd=tmp_path, capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": str(REPO)})
+    out = res.stdout + res.stderr
+    assert res.returncode != 0
+    errors = [l for l in out.splitlines() if l.startswith("Error:")]
+    assert len(errors) == 1 and key in errors[0] and "Traceback" not in out, out[-2000:]
+    assert not (tmp_path / "results").exists() and not (tmp_path / "resources").exists()
