@@ -282,13 +282,7 @@ def test_byte_counts_of_a_low_bit_model(calibrated):
         export_quantized(emu.model, d / "x.safetensors")
 
 
-CHUNKED_KERNEL_SCRIPT = r"""
-import os, sys
-os.environ["TRITON_INTERPRET"] = "1"
-import torch, triton, triton.language as tl
-from fair_calib.quant import lowbit, lowbit_triton as lt
-
-
+INTERPRETER_SHIM = r"""
 class Shim:
     # libdevice has no interpreter version: the same IEEE operations through tl (division
     # correctly rounded, rint half-to-even)
@@ -317,7 +311,16 @@ class Shim:
 
 
 lt.libdevice = Shim
+"""
 
+CHUNKED_KERNEL_SCRIPT = r"""
+import os, sys
+os.environ["TRITON_INTERPRET"] = "1"
+import torch, triton, triton.language as tl
+from fair_calib.quant import lowbit, lowbit_triton as lt
+
+
+{shim}
 
 class Group:
     apply_norm = lowbit.LowBitInput.apply_norm
@@ -442,7 +445,7 @@ codes = torch.randint(-8, 8, (7, 66), generator=torch.Generator().manual_seed(9)
 assert torch.equal(lt.unpack_int4(pack_int4(codes), 66, torch.int8), codes)
 assert torch.equal(lt.unpack_int4(pack_int4(codes), 66, torch.float8_e4m3fn).float(), codes.float())
 print("ok")
-"""
+""".replace("{shim}", INTERPRETER_SHIM)
 
 
 def test_chunked_kernels_equal_the_emulation_in_the_triton_interpreter():
@@ -496,22 +499,7 @@ from fair_calib.quant.qlinear import InputQuant, QuantLinear
 from fair_calib.quant.quantizers import ActQuantizer, WeightQuantizer
 
 
-class Shim:      # libdevice has no interpreter version: the same IEEE operations through tl
-    @staticmethod
-    @triton.jit
-    def div_rn(a, b):
-        return a / b
-
-    @staticmethod
-    @triton.jit
-    def rint(x):
-        f = tl.floor(x)
-        r = x - f
-        odd = f - 2.0 * tl.floor(f * 0.5)
-        return tl.where(r > 0.5, f + 1.0, tl.where(r < 0.5, f, f + odd))
-
-
-lt.libdevice = Shim
+{shim}
 seen = []
 
 
@@ -548,7 +536,7 @@ with torch.no_grad():
             assert torch.equal(y_real, y_emu), (m, name, (y_real - y_emu).abs().max())
 assert seen and all(r % 16 == 0 for r in seen), seen
 print("ok", len(seen))
-"""
+""".replace("{shim}", INTERPRETER_SHIM)
 
 
 def test_real_path_takes_any_token_count_in_the_triton_interpreter():
