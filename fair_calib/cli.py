@@ -26,7 +26,7 @@ SUBCOMMANDS = {
     "render-tasks": "fair_calib.lm_eval_cli",       # offline / synthetic task YAMLs for it
     "cost": "fair_calib.cost",                      # GPU-hours of a config's DAG
     "census": "fair_calib.census",                  # shapes x counts of the grid's forwards
-    "check-config": "fair_calib.config",            # syntax/schema check of config files
+    "check-config": "fair_calib.references",        # syntax/schema check of config files
 }
 # These read their own subcommand name (one module serves two of them).
 WHOLE_ARGV = ("trajectories", "diagnose", "lm-eval", "render-tasks")

@@ -498,24 +498,3 @@ def merged_config(files: Iterable[str | Path], base: str | Path | None = None) -
     for extra in extras:
         cfg = merge(cfg, extra)
     return cfg
-
-
-def run_cli(argv: list[str] | None = None) -> None:
-    """``fair-calib check-config [FILE...]``: YAML syntax (file:line:column), types, ranges,
-    unknown keys and method settings of config/config.yaml with FILEs merged over it, as
-    ``snakemake --configfile FILE...`` would read them (Snakemake's own message for a YAML
-    syntax error in a --configfile names no line), and the cross-references and labels
-    (fair_calib.references); the offline data and the machine are checked by ``snakemake -n``."""
-    import argparse
-
-    ap = argparse.ArgumentParser(prog="fair-calib check-config", description=run_cli.__doc__)
-    ap.add_argument("files", nargs="*", help="config files merged over config/config.yaml")
-    ap.add_argument("--base", default=None,
-                    help="the base config (default: config/config.yaml of the current directory)")
-    a = ap.parse_args(argv)
-    from fair_calib.references import validated
-    try:
-        validated(merged_config(a.files, a.base))
-    except ConfigError as err:
-        sys.exit(f"error: {err}")
-    print(f"ok: {', '.join(['config/config.yaml', *a.files]) if not a.base else a.base}")

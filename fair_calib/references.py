@@ -6,9 +6,10 @@ projects. Every error is a one-line :class:`fair_calib.config.ConfigError` namin
 from __future__ import annotations
 
 import re
+import sys
 
 from fair_calib import registry
-from fair_calib.config import ConfigError, validate_config
+from fair_calib.config import ConfigError, merged_config, validate_config
 
 MEMORY_TABLES = ("calib_memory", "deploy_memory")
 RULES_WITH_RESOURCES = ("make_data", "train_tiny", "convert_hub", "probe_shard", "prior", "calibrate",
@@ -417,3 +418,23 @@ def shard_notes(cfg) -> list[str]:
                          f"{batches} batches of {size} samples; "
                          f"{p['shards'] - batches} of its shards probe nothing (each still a job)")
     return notes
+
+
+def run_cli(argv: list[str] | None = None) -> None:
+    """``fair-calib check-config [FILE...]``: YAML syntax (file:line:column), types, ranges,
+    unknown keys and method settings of config/config.yaml with FILEs merged over it, as
+    ``snakemake --configfile FILE...`` would read them (Snakemake's own message for a YAML
+    syntax error in a --configfile names no line), and the cross-references and labels
+    (fair_calib.references); the offline data and the machine are checked by ``snakemake -n``."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="fair-calib check-config", description=run_cli.__doc__)
+    ap.add_argument("files", nargs="*", help="config files merged over config/config.yaml")
+    ap.add_argument("--base", default=None,
+                    help="the base config (default: config/config.yaml of the current directory)")
+    a = ap.parse_args(argv)
+    try:
+        validated(merged_config(a.files, a.base))
+    except ConfigError as err:
+        sys.exit(f"error: {err}")
+    print(f"ok: {', '.join(['config/config.yaml', *a.files]) if not a.base else a.base}")

@@ -85,21 +85,21 @@ def test_seeds_cost_more_and_shards_count(repo_root, tmp_path):
 
 def test_check_config_and_cost_read_the_current_checkout(repo_root, tmp_path, monkeypatch, capsys):
     """A second checkout sharing the environment: its own config/config.yaml is judged."""
-    from fair_calib import config
+    from fair_calib import references
 
     shutil.copytree(repo_root / "config", tmp_path / "config")
     path = tmp_path / "config" / "config.yaml"
     path.write_text(path.read_text().replace("\nseed: 0", "\nseed: zero", 1))
     monkeypatch.chdir(tmp_path)
     with pytest.raises(SystemExit) as err:
-        config.run_cli([])
+        references.run_cli([])
     assert "seed" in str(err.value) and "zero" in str(err.value)
     with pytest.raises(SystemExit) as err:
         cost.run_cli(["--configfile", str(repo_root / "config" / "paper.yaml"), "--no-census"])
     assert "seed" in str(err.value)
     monkeypatch.chdir(tmp_path / "config")               # no config/config.yaml here
     with pytest.raises(SystemExit) as err:
-        config.run_cli([])
+        references.run_cli([])
     assert "config/config.yaml: not found" in str(err.value) and "--base" in str(err.value)
 
 
