@@ -30,9 +30,8 @@ from CUDA graphs; 4-bit codes one per byte on CUDA):
 One JSON line per (model, structure, mode, shape): times, the ratio to bf16 and the
 QUANT_RATIOS entry it gives; appended to ``$OUT/census_shapes.jsonl`` when ``OUT`` is set.
 The last lines print the RATIO_SOURCES line (command, card, torch, date) and the entries to
-paste into QUANT_RATIOS. Estimated (not yet timed) at 2-3 min per full-depth model on an H100
-with the defaults (8 shapes, 3 structures, 16-step decodes); one model per call is the safe
-split under a 10-minute limit.
+paste into QUANT_RATIOS. Both models with the defaults took 76 s on a lent H200 (2026-11-27,
+docs/benchmarks.md); not timed on an H100.
 """
 from __future__ import annotations
 

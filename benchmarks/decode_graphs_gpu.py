@@ -82,16 +82,15 @@ def run_decode(lm, shape: str, n: int, graphs: bool) -> dict:
             "capture_s": st.capture_s if st else 0.0}
 
 
-def measure(lm, shape: str, variant: str, eager: bool, ref: dict | None) -> dict:
-    """Decode each prompt (eagerly where ``eager``, then through graphs); emit one line per run;
-    returns this variant's eager results by prompt (the reference for later variants)."""
-    mine = {}
+def measure(lm, shape: str, variant: str, eager: bool) -> None:
+    """Decode each prompt (eagerly where ``eager``, then through graphs); one line per run, the
+    replay compared with the eager decode where it ran."""
     for n in PROMPTS:
         runs = {}
         if eager:
-            runs["eager"] = mine[n] = run_decode(lm, shape, n, False)
+            runs["eager"] = run_decode(lm, shape, n, False)
         runs["graphs"] = run_decode(lm, shape, n, True)
-        base = mine.get(n) or (ref or {}).get(n)
+        base = runs.get("eager")
         for mode, r in runs.items():
             rec = {"kind": "decode", "shape": shape, "variant": variant, "mode": mode,
                    "prompt": n, **{k: r[k] for k in ("seconds", "peak_gb", "captures",
@@ -100,7 +99,6 @@ def measure(lm, shape: str, variant: str, eager: bool, ref: dict | None) -> dict
                 rec["tokens_equal_eager"] = r["tokens"] == base["tokens"]
                 rec["logits_equal_eager"] = r["prints"] == base["prints"]
             emit(rec)
-    return mine
 
 
 def quantize(lm, name: str, groups, hd: int) -> None:
@@ -129,7 +127,7 @@ def main(argv=None) -> int:
         def build():
             return shapes.build(shape, layers=args.layers, device=dev, authors_rotary=True)
         lm = build()
-        measure(lm, shape, "bf16", True, None)
+        measure(lm, shape, "bf16", True)
         for name in args.structures:
             del lm
             gc.collect()
@@ -141,10 +139,10 @@ def main(argv=None) -> int:
             emit({"kind": "quantized", "shape": shape, "structure": name,
                   "seconds": round(time.perf_counter() - t0, 1)})
             if "packed" in args.storage:
-                measure(lm, shape, f"w4a4_{name}_packed", name == "fair_calib", None)
+                measure(lm, shape, f"w4a4_{name}_packed", name == "fair_calib")
             if "bytes" in args.storage:
                 to_fp8_storage(lm)          # what FAIR_CALIB_LOWBIT_STORAGE=auto runs on CUDA
-                measure(lm, shape, f"w4a4_{name}", name == "fair_calib", None)
+                measure(lm, shape, f"w4a4_{name}", name == "fair_calib")
         del lm
         gc.collect()
         torch.cuda.empty_cache()

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from . import rotary
+from . import graphs, rotary
 
 
 @dataclass(frozen=True)
@@ -198,7 +198,6 @@ class LoadedModel:
         """Replay repeated forwards (a generation's steps, an MC request's batches) from CUDA
         graphs (:mod:`graphs`: the same kernels, no host time). Only for a model that nothing
         modifies afterwards: a graph keeps the kernels and buffers of its capture."""
-        from . import graphs
         me = weakref.ref(self)      # no reference cycle: the model's memory goes with it
 
         def forward(input_ids: torch.Tensor, keep_last: int | None) -> torch.Tensor:
@@ -222,10 +221,8 @@ class LoadedModel:
         ``replay``: where :meth:`replay_graphs` is on, a repeated unmasked forward on CUDA
         replays its graph (the same logits, bit for bit).
         """
-        if replay and self.graphs is not None:
-            from . import graphs
-            if graphs.replayable(input_ids, attention_mask):
-                return self.graphs(input_ids, keep_last)
+        if replay and self.graphs is not None and graphs.replayable(input_ids, attention_mask):
+            return self.graphs(input_ids, keep_last)
         kwargs: dict[str, Any] = {}
         if attention_mask is not None:
             kwargs["attention_mask"] = attention_mask

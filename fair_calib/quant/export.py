@@ -55,8 +55,6 @@ def quant_basis_weight(ql: QuantLinear) -> tuple[torch.Tensor, torch.Tensor | No
 def linear_codes(ql: QuantLinear) -> tuple[torch.Tensor, torch.Tensor]:
     """(int8 codes, float32 per-row scale) with codes * scale == the float32 quantized weight
     Q_W(W T^{-1}) that :meth:`QuantLinear.fold` casts to the model dtype (its ``w_folded``)."""
-    if ql.w_folded is None:
-        ql.fold()
     bits = ql.wq.bits
     if ql.w_quant is not None:                      # GPTQ keeps its codes
         codes, scale = ql._gptq

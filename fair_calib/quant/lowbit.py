@@ -40,7 +40,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..environment import env_choice
-from .export import pack_int4, quant_basis_weight, unpack_int4
+from .export import linear_codes, pack_int4, unpack_int4
 from .fused import head_rows
 from .qlinear import InputQuant, QuantLinear
 from .quantizers import qmax
@@ -262,20 +262,16 @@ class LowBitInput(nn.Module):
 def weight_codes(ql: QuantLinear) -> tuple[torch.Tensor, torch.Tensor]:
     """(int8 codes [out, in], float32 row scales [out]) of Q_W(W T^{-1}), with the folding's
     arithmetic (W T^{-1} in float64, the quantizer in float32): codes * scale is the float32
-    weight :meth:`QuantLinear.fold` stores before casting to the model dtype."""
-    bits = ql.wq.bits
-    q = qmax(bits)
+    weight :meth:`QuantLinear.fold` stores before casting to the model dtype
+    (:func:`export.linear_codes`, on the GPTQ codes' device where GPTQ made them)."""
     gptq = getattr(ql, "_gptq", None)
     if ql.w_quant is not None and gptq is not None:
         codes, scale = gptq
         dev = ql.w_quant.device
         return codes.to(torch.int8).to(dev), scale.float().reshape(-1).to(dev)
     ql._require_fp_weight("low-bit weight codes")
-    w32, fac = quant_basis_weight(ql)
-    wq = ql.wq(w32, fac)
-    scale = ql.wq.row_scale(w32, fac).float().reshape(-1, 1)
-    codes = torch.clamp(torch.round(wq / scale), -q - 1, q)
-    return codes.to(torch.int8), scale.reshape(-1)
+    codes, scale = linear_codes(ql)
+    return codes, scale.reshape(-1)
 
 
 class LowBitLinear(nn.Module):
