@@ -18,8 +18,8 @@ Replay computes what eager computes, kernel for kernel:
 - Triton kernels are compiled by the eager call before the capture (and launched directly
   afterwards, :mod:`fair_calib.triton_launch`); cuBLAS gets a workspace of the same size on the
   capture stream, so its heuristics choose the same algorithms;
-- a forward with a padding mask (its position ids need a host read) or with gradients, or off
-  CUDA, always runs eagerly.
+- a forward with a padding mask (its position ids need a host read) or with gradients, off
+  CUDA, or under a transformers without that mask check, always runs eagerly.
 
 ``tests`` check the caching policy on the CPU; ``benchmarks/decode_graphs_gpu.py`` checks on a
 GPU that decoding through replay gives eager's tokens and bit-identical logits.
@@ -54,9 +54,19 @@ def setting() -> str:
 
 
 def replayable(ids: torch.Tensor, attention_mask: torch.Tensor | None) -> bool:
-    """Whether a forward on ``ids`` may run from a graph: CUDA, no padding mask, no autograd."""
+    """Whether a forward on ``ids`` may run from a graph: CUDA, no padding mask, no autograd,
+    and a transformers whose mask decision the capture can align with eager's."""
     return (attention_mask is None and ids.is_cuda and not torch.is_grad_enabled()
-            and setting() == "auto")
+            and setting() == "auto" and mask_decision_alignable())
+
+
+def mask_decision_alignable() -> bool:
+    """Whether transformers has the bidirectional-mask check :func:`_eager_mask_decisions`
+    aligns; a transformers without it may build the mask under capture in another way, so
+    its forwards run eagerly (the same numbers, no replay)."""
+    from transformers import masking_utils as mu
+
+    return callable(getattr(mu, "_ignore_bidirectional_mask_sdpa", None))
 
 
 @dataclass
@@ -160,10 +170,7 @@ def _eager_mask_decisions():
     reaches the same answer; under capture it would build one, see the module docstring)."""
     from transformers import masking_utils as mu
 
-    native = getattr(mu, "_ignore_bidirectional_mask_sdpa", None)
-    if native is None:          # a transformers without the check: nothing to align
-        yield
-        return
+    native = mu._ignore_bidirectional_mask_sdpa      # present: replayable() checked it
 
     def ignore(padding_mask, kv_length, local_attention_size=None):
         if padding_mask is None and (local_attention_size is None

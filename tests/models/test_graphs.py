@@ -81,6 +81,11 @@ def test_replay_only_on_cuda_without_mask_or_gradients(monkeypatch):
             graphs.replayable(ids, None)
     monkeypatch.delenv("FAIR_CALIB_GRAPHS")
     assert not graphs.replayable(ids, None)                       # gradients on
+    from transformers import masking_utils as mu
+
+    monkeypatch.delattr(mu, "_ignore_bidirectional_mask_sdpa")   # a transformers without it
+    with torch.no_grad():
+        assert not graphs.replayable(ids, None)
 
 
 def test_capture_takes_the_eager_mask_decision(monkeypatch):
