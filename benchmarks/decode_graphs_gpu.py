@@ -82,10 +82,20 @@ def run_decode(lm, shape: str, n: int, graphs: bool) -> dict:
             "capture_s": st.capture_s if st else 0.0}
 
 
+def warm_up(lm, shape: str, n: int) -> None:
+    """A short eager decode at the prompt's shape first: Triton compiles a structure's kernels
+    on their first call, which no timed decode should include."""
+    pol = dict(POLICY[shape], steps=8)
+    lm.replay_graphs(False)
+    decode(lm, [prompt(shape, n)], make_policy(lm.adapter.decoding, pol))
+    torch.cuda.synchronize()
+
+
 def measure(lm, shape: str, variant: str, eager: bool) -> None:
     """Decode each prompt (eagerly where ``eager``, then through graphs); one line per run, the
     replay compared with the eager decode where it ran."""
     for n in PROMPTS:
+        warm_up(lm, shape, n)
         runs = {}
         if eager:
             runs["eager"] = run_decode(lm, shape, n, False)
