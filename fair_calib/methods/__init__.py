@@ -46,7 +46,7 @@ def make_method(method_cfg: dict[str, Any], w_bits: int, a_bits: int, seed: int 
 
 @torch.no_grad()
 def load_quantized(loaded, calib_dir: str | Path, fold: bool = True, keep_fp: bool = False,
-                   lowbit: str | None = None):
+                   lowbit: str | None = None, weight_only: str | None = None):
     """FP model + calibrated parameters in ``calib_dir`` -> the quantized model (in place).
 
     Reads ``meta.json`` (method, bits, per-block linear groups) and ``params.safetensors``,
@@ -59,9 +59,15 @@ def load_quantized(loaded, calib_dir: str | Path, fold: bool = True, keep_fp: bo
     with a folded, FP-free model, ``real``/``emulate`` run every linear an integer GEMM covers
     on its integer codes (``auto``: real where the GPU has FP8 tensor cores and Triton, else
     fake quantization).
+
+    ``weight_only`` (default: the ``FAIR_CALIB_WEIGHT_ONLY`` setting, see
+    ``fair_calib.quant.w4a16``): with a folded, FP-free model, the weight-only methods' 4- and
+    3-bit group codes run on torch's W4A16 kernel (``auto``: on CUDA in bf16, each linear whose
+    layout fits and whose probe is exact enough; ``kernel``: every one, else refused by name).
     """
     from .. import io
     from ..quant import lowbit as lowbit_mod
+    from ..quant import w4a16
     from ..quant.discovery import groups_from_json
 
     calib_dir = Path(calib_dir)
@@ -81,14 +87,20 @@ def load_quantized(loaded, calib_dir: str | Path, fold: bool = True, keep_fp: bo
         raise ValueError(f"model has {len(blocks)} blocks, calibration {meta['n_blocks']}")
     device = loaded.device
     mode = lowbit_mod.resolve_mode(device, lowbit) if fold and not keep_fp else "fake"
+    wo_mode = "fake"
     if not getattr(method, "integer_gemm", True):
         mode = "fake"   # weights not on the integer GEMMs' grid (group-wise, zero points)
+        if fold and not keep_fp:
+            wo_mode = w4a16.resolve_mode(device, loaded.embed.weight.dtype, weight_only)
     for i, block in enumerate(blocks):
         groups = groups_from_json(meta["groups"][str(i)])
         prefix = f"{i}."
         state = {k[len(prefix):]: v.to(device) for k, v in params.items() if k.startswith(prefix)}
         method.quantize_block(block, groups, None, i)
         method.load_block_state(block, groups, state)
+        if fold and wo_mode != "fake":
+            # 4-bit codes on the W4A16 kernel; fold_block skips these
+            w4a16.attach_block(block, wo_mode)
         if fold and mode != "fake":
             # integer codes; fold_block skips these
             lowbit_mod.attach_block(block, mode, lowbit_mod.storage_for(mode),
