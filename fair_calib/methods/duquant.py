@@ -47,15 +47,16 @@ ROT_INPUT_KEY = "duquant.rot_input"   # block 0's saved rotation-pass input (res
 @lru_cache(maxsize=None)
 def givens_spread(n: int) -> torch.Tensor:
     """``Rot.pkl[n]`` as ``get_rot.py`` builds it: R = G_{n-2} ... G_0 (G_i rotates (i, i+1) by
-    cos 1/sqrt(i+2)), then rows and columns 0 and n-1 exchanged (float64, returned float32)."""
-    r = torch.eye(n, dtype=torch.float64)
+    cos 1/sqrt(i+2)), then rows and columns 0 and n-1 exchanged. In float32 matmuls as there
+    (on the CPU): the greedy search is discrete, a last-bit change of R can change its choices."""
+    r = torch.eye(n)
     for i in range(n - 1):
         c, s = 1 / math.sqrt(i + 2), math.sqrt(i + 1) / math.sqrt(i + 2)
-        g = torch.eye(n, dtype=torch.float64)
+        g = torch.eye(n)
         g[i, i] = g[i + 1, i + 1] = c
         g[i, i + 1], g[i + 1, i] = -s, s
         r = g @ r
-    return exchange(r, 0, n - 1).float()
+    return exchange(r, 0, n - 1)
 
 
 def exchange(r: torch.Tensor, i: int, j: int) -> torch.Tensor:
