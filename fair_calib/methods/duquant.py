@@ -216,26 +216,36 @@ class DuQuantMethod(SmoothQuantMethod):
         self._rot_input0: torch.Tensor | None = None   # block 0's rotation-pass input
         self._rot: tuple[int, torch.Tensor] | None = None   # (block it feeds, hidden)
 
-    def _setting(self, key: str, default):
-        return type(default)(self.cfg.get(key, default))
-
+    # the settings, QDLM's values as defaults (read literally: tests/test_faults.py greps them)
     @property
     def block_size(self) -> int:
-        return self._setting("block_size", 128)
+        return int(self.cfg.get("block_size", 128))
+
+    @property
+    def steps(self) -> int:
+        return int(self.cfg.get("max_rotation_step", 256))
+
+    @property
+    def lac(self) -> float:
+        return float(self.cfg.get("lac", 0.9))
+
+    @property
+    def swc(self) -> float:
+        return float(self.cfg.get("swc", 0.8))
 
     def prepare_model(self, loaded) -> None:
         super().prepare_model(loaded)
         self._blocks = loaded.blocks
 
     def make_input_quant(self, group, j, stats, block, block_index):
-        act = AsymActQuantizer(self.a_bits, clip_ratio=self._setting("lac", 0.9))
+        act = AsymActQuantizer(self.a_bits, clip_ratio=self.lac)
         return DuQuantInputQuant(group.in_features, act,
                                  self.online_smooth(block, j, block_index),
                                  DuQuantRotation(group.in_features, self.block_size))
 
     def make_weight_quant(self, name, linear, inq, stats):
         return SWCWeightQuantizer(linear.out_features, self.w_bits,
-                                  clip_ratio=self._setting("swc", 0.8))
+                                  clip_ratio=self.swc)
 
     def set_block_codes(self, block, groups) -> None:
         """Codes come after the rotation pass (:meth:`fit_block`), not after smoothing."""
@@ -260,7 +270,7 @@ class DuQuantMethod(SmoothQuantMethod):
 
     def _rotation_pass(self, block, groups, one, h, block_index) -> torch.Tensor:
         gen = torch.Generator().manual_seed(self.seed * 1_000_003 + block_index)
-        steps = self._setting("max_rotation_step", 256)
+        steps = self.steps
         done: set[int] = set()
 
         def pre(mod, args):
