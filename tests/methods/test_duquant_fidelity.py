@@ -341,3 +341,25 @@ def test_the_comparison_sees_each_step():
     assert not torch.equal(q(x), q2(x))
     assert math.isclose(float(givens_spread(4).det()), 1.0, abs_tol=1e-5) or \
         math.isclose(float(givens_spread(4).det()), -1.0, abs_tol=1e-5)
+
+
+def test_a_resumed_run_replays_the_rotation_stream(tmp_path):
+    """Block 0 restored from its saved state (with its rotation-pass input), block 1
+    recomputed: its rotation input comes through the restored quantized block 0, so its
+    rotations and codes are those of the uninterrupted run."""
+    from fair_calib import io
+
+    cfg = {"type": "duquant", "block_size": BLOCK}
+    calibrate(tiny_random_loaded("qwen2", layers=2, kv_heads=2), make_method(cfg, 4, 4), IDS,
+              tmp_path, batch_size=4, log=lambda s: None)
+    whole, _ = io.load_tensors(tmp_path / "params.safetensors")
+    (tmp_path / "blocks" / "1.safetensors").unlink()
+    (tmp_path / "meta.json").unlink()
+    logs = []
+    calibrate(tiny_random_loaded("qwen2", layers=2, kv_heads=2), make_method(cfg, 4, 4), IDS,
+              tmp_path, batch_size=4, log=logs.append)
+    assert any("block 0: resumed" in s for s in logs)
+    again, _ = io.load_tensors(tmp_path / "params.safetensors")
+    assert set(again) == set(whole)
+    for k in whole:
+        assert torch.allclose(again[k], whole[k], atol=1e-6), k
