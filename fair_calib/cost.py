@@ -196,6 +196,9 @@ CALIB_FIXED_MIN = {"rtn": 2.0, "fp": 0.0, "quarot": 10.0}   # assumptions (no tr
 # 10 min); awq 20 ratios x 4 groups of partial block passes plus the clip search (as gptq);
 # smoothquant one statistics pass (as rtn).
 CALIB_FIXED_MIN.update({"gptq": 10.0, "awq": 10.0, "smoothquant": 2.0})
+# duquant (issue 31), an assumption, not measured: smoothquant's statistics pass plus one
+# single-sequence pass per block with 4 x 2 greedy searches of 256 small matmuls each.
+CALIB_FIXED_MIN.update({"duquant": 5.0})
 
 # Stage I probing (issue 4): one random-commit step at batch 32, prompt 128 + window 256.
 PROBE_STEP_S = {"llada": 0.406, "dream": 0.376}

@@ -10,7 +10,8 @@ LOADERS = ("native", "remote")
 
 # Calibration/quantization method types (fair_calib.methods.REGISTRY). A config ``methods:``
 # entry names one of these in its ``type`` key; ``fp`` is the unquantized reference.
-METHOD_TYPES = ("fp", "rtn", "quarot", "flatquant", "fair_calib", "qdrop", "gptq", "awq", "smoothquant")
+METHOD_TYPES = ("fp", "rtn", "quarot", "flatquant", "fair_calib", "qdrop", "gptq", "awq", "smoothquant",
+                "duquant")
 
 # Method types that quantize weights only (their bits need a_bits 16).
 WEIGHT_ONLY_TYPES = ("gptq", "awq")
@@ -55,6 +56,9 @@ METHOD_SETTINGS: dict[str, tuple[str, ...]] = {
     "gptq": _QUANT_SETTINGS + ("group_size", "sym", "act_order", "damp", "propagate"),
     "awq": _QUANT_SETTINGS + ("group_size", "propagate"),
     "smoothquant": _QUANT_SETTINGS + ("alpha", "propagate"),
+    # DuQuant: SmoothQuant's smoothing, then rotations + zigzag permutation, fixed clip ratios
+    "duquant": _QUANT_SETTINGS + ("alpha", "propagate", "block_size", "max_rotation_step",
+                                  "lac", "swc"),
 }
 
 

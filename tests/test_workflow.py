@@ -115,7 +115,7 @@ def test_paper_config_plans_the_full_grid(ws):
 
 def test_qdlm_config_plans_its_grid_in_one_table(ws):
     """config/qdlm.yaml: QDLM's weight-only GPTQ and AWQ (W4A16, W3A16), SmoothQuant and QuaRot
-    at W8A8, next to QuaRot / FlatQuant / FAIR-Calib at W4A4, on LLaDA and Dream, Base and
+    at W8A8, DuQuant at W8A8 and W4A4, next to QuaRot / FlatQuant / FAIR-Calib at W4A4, on LLaDA and Dream, Base and
     Instruct, all rows of one main table (``method_bits``)."""
     res = subprocess.run(["snakemake", "-n", "--cores", "1", "results/tables/main.tex",
                           "--configfile", "config/qdlm.yaml"], cwd=ws, capture_output=True, text=True)
@@ -124,7 +124,8 @@ def test_qdlm_config_plans_its_grid_in_one_table(ws):
     assert "train_tiny" not in out
     for model in ("llada-8b-base", "llada-8b-instruct", "dream-7b-base", "dream-7b-instruct"):
         for cell in ("gptq-w4/w4a16", "gptq-w3/w3a16", "awq-w4/w4a16", "awq-w3/w3a16",
-                     "smoothquant/w8a8", "quarot-w8a8/w8a8", "quarot/w4a4", "flatquant/w4a4",
+                     "smoothquant/w8a8", "quarot-w8a8/w8a8", "duquant-w8a8/w8a8", "duquant/w4a4",
+                     "quarot/w4a4", "flatquant/w4a4",
                      "fair-calib/w4a4"):
             assert f"results/calib/{model}/{cell}/meta.json" in out, (model, cell)
 

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from .awq import AWQMethod
+from .duquant import DuQuantMethod
 from .base import QuantMethod, fold_block
 from .fair_calib import FairCalibMethod
 from .flatquant import FlatQuantMethod
@@ -31,6 +32,7 @@ REGISTRY: dict[str, type[QuantMethod]] = {
     "gptq": GPTQMethod,
     "awq": AWQMethod,
     "smoothquant": SmoothQuantMethod,
+    "duquant": DuQuantMethod,
 }
 
 

@@ -32,12 +32,14 @@ TRUNCATE = 1e-2     # DuQuant's truncate_number threshold on the smoothing scale
 
 
 class AsymActQuantizer(ActQuantizer):
-    """Per-token asymmetric min/max quantizer (DuQuant's activation quantizer)."""
+    """Per-token asymmetric min/max quantizer (DuQuant's activation quantizer); ``clip_ratio``
+    multiplies both bounds (DuQuant's ``lac``; 1 for SmoothQuant)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.enabled:
             return x
-        scale, zero = minmax_asym_params(x, self.bits)
+        scale, zero = minmax_asym_params(x if self.clip_ratio == 1.0 else x * self.clip_ratio,
+                                         self.bits)
         return fake_quant_zp(x, scale, zero, self.bits)
 
 
@@ -109,10 +111,14 @@ class SmoothQuantMethod(GroupCodesMethod):
                 plan[j] = ("linear" if same else "online", feeders[j] if same else None, g.names[0])
         return plan
 
-    def make_input_quant(self, group, j, stats, block, block_index):
+    def online_smooth(self, block, j, block_index) -> bool:
+        """Whether group j's smoothing scales divide its input online (a GQA o_proj)."""
         tr = self._trace(block_index)
-        online = self._plan(block, tr["groups"], tr).get(j, ("",))[0] == "online"
-        return SmoothInputQuant(group.in_features, AsymActQuantizer(self.a_bits), online)
+        return self._plan(block, tr["groups"], tr).get(j, ("",))[0] == "online"
+
+    def make_input_quant(self, group, j, stats, block, block_index):
+        return SmoothInputQuant(group.in_features, AsymActQuantizer(self.a_bits),
+                                self.online_smooth(block, j, block_index))
 
     @torch.no_grad()
     def after_wrap(self, block, groups, stats, block_index) -> None:
@@ -139,6 +145,11 @@ class SmoothQuantMethod(GroupCodesMethod):
                 w.copy_((w.float() * s.view(1, -1)).to(w.dtype))
         block._scaled_norms = tuple(norms)
         self.scales[block_index] = scales
+        self.set_block_codes(block, groups)
+
+    def set_block_codes(self, block, groups) -> None:
+        """Every linear's weight codes, right after smoothing (DuQuant's ``quant_inplace``)."""
+        lin = lambda n: get_submodule(block, n).linear   # noqa: E731
         if is_quantized(self.w_bits):
             for g in groups:
                 for n in g.names:

@@ -151,7 +151,10 @@ def export_quantized(model: nn.Module, path: str | Path) -> dict[str, int]:
             for k, v in inq.transform._folded.items():
                 if k in ("p1", "p2", "d"):
                     tensors[f"{pre}.{k}"] = v.to(torch.bfloat16).cpu()
-        if inq.rotation is not None:
+        if inq.rotation is not None and hasattr(inq.rotation, "export_tensors"):
+            # a calibrated rotation (DuQuant's block rotations and permutation)
+            tensors.update({f"{pre}.{k}": v for k, v in inq.rotation.export_tensors().items()})
+        elif inq.rotation is not None:
             tensors[f"{pre}.rot_signs"] = inq.rotation.s.to(torch.int8).cpu()
             if inq.rotation.m > 1:
                 tensors[f"{pre}.rot_m"] = inq.rotation.mfac.to(torch.bfloat16).cpu()

@@ -1,0 +1,365 @@
+"""``duquant`` against DuQuant as QDLM runs it (``--quant_method duquant --block_size B
+--max_rotation_step 256 --smooth --alpha 0.5 --lac 0.9 --swc 0.8 --epochs 0``), written here from
+its code: ``get_rot.py`` and ``utils.get_rot`` / ``exchange_row_col``, ``UniformAffineQuantizer``
+(``rotation``, ``permutation_zigzag``, ``online_duquant_cali``, ``init_duquant``,
+``per_token_dynamic_calibration`` with swc / lac, ``fake_quant``), ``QuantLinear`` (the weight
+quantizer copies the activation quantizer's R and permutation), the k/v <- q and up <- gate
+copies of ``int_llama_layer.py``, and ``quantize/duquant.py``'s loop (smoothing, then the layer
+run once on ``rotate_inps``: the mean of the calibration inputs, then each quantized layer's
+output; ``quant_inplace``). The one substitution: ``torch.randn`` in ``get_rot`` draws from a
+generator seeded per block (the project's), not from the global RNG."""
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fair_calib.calibrate import calibrate
+from fair_calib.methods import load_quantized, make_method
+from fair_calib.methods.duquant import givens_spread
+from fair_calib.quant.blockio import call_block, capture_block_inputs
+from fair_calib.quant.discovery import get_submodule
+from fair_calib.quant.toy import tiny_random_loaded
+
+torch.set_num_threads(1)
+IDS = torch.randint(0, 60, (8, 16), generator=torch.Generator().manual_seed(2))
+BLOCK, STEPS, ALPHA, LAC, SWC = 16, 256, 0.5, 0.9, 0.8
+GEN = [None]     # get_rot's random source (the reference: the global RNG)
+
+
+# ---------------------------------------------------------------- utils.py / get_rot.py
+def exchange_row_col(_tensor, i, j):
+    tensor = _tensor.detach().clone()
+    indices_row = torch.arange(tensor.size(0))
+    indices_row[i], indices_row[j] = indices_row[j].item(), indices_row[i].item()
+    tensor = tensor[indices_row]
+    indices_col = torch.arange(tensor.size(1))
+    indices_col[i], indices_col[j] = indices_col[j].item(), indices_col[i].item()
+    return tensor[:, indices_col]
+
+
+def rot_pkl(n):
+    R = torch.eye(n)
+    for i in range(n - 1):
+        rot_i = torch.eye(n)
+        cos = 1 / np.sqrt(i + 2)
+        sin = np.sqrt(i + 1) / np.sqrt(i + 2)
+        rot_i[i, i] = rot_i[i + 1, i + 1] = cos
+        rot_i[i, i + 1] = -sin
+        rot_i[i + 1, i] = sin
+        R = torch.matmul(rot_i, R)
+    return exchange_row_col(R, 0, n - 1)
+
+
+def get_rot(n):
+    R = rot_pkl(n)
+    random_matrix = torch.randn(n - 1, n - 1, generator=GEN[0])
+    q, r = torch.linalg.qr(random_matrix)
+    q = torch.cat([torch.zeros(n - 1, 1), q], dim=1)
+    q = torch.cat([torch.zeros(1, n), q], dim=0)
+    q[0, 0] = 1
+    return torch.matmul(R, q)
+
+
+# ---------------------------------------------------------------- UniformAffineQuantizer
+class RefQuantizer:
+    def __init__(self, n_bits, swc=None, lac=None):
+        self.n_bits, self.swc, self.lac = n_bits, swc, lac
+        self.R, self.permutation_list, self.init = None, None, False
+
+    def rotation(self, weight):
+        weight = weight.detach().clone()
+        _weight = weight.detach().clone()
+        hidden_dim = weight.shape[-1]
+        exchange_ids, peak_values = [], []
+        weight = weight.reshape(-1, BLOCK)
+        Rot = get_rot(BLOCK)
+        for j in range(STEPS):
+            r, c = divmod(weight.argmax().item(), weight.shape[-1])
+            r2, c2 = divmod(weight.argmin().item(), weight.shape[-1])
+            peak_values.append((weight[r, c] - weight[r2, c2]).item())
+            exchange_id = r if weight[r, c].abs() > weight[r2, c2].abs() else r2
+            exchange_ids.append(exchange_id)
+            R = exchange_row_col(Rot.clone(), 0, exchange_id % BLOCK).to(weight)
+            weight = torch.matmul(weight, R)
+        r, c = divmod(weight.argmax().item(), weight.shape[-1])
+        r2, c2 = divmod(weight.argmin().item(), weight.shape[-1])
+        peak_values.append((weight[r, c] - weight[r2, c2]).item())
+        weight = _weight.detach().clone()
+        select_length = torch.argmin(torch.tensor(peak_values)).item()
+        exchange_ids = exchange_ids[:select_length]
+        R_ = torch.eye(BLOCK).to(weight)
+        for exchange_id in exchange_ids:
+            R = exchange_row_col(Rot.clone(), 0, exchange_id % BLOCK).to(R_)
+            R_ = torch.matmul(R_, R)
+        weight = torch.matmul(weight.reshape(-1, BLOCK), R_).reshape(-1, hidden_dim)
+        return weight, exchange_ids, R_
+
+    def permutation_zigzag(self, weight):
+        weight = weight.detach().clone()
+        hidden_dim = weight.shape[-1]
+        weight_max = weight.abs().max(dim=0).values
+        pairs = [(i, weight_max[i].item()) for i in range(hidden_dim)]
+        pairs.sort(key=lambda x: x[1], reverse=True)
+
+        def zigzag(numbers):
+            cur, up = 0, True
+            l = [[] for i in range(hidden_dim // BLOCK)]
+            for i in range(len(numbers)):
+                l[cur].append(numbers[i])
+                if up:
+                    cur += 1
+                    if cur == len(l):
+                        cur -= 1
+                        up = False
+                else:
+                    cur -= 1
+                    if cur == -1:
+                        cur += 1
+                        up = True
+            return l
+        pairs = zigzag(pairs)
+        for i in range(len(pairs)):
+            pairs[i].sort(key=lambda x: x[1], reverse=True)
+        perm = torch.zeros(hidden_dim, dtype=torch.long)
+        for i in range(len(pairs)):
+            perm[i * BLOCK:(i + 1) * BLOCK] = torch.tensor([_[0] for _ in pairs[i]])
+        return weight[:, perm], perm
+
+    def online_duquant_cali(self, weight):
+        weight, _, R1 = self.rotation(weight.detach().clone())
+        weight, perm = self.permutation_zigzag(weight)
+        weight, _, R2 = self.rotation(weight)
+        self.R = torch.stack([R1, R2])
+        self.permutation_list = perm.unsqueeze(0)
+        return weight
+
+    def init_duquant(self, x):
+        if not self.init:
+            self.init = True
+            return self.online_duquant_cali(x)
+        x_size = x.shape
+        for i in range(len(self.permutation_list)):
+            x = x.reshape(-1, BLOCK)
+            x = x.matmul(self.R[i].to(x)).reshape(x_size).squeeze(0)
+            x = x[:, self.permutation_list[i]]
+        x = x.reshape(-1, BLOCK)
+        return x.matmul(self.R[-1].to(x)).reshape(x_size)
+
+    def __call__(self, x):
+        if hasattr(self, "smooth_scales"):
+            x = x / self.smooth_scales
+        x = self.init_duquant(x)
+        if self.n_bits >= 16:
+            return x
+        xmin, xmax = x.amin([-1], keepdim=True), x.amax([-1], keepdim=True)
+        if self.swc:
+            xmax, xmin = self.swc * xmax, self.swc * xmin
+        elif self.lac:
+            xmax, xmin = self.lac * xmax, self.lac * xmin
+        scale = ((xmax - xmin) / (2 ** self.n_bits - 1)).clamp(min=1e-5, max=1e4)
+        zp = (-xmin / scale).clamp(min=-1e4, max=1e4).round()
+        x_int = (torch.round(x.float() / scale) + zp).clamp(0, 2 ** self.n_bits - 1)
+        return (x_int - zp) * scale
+
+
+class RefQuantLinear(nn.Module):
+    """``QuantLinear`` with weight and activation quantization on; ``src``: the linear whose
+    quantizers it copies before its first forward (k/v <- q, up <- gate)."""
+
+    def __init__(self, lin, w_bits, a_bits, src=None):
+        super().__init__()
+        self.weight, self.bias = lin.weight, lin.bias
+        self.act = RefQuantizer(a_bits, lac=LAC)
+        self.wq = RefQuantizer(w_bits, swc=SWC)
+        self.src, self.frozen = src, False
+
+    def forward(self, x):
+        if self.src is not None and not self.act.init:
+            self.act.R, self.act.permutation_list = self.src.act.R, self.src.act.permutation_list
+            self.act.init = True
+            if hasattr(self.src.act, "smooth_scales"):
+                self.act.smooth_scales = self.src.act.smooth_scales
+        x = self.act(x)
+        if self.frozen:
+            w = self.weight
+        else:
+            self.wq.R, self.wq.permutation_list = self.act.R, self.act.permutation_list
+            self.wq.init = True
+            w = self.wq(self.weight)
+        return F.linear(x, w, self.bias)
+
+    def quant_inplace(self):
+        self.weight = nn.Parameter(self.wq(self.weight), requires_grad=False)
+        self.frozen = True
+
+
+def truncate_number(s, threshold=1e-2):
+    s = s.clone()
+    s[s.abs() < threshold] = s[s.abs() < threshold].sign() * threshold
+    return s
+
+
+@torch.no_grad()
+def act_scales_of(model):
+    act_scales, hs = {}, []
+    for name, m in model.named_modules():
+        if isinstance(m, nn.Linear) and ".layers." in name:
+            def hook(mod, a, o, name=name):
+                c = a[0].reshape(-1, a[0].shape[-1]).abs().max(dim=0)[0].float()
+                act_scales[name] = torch.max(act_scales[name], c) if name in act_scales else c
+            hs.append(m.register_forward_hook(hook))
+    for b in range(0, IDS.shape[0], 4):
+        model(IDS[b:b + 4])
+    for h in hs:
+        h.remove()
+    return act_scales
+
+
+@torch.no_grad()
+def smooth_layer(layer, i, act_scales):
+    """``--smooth`` scales and ``smooth_and_let_inplace`` (``smooth_fc_inplace`` under GQA)."""
+    a, mlp = layer.self_attn, layer.mlp
+    pairs = {"self_attn.q_proj": "qkv", "self_attn.o_proj": "out", "mlp.up_proj": "fc1",
+             "mlp.down_proj": "down"}
+    sc = {}
+    for name, key in pairs.items():
+        act = act_scales[f"model.layers.{i}.{name}"].clamp(min=1e-5)
+        weight = get_submodule(layer, name).weight.abs().max(dim=0)[0].clamp(min=1e-5)
+        sc[key] = truncate_number((act.pow(ALPHA) / weight.pow(1 - ALPHA)).clamp(min=1e-5))
+    layer.input_layernorm.weight.div_(sc["qkv"])
+    for fc in (a.q_proj, a.k_proj, a.v_proj):
+        fc.weight.mul_(sc["qkv"].view(1, -1))
+    layer.post_attention_layernorm.weight.div_(sc["fc1"])
+    for fc in (mlp.up_proj, mlp.gate_proj):
+        fc.weight.mul_(sc["fc1"].view(1, -1))
+    mlp.up_proj.weight.div_(sc["down"].view(-1, 1))
+    mlp.down_proj.weight.mul_(sc["down"].view(1, -1))
+    online = None
+    if a.v_proj.out_features == a.o_proj.in_features:
+        a.v_proj.weight.div_(sc["out"].view(-1, 1))
+        if a.v_proj.bias is not None:
+            a.v_proj.bias.div_(sc["out"])
+    else:
+        online = sc["out"].view(1, -1)
+    a.o_proj.weight.mul_(sc["out"].view(1, -1))
+    return online
+
+
+def wrap_layer(layer, w_bits, a_bits, online):
+    a, mlp = layer.self_attn, layer.mlp
+    q = RefQuantLinear(a.q_proj, w_bits, a_bits)
+    gate = RefQuantLinear(mlp.gate_proj, w_bits, a_bits)
+    out = {"self_attn.q_proj": q, "self_attn.k_proj": RefQuantLinear(a.k_proj, w_bits, a_bits, q),
+           "self_attn.v_proj": RefQuantLinear(a.v_proj, w_bits, a_bits, q),
+           "self_attn.o_proj": RefQuantLinear(a.o_proj, w_bits, a_bits),
+           "mlp.gate_proj": gate, "mlp.up_proj": RefQuantLinear(mlp.up_proj, w_bits, a_bits, gate),
+           "mlp.down_proj": RefQuantLinear(mlp.down_proj, w_bits, a_bits)}
+    if online is not None:
+        out["self_attn.o_proj"].act.smooth_scales = online
+    for name, ql in out.items():
+        parent, child = name.split(".")
+        setattr(getattr(layer, parent), child, ql)
+    return out
+
+
+@torch.no_grad()
+def ref_duquant(lm, w_bits, a_bits):
+    """``duquant()`` on every layer, in place; returns each layer's RefQuantLinears."""
+    model = lm.model
+    act_scales = act_scales_of(model)
+    layers = model.model.layers
+    inps = capture_block_inputs(model, layers[0], IDS, 4)
+    one = capture_block_inputs(model, layers[0], IDS[:1], 1)    # batch-1 masks / positions
+    rotate_inps = torch.cat(inps.hidden).mean(dim=0)
+    out = []
+    for i, layer in enumerate(layers):
+        online = smooth_layer(layer, i, act_scales)
+        qls = wrap_layer(layer, w_bits, a_bits, online)
+        GEN[0] = torch.Generator().manual_seed(i)           # the project's per-block seed
+        rotate_inps = call_block(layer, one, 0, rotate_inps.unsqueeze(0))[0]
+        for ql in qls.values():
+            ql.quant_inplace()
+        out.append(qls)
+    return out
+
+
+def test_givens_spread_is_rot_pkl():
+    for n in (2, 16, 128):
+        assert torch.allclose(givens_spread(n), rot_pkl(n), atol=1e-6)
+    # its channel-0 row spreads evenly: what the greedy step relies on
+    assert torch.allclose(givens_spread(16)[0].abs(), torch.full((16,), 0.25), atol=1e-6)
+
+
+GROUP_OF = {"self_attn.q_proj": 0, "self_attn.k_proj": 0, "self_attn.v_proj": 0,
+            "self_attn.o_proj": 1, "mlp.gate_proj": 2, "mlp.up_proj": 2, "mlp.down_proj": 3}
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2-gqa"])
+@pytest.mark.parametrize("bits", [(8, 8), (4, 4)])
+def test_duquant_equals_duquants(tmp_path, arch, bits):
+    make = ((lambda: tiny_random_loaded("llama", layers=2)) if arch == "llama" else
+            (lambda: tiny_random_loaded("qwen2", layers=2, kv_heads=2)))
+    lm, ref = make(), make()
+    m = make_method({"type": "duquant", "block_size": BLOCK}, *bits)
+    calibrate(lm, m, IDS, tmp_path, batch_size=4, log=lambda s: None)
+    want = ref_duquant(ref, *bits)
+    rotated = permuted = 0
+    for i, qls in enumerate(want):
+        blk = lm.blocks[i]
+        for n, rq in qls.items():
+            ql = get_submodule(blk, n)
+            rot = ql.inq.rotation
+            assert torch.allclose(rot.R, rq.act.R, atol=1e-5), (i, n)
+            assert torch.equal(rot.perm, rq.act.permutation_list), (i, n)
+            assert torch.allclose(ql._groups.dequantize(), rq.weight, rtol=1e-5, atol=1e-5), (i, n)
+            rotated += sum(not torch.allclose(r, torch.eye(BLOCK)) for r in rq.act.R)
+            permuted += int(not torch.equal(rq.act.permutation_list[0], torch.arange(rot.perm.shape[1])))
+        for n in ("input_layernorm", "post_attention_layernorm"):
+            assert torch.allclose(get_submodule(blk, n).weight,
+                                  get_submodule(ref.blocks[i], n).weight, rtol=1e-6)
+    with torch.no_grad():
+        # one sequence at a time: init_duquant's x[:, perm] after squeeze(0) assumes batch 1
+        want_logits = torch.cat([ref.logits(IDS[k:k + 1]) for k in range(IDS.shape[0])])
+        got = load_quantized(make(), tmp_path).logits(IDS)
+        fp = make().logits(IDS)
+    assert torch.allclose(got, want_logits, atol=1e-4, rtol=1e-4)
+    assert not torch.allclose(got, fp, atol=1e-3)
+    # not vacuous: both rotations of most groups moved, the permutations are not the identity
+    assert rotated >= 8 and permuted >= 4
+
+
+def test_the_comparison_sees_each_step():
+    """Clip ratios and bits reach the reference quantizer (a mutation there would show)."""
+    x = torch.randn(5, 32)
+    q = RefQuantizer(4, lac=LAC)
+    q.init, q.R, q.permutation_list = True, torch.eye(BLOCK).repeat(2, 1, 1), torch.arange(32)[None]
+    q2 = RefQuantizer(4, lac=1.0)
+    q2.init, q2.R, q2.permutation_list = q.init, q.R, q.permutation_list
+    assert not torch.equal(q(x), q2(x))
+    assert math.isclose(float(givens_spread(4).det()), 1.0, abs_tol=1e-5) or \
+        math.isclose(float(givens_spread(4).det()), -1.0, abs_tol=1e-5)
+
+
+def test_a_resumed_run_replays_the_rotation_stream(tmp_path):
+    """Block 0 restored from its saved state (with its rotation-pass input), block 1
+    recomputed: its rotation input comes through the restored quantized block 0, so its
+    rotations and codes are those of the uninterrupted run."""
+    from fair_calib import io
+
+    cfg = {"type": "duquant", "block_size": BLOCK}
+    calibrate(tiny_random_loaded("qwen2", layers=2, kv_heads=2), make_method(cfg, 4, 4), IDS,
+              tmp_path, batch_size=4, log=lambda s: None)
+    whole, _ = io.load_tensors(tmp_path / "params.safetensors")
+    (tmp_path / "blocks" / "1.safetensors").unlink()
+    (tmp_path / "meta.json").unlink()
+    logs = []
+    calibrate(tiny_random_loaded("qwen2", layers=2, kv_heads=2), make_method(cfg, 4, 4), IDS,
+              tmp_path, batch_size=4, log=logs.append)
+    assert any("block 0: resumed" in s for s in logs)
+    again, _ = io.load_tensors(tmp_path / "params.safetensors")
+    assert set(again) == set(whole)
+    for k in whole:
+        assert torch.allclose(again[k], whole[k], atol=1e-6), k
