@@ -59,7 +59,7 @@ SOURCE = "census-gpu"            # the source tag of the printed QUANT_RATIOS en
 DEFAULT_SHAPES = {
     "llada": [("generate", 1, 576), ("generate", 1, 640), ("generate", 1, 704),
               ("generate", 1, 1984), ("mc", 16, 192), ("generate", 1, 960), ("generate", 1, 896),
-              ("generate", 1, 768)],
+              ("generate", 1, 1920)],
     "dream": [("mc", 32, 128), ("generate", 1, 1024), ("mc", 32, 192), ("mc", 32, 64),
               ("generate", 1, 1088), ("generate", 1, 640), ("generate", 1, 704), ("generate", 1, 384)],
 }

@@ -67,114 +67,120 @@ METHOD_STRUCTURE = {"fair_calib": "transform", "flatquant": "transform", "quarot
 # the nearest entry of its mode (generation: decode entries first), distance
 # |ln(rows / r)| + |ln(tokens / t)| (ties: the larger ratio). Sources (RATIO_SOURCES):
 #   "i20": REAL_QUANT_SCALE above (the slower of 8 x 512 and 32 x 104; one value for both);
-#   "census-gpu": benchmarks/census_shapes_gpu.py (lent H200, 2026-11-27) at the paper census's
+#   "census-gpu": benchmarks/census_shapes_gpu.py (lent H100, 2026-11-27) at the paper census's
 #     heavy shapes, as the evaluation stage now runs them: repeated forwards replayed from CUDA
 #     graphs (fair_calib.models.graphs), 4-bit codes one per byte; bf16 replayed alike. The
 #     eager batch-1 ratios of issue 30 ("i30f", "i30d": 1.1-2.4) described the host-bound eager
 #     path, which the evaluation no longer takes on CUDA; they are kept in RATIO_SOURCES for
 #     the record only.
 QUANT_RATIOS: dict[tuple[str, str], list[tuple[str, int, int, float, str]]] = {
-    ("llada", "transform"): [
-        ("forward", 8, 512, 0.726, "i20"),
-        ("forward", 32, 104, 0.726, "i20"),
-        ("forward", 1, 1984, 0.654, "census-gpu"),
-        ("decode", 1, 1984, 0.644, "census-gpu"),
-        ("forward", 1, 1472, 0.647, "census-gpu"),
-        ("decode", 1, 1472, 0.643, "census-gpu"),
-        ("forward", 16, 128, 0.614, "census-gpu"),
-        ("forward", 1, 1920, 0.628, "census-gpu"),
-        ("decode", 1, 1920, 0.624, "census-gpu"),
-        ("forward", 16, 64, 0.63, "census-gpu"),
-        ("forward", 16, 192, 0.605, "census-gpu"),
-        ("forward", 1, 1216, 0.702, "census-gpu"),
-        ("decode", 1, 1216, 0.707, "census-gpu"),
-        ("forward", 1, 1408, 0.648, "census-gpu"),
-        ("decode", 1, 1408, 0.639, "census-gpu"),
+    ('llada', 'transform'): [
+        ('forward', 8, 512, 0.726, 'i20'),
+        ('forward', 32, 104, 0.726, 'i20'),
+        ('forward', 1, 576, 0.85, 'census-gpu'),
+        ('decode', 1, 576, 0.858, 'census-gpu'),
+        ('forward', 1, 640, 0.753, 'census-gpu'),
+        ('decode', 1, 640, 0.769, 'census-gpu'),
+        ('forward', 1, 704, 0.828, 'census-gpu'),
+        ('decode', 1, 704, 0.826, 'census-gpu'),
+        ('forward', 1, 1984, 0.7, 'census-gpu'),
+        ('decode', 1, 1984, 0.69, 'census-gpu'),
+        ('forward', 16, 192, 0.619, 'census-gpu'),
+        ('forward', 1, 960, 0.749, 'census-gpu'),
+        ('decode', 1, 960, 0.758, 'census-gpu'),
+        ('forward', 1, 896, 0.655, 'census-gpu'),
+        ('decode', 1, 896, 0.674, 'census-gpu'),
+        ('forward', 1, 768, 0.72, 'census-gpu'),
+        ('decode', 1, 768, 0.737, 'census-gpu'),
     ],
-    ("llada", "hadamard"): [
-        ("forward", 8, 512, 0.791, "i20"),
-        ("forward", 32, 104, 0.791, "i20"),
-        ("forward", 1, 1984, 0.726, "census-gpu"),
-        ("decode", 1, 1984, 0.711, "census-gpu"),
-        ("forward", 1, 1472, 0.715, "census-gpu"),
-        ("decode", 1, 1472, 0.711, "census-gpu"),
-        ("forward", 16, 128, 0.684, "census-gpu"),
-        ("forward", 1, 1920, 0.689, "census-gpu"),
-        ("decode", 1, 1920, 0.682, "census-gpu"),
-        ("forward", 16, 64, 0.699, "census-gpu"),
-        ("forward", 16, 192, 0.679, "census-gpu"),
-        ("forward", 1, 1216, 0.768, "census-gpu"),
-        ("decode", 1, 1216, 0.78, "census-gpu"),
-        ("forward", 1, 1408, 0.713, "census-gpu"),
-        ("decode", 1, 1408, 0.696, "census-gpu"),
+    ('llada', 'hadamard'): [
+        ('forward', 8, 512, 0.791, 'i20'),
+        ('forward', 32, 104, 0.791, 'i20'),
+        ('forward', 1, 576, 0.905, 'census-gpu'),
+        ('decode', 1, 576, 0.926, 'census-gpu'),
+        ('forward', 1, 640, 0.808, 'census-gpu'),
+        ('decode', 1, 640, 0.824, 'census-gpu'),
+        ('forward', 1, 704, 0.882, 'census-gpu'),
+        ('decode', 1, 704, 0.889, 'census-gpu'),
+        ('forward', 1, 1984, 0.766, 'census-gpu'),
+        ('decode', 1, 1984, 0.755, 'census-gpu'),
+        ('forward', 16, 192, 0.687, 'census-gpu'),
+        ('forward', 1, 960, 0.821, 'census-gpu'),
+        ('decode', 1, 960, 0.823, 'census-gpu'),
+        ('forward', 1, 896, 0.718, 'census-gpu'),
+        ('decode', 1, 896, 0.73, 'census-gpu'),
+        ('forward', 1, 768, 0.786, 'census-gpu'),
+        ('decode', 1, 768, 0.799, 'census-gpu'),
     ],
-    ("llada", "plain"): [
-        ("forward", 8, 512, 0.681, "i20"),
-        ("forward", 32, 104, 0.681, "i20"),
-        ("forward", 1, 1984, 0.602, "census-gpu"),
-        ("decode", 1, 1984, 0.6, "census-gpu"),
-        ("forward", 1, 1472, 0.593, "census-gpu"),
-        ("decode", 1, 1472, 0.597, "census-gpu"),
-        ("forward", 16, 128, 0.56, "census-gpu"),
-        ("forward", 1, 1920, 0.57, "census-gpu"),
-        ("decode", 1, 1920, 0.573, "census-gpu"),
-        ("forward", 16, 64, 0.547, "census-gpu"),
-        ("forward", 16, 192, 0.544, "census-gpu"),
-        ("forward", 1, 1216, 0.65, "census-gpu"),
-        ("decode", 1, 1216, 0.658, "census-gpu"),
-        ("forward", 1, 1408, 0.585, "census-gpu"),
-        ("decode", 1, 1408, 0.585, "census-gpu"),
+    ('llada', 'plain'): [
+        ('forward', 8, 512, 0.681, 'i20'),
+        ('forward', 32, 104, 0.681, 'i20'),
+        ('forward', 1, 576, 0.798, 'census-gpu'),
+        ('decode', 1, 576, 0.82, 'census-gpu'),
+        ('forward', 1, 640, 0.696, 'census-gpu'),
+        ('decode', 1, 640, 0.726, 'census-gpu'),
+        ('forward', 1, 704, 0.776, 'census-gpu'),
+        ('decode', 1, 704, 0.785, 'census-gpu'),
+        ('forward', 1, 1984, 0.647, 'census-gpu'),
+        ('decode', 1, 1984, 0.636, 'census-gpu'),
+        ('forward', 16, 192, 0.564, 'census-gpu'),
+        ('forward', 1, 960, 0.704, 'census-gpu'),
+        ('decode', 1, 960, 0.712, 'census-gpu'),
+        ('forward', 1, 896, 0.599, 'census-gpu'),
+        ('decode', 1, 896, 0.612, 'census-gpu'),
+        ('forward', 1, 768, 0.668, 'census-gpu'),
+        ('decode', 1, 768, 0.681, 'census-gpu'),
     ],
-    ("dream", "transform"): [
-        ("forward", 8, 512, 0.75, "i20"),
-        ("forward", 32, 104, 0.75, "i20"),
-        ("forward", 1, 1024, 0.697, "census-gpu"),
-        ("decode", 1, 1024, 0.709, "census-gpu"),
-        ("forward", 32, 128, 0.651, "census-gpu"),
-        ("forward", 1, 1088, 0.76, "census-gpu"),
-        ("decode", 1, 1088, 0.774, "census-gpu"),
-        ("forward", 32, 192, 0.661, "census-gpu"),
-        ("forward", 32, 64, 0.68, "census-gpu"),
-        ("forward", 1, 384, 0.811, "census-gpu"),
-        ("decode", 1, 384, 0.803, "census-gpu"),
-        ("forward", 1, 640, 0.809, "census-gpu"),
-        ("decode", 1, 640, 0.821, "census-gpu"),
-        ("forward", 1, 1152, 0.7, "census-gpu"),
-        ("decode", 1, 1152, 0.703, "census-gpu"),
+    ('dream', 'transform'): [
+        ('forward', 8, 512, 0.75, 'i20'),
+        ('forward', 32, 104, 0.75, 'i20'),
+        ('forward', 32, 128, 0.656, 'census-gpu'),
+        ('forward', 1, 1024, 0.724, 'census-gpu'),
+        ('decode', 1, 1024, 0.74, 'census-gpu'),
+        ('forward', 32, 192, 0.658, 'census-gpu'),
+        ('forward', 32, 64, 0.687, 'census-gpu'),
+        ('forward', 1, 1088, 0.802, 'census-gpu'),
+        ('decode', 1, 1088, 0.807, 'census-gpu'),
+        ('forward', 1, 640, 0.83, 'census-gpu'),
+        ('decode', 1, 640, 0.843, 'census-gpu'),
+        ('forward', 1, 704, 0.868, 'census-gpu'),
+        ('decode', 1, 704, 0.865, 'census-gpu'),
+        ('forward', 1, 384, 0.777, 'census-gpu'),
+        ('decode', 1, 384, 0.791, 'census-gpu'),
     ],
-    ("dream", "hadamard"): [
-        ("forward", 8, 512, 0.739, "i20"),
-        ("forward", 32, 104, 0.739, "i20"),
-        ("forward", 1, 1024, 0.666, "census-gpu"),
-        ("decode", 1, 1024, 0.687, "census-gpu"),
-        ("forward", 32, 128, 0.62, "census-gpu"),
-        ("forward", 1, 1088, 0.73, "census-gpu"),
-        ("decode", 1, 1088, 0.737, "census-gpu"),
-        ("forward", 32, 192, 0.632, "census-gpu"),
-        ("forward", 32, 64, 0.66, "census-gpu"),
-        ("forward", 1, 384, 0.732, "census-gpu"),
-        ("decode", 1, 384, 0.729, "census-gpu"),
-        ("forward", 1, 640, 0.766, "census-gpu"),
-        ("decode", 1, 640, 0.781, "census-gpu"),
-        ("forward", 1, 1152, 0.667, "census-gpu"),
-        ("decode", 1, 1152, 0.673, "census-gpu"),
+    ('dream', 'hadamard'): [
+        ('forward', 8, 512, 0.739, 'i20'),
+        ('forward', 32, 104, 0.739, 'i20'),
+        ('forward', 32, 128, 0.641, 'census-gpu'),
+        ('forward', 1, 1024, 0.706, 'census-gpu'),
+        ('decode', 1, 1024, 0.726, 'census-gpu'),
+        ('forward', 32, 192, 0.644, 'census-gpu'),
+        ('forward', 32, 64, 0.674, 'census-gpu'),
+        ('forward', 1, 1088, 0.775, 'census-gpu'),
+        ('decode', 1, 1088, 0.787, 'census-gpu'),
+        ('forward', 1, 640, 0.799, 'census-gpu'),
+        ('decode', 1, 640, 0.813, 'census-gpu'),
+        ('forward', 1, 704, 0.823, 'census-gpu'),
+        ('decode', 1, 704, 0.813, 'census-gpu'),
+        ('forward', 1, 384, 0.718, 'census-gpu'),
+        ('decode', 1, 384, 0.732, 'census-gpu'),
     ],
-    ("dream", "plain"): [
-        ("forward", 8, 512, 0.72, "i20"),
-        ("forward", 32, 104, 0.72, "i20"),
-        ("forward", 1, 1024, 0.632, "census-gpu"),
-        ("decode", 1, 1024, 0.65, "census-gpu"),
-        ("forward", 32, 128, 0.588, "census-gpu"),
-        ("forward", 1, 1088, 0.706, "census-gpu"),
-        ("decode", 1, 1088, 0.72, "census-gpu"),
-        ("forward", 32, 192, 0.6, "census-gpu"),
-        ("forward", 32, 64, 0.618, "census-gpu"),
-        ("forward", 1, 384, 0.736, "census-gpu"),
-        ("decode", 1, 384, 0.734, "census-gpu"),
-        ("forward", 1, 640, 0.736, "census-gpu"),
-        ("decode", 1, 640, 0.754, "census-gpu"),
-        ("forward", 1, 1152, 0.636, "census-gpu"),
-        ("decode", 1, 1152, 0.647, "census-gpu"),
+    ('dream', 'plain'): [
+        ('forward', 8, 512, 0.72, 'i20'),
+        ('forward', 32, 104, 0.72, 'i20'),
+        ('forward', 32, 128, 0.626, 'census-gpu'),
+        ('forward', 1, 1024, 0.674, 'census-gpu'),
+        ('decode', 1, 1024, 0.695, 'census-gpu'),
+        ('forward', 32, 192, 0.63, 'census-gpu'),
+        ('forward', 32, 64, 0.649, 'census-gpu'),
+        ('forward', 1, 1088, 0.76, 'census-gpu'),
+        ('decode', 1, 1088, 0.766, 'census-gpu'),
+        ('forward', 1, 640, 0.775, 'census-gpu'),
+        ('decode', 1, 640, 0.79, 'census-gpu'),
+        ('forward', 1, 704, 0.81, 'census-gpu'),
+        ('decode', 1, 704, 0.799, 'census-gpu'),
+        ('forward', 1, 384, 0.718, 'census-gpu'),
+        ('decode', 1, 384, 0.739, 'census-gpu'),
     ],
 }
 RATIO_SOURCES = {
@@ -183,8 +189,8 @@ RATIO_SOURCES = {
     "i30d": "issue 30: batch-1 decode (fair_calib decode), lent H100 80GB HBM3, torch 2.11, "
             "903acc8",
     "census-gpu": "PYTHONPATH=. python benchmarks/census_shapes_gpu.py --shapes llada-8b "
-                  "dream-7b, NVIDIA H200, torch 2.11.0+cu130, 2026-11-27 (forwards and decodes "
-                  "replayed from CUDA graphs, codes one per byte)",
+                  "dream-7b, lent NVIDIA H100 80GB HBM3, torch 2.11.0+cu130, 2026-11-27 "
+                  "(forwards and decodes replayed from CUDA graphs, codes one per byte)",
 }
 JOB_OVERHEAD_S = 60.0          # assumption: loading 16 GB of weights from a shared filesystem
 
@@ -294,14 +300,15 @@ def bf16_forward_s(rows: int, tokens: float, family: str) -> float:
 
 # A bf16 forward replayed from a CUDA graph, as the evaluation stage runs repeated forwards
 # (fair_calib.models.graphs): fitted to the bf16 replays of benchmarks/census_shapes_gpu.py
-# (lent H200, 2026-11-27; LLaDA-8B: 8 shapes of 1,024-3,072 tokens, residuals <= 7%; Dream-7B
-# 2.2 ms + 23.2 us a token, i.e. FAMILY_SCALE 0.9 within 4%), and a generation step's own work
-# (sampling, commits) on top: 1.2-2.3 ms (LLaDA), 0.9-1.0 ms (Dream) in the same decodes.
+# (lent H100 80GB HBM3, 2026-11-27; LLaDA-8B: 8 shapes of 576-3,072 tokens, 2.5 ms + 26.3 us a
+# token, residuals <= 6%; Dream-7B 2.3 ms + 24.6 us, i.e. FAMILY_SCALE 0.9 within 7%; the
+# H200's fit was 3.0 ms + 25.1 us), and a generation step's own work (sampling, commits) on
+# top: 1.2-2.3 ms (LLaDA), 0.9-1.0 ms (Dream) in the decodes of benchmarks/decode_graphs_gpu.py.
 # Every forward is priced at replay speed: the first call of a shape runs eagerly and the
 # second captures it, which the projection leaves out (a generation's 2 of 256 steps; an MC
 # request of Dream's 4 forwards per choice pays it on half of them: an underestimate there).
-REPLAY_FIXED_S = 0.003
-REPLAY_TOKEN_S = 25.1e-6
+REPLAY_FIXED_S = 0.0025
+REPLAY_TOKEN_S = 26.3e-6
 DECODE_STEP_S_EXTRA = {"llada": 0.002, "dream": 0.001}
 
 

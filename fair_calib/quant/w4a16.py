@@ -19,9 +19,14 @@ codes (the fake quant's own float32 arithmetic, so bit for bit its weight) and r
 GEMM instead.
 
 Modes (``FAIR_CALIB_WEIGHT_ONLY``):
-- ``auto`` (default): ``kernel`` on CUDA with bf16 activations where torch has the ops and
-  each linear's probe stays within ``EXACT_TOLERANCE`` of fake quant, else ``fake``;
-- ``kernel``: the kernel (on CPU too); refused by name where the environment lacks it;
+- ``auto`` (default): ``fake``. Measured on a lent H100 (docs/benchmarks.md, issue 31): the
+  kernel beats the fake quant's bf16 GEMM on the dequantized weight only at one row (0.5x);
+  at 16 rows it is 1.1-1.2x, at the grid's 408-2,048 rows 20-27x, and the dequantizing path
+  above ``KERNEL_MAX_ROWS`` costs 6-7 ms a block. Every request of the grid has more than one
+  row, so the fastest execution is the fake quant's, which keeps the dequantized bf16 weight;
+- ``kernel``: the kernel (on CPU too): weights at about 1.1 bytes each instead of 2, for a
+  model that does not fit otherwise; refused by name where the environment or a linear's
+  layout does not allow it;
 - ``fake``: fake quantization (the reference).
 """
 from __future__ import annotations
@@ -41,10 +46,10 @@ GROUP_SIZES = (32, 64, 128, 256)     # the group sizes tinygemm is compiled for
 K_TILE = 16                           # tinygemm's k tile: the packed layout's unit
 INNER_K_TILES = (8, 4, 2)             # k tiles per load, widest that divides K first
 N_MULTIPLE = {"cuda": 8, "cpu": 16}   # the packers' output-row tile
-# Rows at or below which a forward runs the kernel; above, dequantize + dense GEMM. AWAITS THE
-# GPU MEASUREMENT (benchmarks/weight_only_gpu.py prints the threshold its data supports): 32 is
-# a placeholder within tinygemm's GEMV-style regime (the generation grid runs 408-2048 rows).
-KERNEL_MAX_ROWS = 32
+# Rows at or below which a forward runs the kernel; above, dequantize + dense GEMM. The rows
+# up to which the kernel is no slower than fake quant (benchmarks/weight_only_gpu.py, lent
+# H100, 2026-11-27: one row 0.49-0.53x, 16 rows 1.10-1.19x, every LLaDA-8B / Dream-7B shape).
+KERNEL_MAX_ROWS = 1
 # max |kernel - fake| / max |fake| on a probe, at attach time (auto keeps fake above it). The
 # kernel's weight differs from the fake quant's by the scale's rounding to bf16 (2^-9
 # relative) and one rounding of the product: a few bf16 ulp of an output, ~1e-2 at most.
@@ -83,9 +88,8 @@ def kernel_problem(device: torch.device, dtype: torch.dtype) -> str | None:
 
 def resolve_mode(device: torch.device, dtype: torch.dtype, mode: str | None = None) -> str:
     """How :func:`attach_block` runs for a model on ``device`` in ``dtype``: ``fake`` (no
-    kernel), ``auto`` (each linear that fits and probes exact) or ``kernel`` (every one, else
-    refused). ``auto`` keeps fake on CPU: the CPU op checks the mapping, it is no measured
-    speed-up."""
+    kernel) or ``kernel`` (every linear, else refused). ``auto`` is ``fake``: the kernel is slower than the fake quant at every request
+    shape the grid runs (module docstring)."""
     mode = setting() if mode is None else mode
     if mode not in MODES:
         raise ValueError(f"weight-only mode {mode!r}: expected one of {', '.join(MODES)}")
@@ -94,7 +98,7 @@ def resolve_mode(device: torch.device, dtype: torch.dtype, mode: str | None = No
     problem = kernel_problem(device, dtype)
     if mode == "kernel" and problem:
         raise RuntimeError(f"{SETTING}=kernel: {problem}; use {SETTING}=fake (fake quantization)")
-    return mode if problem is None and (mode == "kernel" or device.type == "cuda") else "fake"
+    return "kernel" if mode == "kernel" else "fake"
 
 
 # ------------------------------------------------------------------------------- layout
