@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import sys
 import time
 
@@ -132,27 +133,62 @@ def main(argv: list[str] | None = None) -> None:
         print(msg)
         return
     stage = argv[0]
+    from . import job_log
+
+    # the job's log: opened by the job once it holds its output's lock (fair_calib/job_log.py)
+    log = job_log.pop_log(argv)
     # before any stage module imports torch: the same kernels, so the same bits, on every
     # x86-64 machine (fair_calib/numerics.py)
     from . import numerics
 
     numerics.pin_environment()
-    rest = _checked_settings(stage, argv[1:])
-    _exit_quietly_on_signals(stage)
-    start = time.time()
-    status = "error"
-    if stage in JOB_STAGES:
-        job_record(stage, "start", start)
     try:
-        _run_stage(stage, rest)
-        status = "ok"
-    finally:
-        if stage in JOB_STAGES:
-            job_record(stage, status, start)
+        rest = _checked_settings(stage, argv[1:])
+    except SystemExit as err:    # refused before the lock: the line goes to the log too
+        if isinstance(err.code, str):
+            job_log.append_line(log, err.code)
+        raise
+    _exit_quietly_on_signals(stage)
+    started: list[float] = []
+    try:
+        _run_stage(stage, rest, log, started)
+    except SystemExit as err:
+        from . import job_lock
+
+        # ended before it opened its log (a refused lock's log is the other job's)
+        if not started and isinstance(err.code, str) and not job_lock.REFUSED:
+            job_log.append_line(log, err.code)
+        if started and stage in JOB_STAGES:
+            job_record(stage, "error", started[0])
+        raise
+    except BaseException:
+        if started and stage in JOB_STAGES:
+            job_record(stage, "error", started[0])
+        raise
+    if stage in JOB_STAGES:
+        job_record(stage, "ok", started[0])
 
 
-def _run_stage(stage: str, rest: list[str]) -> None:
+def _start(stage: str, log: str | None, started: list[float]) -> None:
+    """Once the job holds its output: its log opened (``--log``), its start recorded."""
+    from . import job_lock, job_log
+
+    if log:
+        waited = job_lock.WAITED
+        job_log.open_log(log, header=(
+            f"---- fair-calib {stage}, pid {os.getpid()}: a new job for this output; the lines "
+            "above are an earlier job's" + (f" ({waited['holder']}, waited for "
+                                            f"{waited['seconds']:.0f} s)" if waited else "")
+            + " ----"))
+    started.append(time.time())
+    if stage in JOB_STAGES:
+        job_record(stage, "start", started[0])
+
+
+def _run_stage(stage: str, rest: list[str], log: str | None = None,
+               started: list[float] | None = None) -> None:
     from .io import CorruptFileError
+    started = [] if started is None else started
     try:
         if stage not in UNLOCKED:
             # before the card and the work: a second job for this output waits for the first
@@ -160,6 +196,7 @@ def _run_stage(stage: str, rest: list[str]) -> None:
             from . import job_lock
 
             job_lock.hold(stage, rest)
+        _start(stage, log, started)
         _take_gpu_slot(rest)
         module = importlib.import_module(SUBCOMMANDS[stage])
         module.run_cli([stage] + rest if stage in WHOLE_ARGV else rest)

@@ -6,7 +6,8 @@ plans, and starts, the jobs a first run is still computing. So every stage CLI t
 output (``--out`` / ``--out-dir``) holds an exclusive ``flock`` on a lock file beside that
 output for its whole life: the kernel releases it when the process ends, normally or killed
 (SIGKILL included), so a lock is never left behind. A second job for the same output waits for
-the first to end, saying so in its log, then computes the output itself (its run may have other
+the first to end, saying so on its stderr (the console; its log opens after the lock,
+fair_calib/job_log.py), then computes the output itself (its run may have other
 settings; the outputs are written atomically, so readers see one job's files or the other's).
 ``FAIR_CALIB_LOCK=refuse`` makes it refuse instead (exit 1, naming the output and the holder).
 
@@ -26,6 +27,8 @@ from pathlib import Path
 
 OUTPUT_OPTIONS = ("--out", "--out-dir")
 _HELD: list[int] = []  # open descriptors of the locks this process holds (closed on exit)
+REFUSED: list = []     # non-empty once this process refused to wait (FAIR_CALIB_LOCK=refuse)
+WAITED: dict = {}      # {"holder": ..., "seconds": ...} when this process waited for the lock
 
 
 def primary_output(argv: list[str]) -> str | None:
@@ -70,6 +73,7 @@ def hold(stage: str, argv: list[str], *, mode: str | None = None) -> Path | None
         holder = _holder(fd)
         if mode == "refuse":
             os.close(fd)
+            REFUSED.append(str(path))
             sys.exit(f"error: fair-calib {stage}: {output} is being written by another job "
                      f"({holder}; lock {path}); rerun when it has finished")
         print(f"fair-calib {stage}: waiting: {output} is being written by another job "
@@ -79,6 +83,7 @@ def hold(stage: str, argv: list[str], *, mode: str | None = None) -> Path | None
         fcntl.flock(fd, fcntl.LOCK_EX)
         print(f"fair-calib {stage}: the other job ended after {time.time() - start:.0f} s; "
               f"starting", file=sys.stderr, flush=True)
+        WAITED.update(holder=holder, seconds=time.time() - start)
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"fair-calib {stage}, pid {os.getpid()} on {socket.gethostname()}, since "
                   f"{time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode(), 0)

@@ -174,7 +174,7 @@ def job_counts(cfg: Mapping[str, Any]) -> dict[str, int]:
         "gather_eval": len(ev),
         "trajectories": len(trajectory_cells(cfg)),
         "diagnose": len(diag["models"]) if diag else 0,
-        "figures": int(bool(diag)),
+        "diagnostic_figures": int(bool(diag)),
         "floor_sweep": int(bool(_ablation(cfg))),
         "table": len(tables(cfg)),
         "all": 1,

@@ -10,6 +10,7 @@ import sys
 
 from fair_calib import registry
 from fair_calib.config import ConfigError, merged_config, validate_config
+from fair_calib.evaluate.task_settings import resolve_task, use_by_model
 
 MEMORY_TABLES = ("calib_memory", "deploy_memory")
 RULES_WITH_RESOURCES = ("make_data", "train_tiny", "convert_hub", "probe_shard", "prior", "calibrate",
@@ -420,6 +421,62 @@ def shard_notes(cfg) -> list[str]:
     return notes
 
 
+def mc_num_notes(cfg) -> list[str]:
+    """``mc_num`` set on a task whose every answer is scored exactly: a synthetic multiple-choice
+    task (one-word answers) evaluated only by models whose tokenizer makes a word one token and
+    whose estimator enumerates a one-token target (``exact_below`` >= 2). The Monte-Carlo
+    sample count then changes nothing; one note per key that sets it."""
+    from fair_calib.plan import eval_cells
+
+    by_model = use_by_model(cfg)
+    evaluated: dict[str, set] = {}
+    for model, _, _, task in eval_cells(cfg):
+        evaluated.setdefault(task, set()).add(model)
+    notes = []
+    for name, t in cfg["tasks"].items():
+        if t["kind"] != "synthetic_mc" or name not in evaluated:
+            continue
+        keys = [(f"tasks.{name}.mc_num", None, t)] + [
+            (f"tasks.{name}.{section}.{key}.mc_num", (section, key), over)
+            for section in ("by_family", "by_model") for key, over in (t.get(section) or {}).items()]
+        for key, scope, over in keys:
+            if "mc_num" not in over:
+                continue
+            models = sorted(m for m in evaluated[name]
+                            if scope is None
+                            or (scope[0] == "by_family" and cfg["models"][m]["family"] == scope[1])
+                            or (scope[0] == "by_model" and m == scope[1]))
+            exact = [m for m in models if _scores_one_token_exactly(cfg, name, m, by_model)]
+            if models and exact == models:
+                below = sorted({_exact_below(cfg, name, m, by_model) for m in models})
+                notes.append(f"Note: config: {key} = {over['mc_num']} has no effect: every "
+                             f"answer of {t.get('label', name)} ({name}) is one token, which "
+                             f"{_and(models)} score exactly (exact_below "
+                             f"{'/'.join(map(str, below))}), drawing no Monte-Carlo samples; "
+                             "the key can go")
+    return notes
+
+
+def _and(names) -> str:
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+
+
+def _exact_below(cfg, task, model, by_model) -> int:
+    family = cfg["models"][model]["family"]
+    resolved = resolve_task(task, cfg["tasks"][task], model, family, by_model=by_model)
+    return int(resolved.get("exact_below", registry.EXACT_BELOW.get(family, 0)))
+
+
+def _scores_one_token_exactly(cfg, task, model, by_model) -> bool:
+    return (cfg["models"][model]["family"] in registry.WORD_TOKENIZER_FAMILIES
+            and _exact_below(cfg, task, model, by_model) >= 2)
+
+
+def config_notes(cfg) -> list[str]:
+    """Every note on a valid config: settings that make jobs compute nothing or nothing new."""
+    return shard_notes(cfg) + mc_num_notes(cfg)
+
+
 def run_cli(argv: list[str] | None = None) -> None:
     """``fair-calib check-config [FILE...]``: YAML syntax (file:line:column), types, ranges,
     unknown keys and method settings of config/config.yaml with FILEs merged over it, as
@@ -434,7 +491,9 @@ def run_cli(argv: list[str] | None = None) -> None:
                     help="the base config (default: config/config.yaml of the current directory)")
     a = ap.parse_args(argv)
     try:
-        validated(merged_config(a.files, a.base))
+        cfg = validated(merged_config(a.files, a.base))
     except ConfigError as err:
         sys.exit(f"error: {err}")
+    for note in config_notes(cfg):
+        print(note, file=sys.stderr)
     print(f"ok: {', '.join(['config/config.yaml', *a.files]) if not a.base else a.base}")

@@ -3,6 +3,12 @@ them at parse time). ``tests/test_registry.py`` checks they equal the real regis
 
 # Model families (fair_calib.models.adapters.ADAPTERS).
 FAMILIES = ("llada", "dream", "tiny-llada", "tiny-dream")
+# The adapters' default ``exact_below`` (fair_calib.models.adapters: ``likelihood``): a target
+# with fewer maskable tokens is scored exactly, by enumeration, so ``mc_num`` does not touch it.
+EXACT_BELOW = {"llada": 2, "dream": 0, "tiny-llada": 2, "tiny-dream": 2}
+# Families whose tokenizer makes every word one token (fair_calib.models.tiny.tokenizer): the
+# synthetic multiple-choice answers (one word each, fair_calib.models.tiny.corpus) are one token.
+WORD_TOKENIZER_FAMILIES = ("tiny-llada", "tiny-dream")
 # Families whose released checkpoints load through a hub layout (fair_calib.models.hub).
 HUB_FAMILIES = ("llada", "dream")
 # How a hub family's checkpoint is loaded (fair_calib.models.adapters.LOADERS).

@@ -191,3 +191,89 @@ def test_three_runs_never_compute_one_output_at_once(tmp_path):
     (a, c) = sorted(spans.values(), key=lambda s: s["start"])
     assert c["start"] >= a["end"], f"run C computed while run A did: {spans}"
     assert (ws / "resources/data/manifest.json").exists()
+    # C's Snakemake removed the log while A's job wrote it: A's job gave the name back, whole,
+    # and C's job, which waited for it, wrote below (fair_calib/job_log.py)
+    log = (ws / "logs/make_data/make_data.log").read_text()
+    assert log.count('"status": "ok"') == 2, log
+    first, second = log.split("a new job for this output", 1)
+    assert '"status": "start"' in first and '"status": "ok"' in first, log
+    assert "waited for" in second.splitlines()[0] and '"status": "ok"' in second, log
+
+
+# ------------------------------------------------------------------ the job's own log (issue 32)
+OPENER = """
+import os, sys, time
+from fair_calib import job_log
+job_log.open_log(sys.argv[1], header="---- a new job ----")
+print(sys.argv[2] + " first", flush=True)
+open(sys.argv[3], "w").close()
+while not os.path.exists(sys.argv[4]):
+    time.sleep(0.05)
+print(sys.argv[2] + " last", flush=True)
+"""
+
+
+def _opener(log, name, ready, release):
+    return subprocess.Popen([sys.executable, "-c", OPENER, str(log), name, str(ready),
+                             str(release)], env=_env())
+
+
+def _wait_for(path, proc):
+    deadline = time.time() + 60
+    while not path.exists():
+        assert proc.poll() is None and time.time() < deadline
+        time.sleep(0.05)
+
+
+def test_a_running_jobs_log_survives_a_second_run(tmp_path):
+    """Snakemake removes a job's log before starting it, also while another run's job still
+    writes it: the running job gives the name back to its file on exit, whole, and the job that
+    waited for it writes below."""
+    log = tmp_path / "logs" / "job.log"
+    a = _opener(log, "A", tmp_path / "a.ready", tmp_path / "a.go")
+    _wait_for(tmp_path / "a.ready", a)
+    log.unlink()                              # a second run's Snakemake preparing the job
+    (tmp_path / "a.go").write_text("")
+    assert a.wait(timeout=60) == 0
+    assert log.read_text() == "A first\nA last\n"
+    assert not list(log.parent.glob(".job.log.*"))     # the second name is gone
+    b = _opener(log, "B", tmp_path / "b.ready", tmp_path / "b.go")
+    _wait_for(tmp_path / "b.ready", b)
+    (tmp_path / "b.go").write_text("")
+    assert b.wait(timeout=60) == 0
+    assert log.read_text() == "A first\nA last\n---- a new job ----\nB first\nB last\n"
+
+
+def test_a_killed_jobs_log_is_put_back_by_the_next_job(tmp_path):
+    log = tmp_path / "job.log"
+    a = _opener(log, "A", tmp_path / "a.ready", tmp_path / "never")
+    _wait_for(tmp_path / "a.ready", a)
+    log.unlink()
+    a.send_signal(signal.SIGKILL)
+    a.wait(timeout=30)
+    assert not log.exists() and len(list(tmp_path.glob(".job.log.*.keep"))) == 1
+    b = _opener(log, "B", tmp_path / "b.ready", tmp_path / "b.go")
+    _wait_for(tmp_path / "b.ready", b)
+    (tmp_path / "b.go").write_text("")
+    assert b.wait(timeout=60) == 0
+    assert log.read_text() == "A first\n---- a new job ----\nB first\nB last\n"
+    assert not list(tmp_path.glob(".job.log.*"))
+
+
+def test_stage_cli_writes_its_log_after_the_lock(tmp_path):
+    """`--log`: the stage's lines (its job records) in the log; a job refused before the lock
+    (bad settings) appends its error line there too; one that waited says so in its log."""
+    log = tmp_path / "make_data.log"
+    settings = json.dumps({"seed": 0, "corpus": CORPUS})
+    run = subprocess.run([sys.executable, "-m", "fair_calib.cli", "make-data", "--settings",
+                          settings, "--out", str(tmp_path / "data"), "--log", str(log)],
+                         env=_env(), capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    text = log.read_text()
+    assert '"status": "start"' in text and '"status": "ok"' in text and "counts" in text
+    assert run.stdout == "" and run.stderr == ""
+    bad = subprocess.run([sys.executable, "-m", "fair_calib.cli", "make-data", "--settings",
+                          "{not json", "--out", str(tmp_path / "data"), "--log", str(log)],
+                         env=_env(), capture_output=True, text=True)
+    assert bad.returncode != 0
+    assert log.read_text().splitlines()[-1].startswith("error: fair-calib make-data --settings")

@@ -12,7 +12,8 @@ import pytest
 import yaml
 
 from fair_calib import config as C
-from fair_calib.references import calibration_floor_mb, check_config, shard_notes
+from fair_calib.references import (calibration_floor_mb, check_config, config_notes,
+                                   mc_num_notes, shard_notes)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -35,7 +36,7 @@ def _config(*overs):
 def test_shipped_configs_are_within_their_limits(extra):
     cfg = _config(*extra)
     check_config(cfg)
-    assert shard_notes(cfg) == []
+    assert config_notes(cfg) == []
 
 
 LIMITS = [
@@ -96,3 +97,39 @@ def test_snakemake_refuses_them_before_any_job(tmp_path, over, key):
     errors = [l for l in out.splitlines() if l.startswith("Error:")]
     assert len(errors) == 1 and key in errors[0] and "Traceback" not in out, out[-2000:]
     assert not (tmp_path / "results").exists() and not (tmp_path / "resources").exists()
+
+
+def test_mc_num_on_one_token_answers_is_named():
+    # Synth-MC's answers are one word, one token of the tiny tokenizer, which both tiny
+    # families score exactly (exact_below 2): mc_num draws nothing there
+    notes = mc_num_notes(_config({"tasks": {"synth_mc": {"mc_num": 8}}}))
+    assert notes == ["Note: config: tasks.synth_mc.mc_num = 8 has no effect: every answer of "
+                     "Synth-MC (synth_mc) is one token, which tiny-dream and tiny-llada score "
+                     "exactly (exact_below 2), drawing no Monte-Carlo samples; the key can go"]
+    assert config_notes(_config({"tasks": {"synth_mc": {"mc_num": 8}}})) == notes
+    over = {"tasks": {"synth_mc": {"by_family": {"tiny-dream": {"mc_num": 4}}}}}
+    assert "tasks.synth_mc.by_family.tiny-dream.mc_num = 4 has no effect" in mc_num_notes(_config(over))[0]
+    # sampled after all: exact scoring switched off, or a generation task
+    assert mc_num_notes(_config({"tasks": {"synth_mc": {"mc_num": 8, "exact_below": 0}}})) == []
+    assert mc_num_notes(_config({"tasks": {"synth_mc": {"mc_num": 8, "by_model": {
+        "tiny-llada": {"exact_below": 1}}}}})) == []
+    assert mc_num_notes(_config({"tasks": {"synth_gen": {"mc_num": 8}}})) == []
+
+
+def test_the_one_token_families_are_the_adapters():
+    from fair_calib import registry
+    from fair_calib.models.adapters import get_adapter
+    from fair_calib.models.tiny.corpus import build_corpus
+    from fair_calib.models.tiny.tokenizer import build_tokenizer
+
+    for family, below in registry.EXACT_BELOW.items():
+        assert get_adapter(family).likelihood["exact_below"] == below, family
+    assert set(registry.EXACT_BELOW) == set(registry.FAMILIES)
+    # every synthetic multiple-choice answer is one token of the tiny tokenizer
+    data = build_corpus({"seed": 0, "corpus": {"n_train_docs": 2000, "n_mc_items": 50}})
+    words = {c for item in data["synth_mc"] for c in item["choices"]}
+    import tempfile
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "train.txt").write_text("\n".join(data["train"]) + "\n")
+        tok = build_tokenizer(Path(tmp) / "train.txt")
+    assert all(len(tok(w, add_special_tokens=False)["input_ids"]) == 1 for w in words), words

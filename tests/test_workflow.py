@@ -238,7 +238,7 @@ def _display_and_environment_edits_rerun_nothing_expensive(ws, configs):
         "tasks": {"synth_mc": {"label": "MC"}},
         "tables": {"main": {"caption": "Renamed."}}}))
     rules, _ = _planned_rules(ws, configs, "labels.yaml")
-    assert rules and rules <= {"table", "figures"}, rules
+    assert rules and rules <= {"table", "diagnostic_figures", "floor_sweep"}, rules
     (ws / "env.yaml").write_text(yaml.safe_dump({"device": "cuda", "data_dir": "/elsewhere",
                                                  "data_source": "hub"}))
     rules, out = _planned_rules(ws, configs, "env.yaml")
@@ -254,7 +254,7 @@ def _display_and_environment_edits_rerun_nothing_expensive(ws, configs):
     (ws / "decoding.yaml").write_text(yaml.safe_dump({"models": {"toy-dream": {"decoding": {
         "steps": 16, "gen_length": 16, "temperature": 0.5}}}}))
     rules, out = _planned_rules(ws, configs, "decoding.yaml")
-    assert rules == {"trajectories", "diagnose", "figures"}, rules
+    assert rules == {"trajectories", "diagnose", "diagnostic_figures"}, rules
     assert "results/traj/toy-dream/" in out and "results/traj/toy-llada/" not in out
 
 

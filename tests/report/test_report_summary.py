@@ -104,7 +104,7 @@ def test_readme_warns_about_the_cuda_wheel_before_the_command_and_documents_figu
 
 
 def test_the_figures_rule_is_a_target(tmp_path):
-    """`snakemake figures` (the README's figures-only command) plans the figures."""
+    """`snakemake figures` (the README's figures-only command) plans every figure."""
     from pathlib import Path
 
     repo = Path(__file__).parents[2]
@@ -114,6 +114,11 @@ def test_the_figures_rule_is_a_target(tmp_path):
     text = out.stdout + out.stderr
     assert out.returncode == 0, text[-2000:]
     assert "rule figures:" in text
+    # every figure: the diagnostics' and the prior ablation's floor sweep (issue 32)
+    assert "rule diagnostic_figures:" in text and "rule floor_sweep:" in text
+    target = text[text.index("rule figures:"):]
+    inputs = target[target.index("input:"):].splitlines()[0]
+    assert "results/figures/floor_sweep.pdf" in inputs and "prior_curve_tiny-llada.png" in inputs
     # the figure settings name the prior by the method that uses it, and only that prior is
     # drawn in prior_curve_<model> (the cross-corpus priors have their own figure)
     assert '"priors": {"default": "prior of FAIR-Calib"}' in text

@@ -169,5 +169,5 @@ def test_workflow_dry_run_resolves_per_attempt_resources(tmp_path):
                          timeout=300)
     text = out.stdout + out.stderr
     assert out.returncode == 0, text[-3000:]
-    block = text[text.index("rule figures:"):]
+    block = text[text.index("rule diagnostic_figures:"):]
     assert "gpu_model=a100" in block and "constraint=gpu40g" in block, block[:1500]

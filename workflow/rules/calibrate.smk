@@ -39,4 +39,4 @@ rule calibrate:
     shell:
         progress("calibrate {wildcards.model}/{wildcards.method}/{wildcards.bits}") +
         "OMP_NUM_THREADS={threads} {PY} calibrate --settings {params.settings:q} --runtime {RUNTIME:q}"
-        " --model-dir {params.model_dir} {params.prior} --out-dir {params.out_dir} > {log} 2>&1"
+        " --model-dir {params.model_dir} {params.prior} --out-dir {params.out_dir} --log {log}"

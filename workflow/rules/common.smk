@@ -20,9 +20,10 @@ try:
 except ValueError as err:  # one line, no traceback: the message names the key
     sys.exit(f"Error: {err}")
 if workflow.is_main_process:
-    from fair_calib.references import shard_notes
+    from fair_calib.references import config_notes
 
-    for note in shard_notes(config):  # shards beyond the work they split: jobs that do nothing
+    # shards beyond the work they split (jobs that do nothing), mc_num where nothing is sampled
+    for note in config_notes(config):
         print(note, file=sys.stderr)
 
 

@@ -38,7 +38,7 @@ rule trajectories:
         **resources_for("trajectories"),
     shell:
         "OMP_NUM_THREADS={threads} {PY} trajectories --settings {params.settings:q} --runtime {RUNTIME:q}"
-        " --model-dir {params.model_dir} {params.extra} --out {output} > {log} 2>&1"
+        " --model-dir {params.model_dir} {params.extra} --out {output} --log {log}"
 
 
 def fp_method():
@@ -60,7 +60,7 @@ rule diagnose:
     resources:
         **resources_for("diagnose"),
     shell:
-        "{PY} diagnose --inputs {input.students} --teacher {input.teacher} --out {output} > {log} 2>&1"
+        "{PY} diagnose --inputs {input.students} --teacher {input.teacher} --out {output} --log {log}"
 
 
 FIGURE_EXTS = ["pdf", "png", "txt"]
@@ -82,7 +82,8 @@ def figure_settings():
     }, sort_keys=True)
 
 
-rule figures:
+# The diagnostics' figures; `figures` (report.smk) is every figure. Resources: resources.figures.
+rule diagnostic_figures:
     input:
         diagnostics=expand("results/diagnostics/{model}.parquet", model=DIAG.get("models", [])),
         priors=lambda wc: [f"results/prior/{m}/{p}.parquet" for m in DIAG.get("models", [])
@@ -105,4 +106,4 @@ rule figures:
         **resources_for("figures"),
     shell:
         "{PY} figures --settings {params.settings:q} --inputs {input} --out-dir results/figures"
-        " > {log} 2>&1"
+        " --log {log}"

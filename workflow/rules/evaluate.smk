@@ -53,7 +53,7 @@ rule evaluate_shard:
     shell:
         "OMP_NUM_THREADS={threads} {PY} evaluate --settings {params.settings:q} --runtime {RUNTIME:q}"
         " --model-dir {params.model_dir} {params.calib}"
-        " --shard {wildcards.k} --num-shards {params.shards} --out {output} > {log} 2>&1"
+        " --shard {wildcards.k} --num-shards {params.shards} --out {output} --log {log}"
 
 
 localrules:

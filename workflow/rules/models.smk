@@ -14,7 +14,7 @@ rule make_data:
     resources:
         **resources_for("make_data"),
     shell:
-        "{PY} make-data --settings {params.settings:q} --runtime {RUNTIME:q} --out {params.out} > {log} 2>&1"
+        "{PY} make-data --settings {params.settings:q} --runtime {RUNTIME:q} --out {params.out} --log {log}"
 
 
 rule train_tiny:
@@ -37,7 +37,7 @@ rule train_tiny:
         progress("train_tiny {wildcards.model}") +
         "OMP_NUM_THREADS={threads} {PY} train-tiny --threads {threads} --settings {params.settings:q}"
         " --runtime {RUNTIME:q}"
-        " --data {params.data} --out {output} > {log} 2>&1"
+        " --data {params.data} --out {output} --log {log}"
 
 
 rule convert_hub:
@@ -55,4 +55,4 @@ rule convert_hub:
     resources:
         **resources_for("convert_hub"),
     shell:
-        "{PY} convert-hub --src {input} --family {params.family} --out {output} > {log} 2>&1"
+        "{PY} convert-hub --src {input} --family {params.family} --out {output} --log {log}"

@@ -24,4 +24,4 @@ rule prior:
     resources:
         **resources_for("prior"),
     shell:
-        "{PY} prior --settings {params.settings:q} --inputs {input} --out {output} > {log} 2>&1"
+        "{PY} prior --settings {params.settings:q} --inputs {input} --out {output} --log {log}"

@@ -21,4 +21,4 @@ rule probe_shard:
     shell:
         "OMP_NUM_THREADS={threads} {PY} probe --settings {params.settings:q} --runtime {RUNTIME:q}"
         " --model-dir {params.model_dir} --shard {wildcards.k} --num-shards {params.shards}"
-        " --out {output} > {log} 2>&1"
+        " --out {output} --log {log}"

@@ -36,7 +36,7 @@ rule table:
         **resources_for("table"),
     shell:
         "{PY} report --settings {params.settings:q} --inputs {input} --out {output.tex}"
-        " --cells-out {output.cells} > {log} 2>&1"
+        " --cells-out {output.cells} --log {log}"
 
 
 def floor_sweep_inputs(wc=None):
@@ -70,4 +70,16 @@ rule floor_sweep:
         **resources_for("floor_sweep"),
     shell:
         "{PY} floor-sweep --settings {params.settings:q} --evals {input.evals}"
-        " --priors {input.priors} --out-dir results/figures > {log} 2>&1"
+        " --priors {input.priors} --out-dir results/figures --log {log}"
+
+
+localrules:
+    figures,
+
+
+rule figures:
+    """`snakemake figures`: every figure the config makes (results/figures/), the diagnostics'
+    and the prior ablation's floor sweep; a job of its own for neither (a target only)."""
+    input:
+        rules.diagnostic_figures.output if diag_enabled() else [],
+        rules.floor_sweep.output if ablation_enabled() else [],
