@@ -198,13 +198,12 @@ JOB_OVERHEAD_S = 60.0          # assumption: loading 16 GB of weights from a sha
 # (LLaDA-8B) and 14.1 min (Dream-7B) on an H100; scaled by epochs and by tokens.
 CALIB_MIN_15EP_1024 = {"llada": 15.5, "dream": 14.1}
 CALIB_FIXED_MIN = {"rtn": 2.0, "fp": 0.0, "quarot": 10.0}   # assumptions (no training loop)
-# QDLM's baselines (issue 31), assumptions, not measured: gptq runs QuaRot's GPTQ sweep (its
-# 10 min); awq 20 ratios x 4 groups of partial block passes plus the clip search (as gptq);
-# smoothquant one statistics pass (as rtn).
-CALIB_FIXED_MIN.update({"gptq": 10.0, "awq": 10.0, "smoothquant": 2.0})
-# duquant (issue 31), an assumption, not measured: smoothquant's statistics pass plus one
-# single-sequence pass per block with 4 x 2 greedy searches of 256 small matmuls each.
-CALIB_FIXED_MIN.update({"duquant": 5.0})
+# QDLM's baselines (issue 31), measured: benchmarks/baseline_calibration_gpu.py (lent H100,
+# 2026-11-27; random weights at the real widths, 2 blocks, config/qdlm.yaml's calibration
+# sizes, projected to all blocks; the larger of LLaDA-8B and Dream-7B): GPTQ 6.0-6.1 min, AWQ
+# 7.2-8.1, SmoothQuant 0.9, DuQuant 1.3-1.4. DuQuant's greedy search stops early or runs its
+# 256 steps depending on the activations: real weights may take longer than random ones.
+CALIB_FIXED_MIN.update({"gptq": 6.1, "awq": 8.1, "smoothquant": 0.9, "duquant": 1.4})
 
 # Stage I probing (issue 4): one random-commit step at batch 32, prompt 128 + window 256.
 PROBE_STEP_S = {"llada": 0.406, "dream": 0.376}
