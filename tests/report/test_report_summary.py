@@ -109,7 +109,7 @@ def test_the_figures_rule_is_a_target(tmp_path):
 
     repo = Path(__file__).parents[2]
     snakemake = str(Path(sys.executable).with_name("snakemake"))
-    out = subprocess.run([snakemake, "-n", "-p", "--cores", "2", "figures"], cwd=repo,
+    out = subprocess.run([snakemake, "-n", "-p", "--forceall", "--cores", "2", "figures"], cwd=repo,
                          capture_output=True, text=True, timeout=300)
     text = out.stdout + out.stderr
     assert out.returncode == 0, text[-2000:]

@@ -164,7 +164,7 @@ def test_workflow_dry_run_resolves_per_attempt_resources(tmp_path):
                                                    "figures": {"gpu": 1, "gpu_model": ["a100", "h100"],
                                                                "constraint": ["gpu40g", "gpu80g"]}}}))
     env = {k: v for k, v in os.environ.items() if not k.startswith("FAIR_CALIB_SLURM_")}
-    out = subprocess.run([SNAKEMAKE, "-n", "--cores", "1", "--configfile", str(extra),
+    out = subprocess.run([SNAKEMAKE, "-n", "--forceall", "--cores", "1", "--configfile", str(extra),
                           "--", "figures"], cwd=REPO, env=env, capture_output=True, text=True,
                          timeout=300)
     text = out.stdout + out.stderr
