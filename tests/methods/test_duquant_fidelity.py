@@ -22,6 +22,7 @@ from fair_calib.methods.duquant import givens_spread
 from fair_calib.quant.blockio import call_block, capture_block_inputs
 from fair_calib.quant.discovery import get_submodule
 from fair_calib.quant.toy import tiny_random_loaded
+from fixtures import duquant_smoothing
 
 torch.set_num_threads(1)
 IDS = torch.randint(0, 60, (8, 16), generator=torch.Generator().manual_seed(2))
@@ -196,12 +197,6 @@ class RefQuantLinear(nn.Module):
         self.frozen = True
 
 
-def truncate_number(s, threshold=1e-2):
-    s = s.clone()
-    s[s.abs() < threshold] = s[s.abs() < threshold].sign() * threshold
-    return s
-
-
 @torch.no_grad()
 def act_scales_of(model):
     act_scales, hs = {}, []
@@ -218,34 +213,11 @@ def act_scales_of(model):
     return act_scales
 
 
-@torch.no_grad()
 def smooth_layer(layer, i, act_scales):
-    """``--smooth`` scales and ``smooth_and_let_inplace`` (``smooth_fc_inplace`` under GQA)."""
-    a, mlp = layer.self_attn, layer.mlp
-    pairs = {"self_attn.q_proj": "qkv", "self_attn.o_proj": "out", "mlp.up_proj": "fc1",
-             "mlp.down_proj": "down"}
-    sc = {}
-    for name, key in pairs.items():
-        act = act_scales[f"model.layers.{i}.{name}"].clamp(min=1e-5)
-        weight = get_submodule(layer, name).weight.abs().max(dim=0)[0].clamp(min=1e-5)
-        sc[key] = truncate_number((act.pow(ALPHA) / weight.pow(1 - ALPHA)).clamp(min=1e-5))
-    layer.input_layernorm.weight.div_(sc["qkv"])
-    for fc in (a.q_proj, a.k_proj, a.v_proj):
-        fc.weight.mul_(sc["qkv"].view(1, -1))
-    layer.post_attention_layernorm.weight.div_(sc["fc1"])
-    for fc in (mlp.up_proj, mlp.gate_proj):
-        fc.weight.mul_(sc["fc1"].view(1, -1))
-    mlp.up_proj.weight.div_(sc["down"].view(-1, 1))
-    mlp.down_proj.weight.mul_(sc["down"].view(1, -1))
-    online = None
-    if a.v_proj.out_features == a.o_proj.in_features:
-        a.v_proj.weight.div_(sc["out"].view(-1, 1))
-        if a.v_proj.bias is not None:
-            a.v_proj.bias.div_(sc["out"])
-    else:
-        online = sc["out"].view(1, -1)
-    a.o_proj.weight.mul_(sc["out"].view(1, -1))
-    return online
+    """DuQuant's ``--smooth`` (tests/fixtures/duquant_smoothing.py); o_proj's online divisor
+    as a row, as this file's reference applies it."""
+    _, online = duquant_smoothing.smooth_layer(layer, i, act_scales, ALPHA)
+    return None if online is None else online.view(1, -1)
 
 
 def wrap_layer(layer, w_bits, a_bits, online):

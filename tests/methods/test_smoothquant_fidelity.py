@@ -9,9 +9,9 @@ import torch
 
 from fair_calib.calibrate import calibrate
 from fair_calib.methods import load_quantized, make_method
-from fair_calib.quant.blockio import call_block, capture_block_inputs
 from fair_calib.quant.discovery import get_submodule
 from fair_calib.quant.toy import tiny_random_loaded
+from fixtures.duquant_smoothing import smooth_layer, truncate_number
 
 torch.set_num_threads(1)
 IDS = torch.randint(0, 60, (8, 16), generator=torch.Generator().manual_seed(2))
@@ -26,12 +26,6 @@ def ref_uaq(x, n_bits):
     x_int = torch.round(x / scale) + zp
     x_int = x_int.clamp(0, 2 ** n_bits - 1)
     return (x_int - zp) * scale
-
-
-def truncate_number(s, threshold=1e-2):
-    s = s.clone()
-    s[s.abs() < threshold] = s[s.abs() < threshold].sign() * threshold
-    return s
 
 
 @torch.no_grad()
@@ -54,30 +48,8 @@ def ref_smoothquant(lm, alpha, w_bits, a_bits):
         h.remove()
     out = []
     for i, layer in enumerate(model.model.layers):
-        a, mlp = layer.self_attn, layer.mlp
-        pairs = {"self_attn.q_proj": "qkv", "self_attn.o_proj": "out", "mlp.up_proj": "fc1",
-                 "mlp.down_proj": "down"}
-        sc = {}
-        for name, key in pairs.items():
-            act = act_scales[f"model.layers.{i}.{name}"].clamp(min=1e-5)
-            weight = get_submodule(layer, name).weight.abs().max(dim=0)[0].clamp(min=1e-5)
-            sc[key] = truncate_number((act.pow(alpha) / weight.pow(1 - alpha)).clamp(min=1e-5))
-        layer.input_layernorm.weight.div_(sc["qkv"])
-        for fc in (a.q_proj, a.k_proj, a.v_proj):
-            fc.weight.mul_(sc["qkv"].view(1, -1))
-        layer.post_attention_layernorm.weight.div_(sc["fc1"])
-        for fc in (mlp.up_proj, mlp.gate_proj):
-            fc.weight.mul_(sc["fc1"].view(1, -1))
-        mlp.up_proj.weight.div_(sc["down"].view(-1, 1))
-        mlp.down_proj.weight.mul_(sc["down"].view(1, -1))
-        online = None
-        if a.v_proj.out_features == a.o_proj.in_features:
-            a.v_proj.weight.div_(sc["out"].view(-1, 1))
-            if a.v_proj.bias is not None:
-                a.v_proj.bias.div_(sc["out"])
-        else:                                   # smooth_fc_inplace (GQA)
-            online = sc["out"]
-        a.o_proj.weight.mul_(sc["out"].view(1, -1))
+        a = layer.self_attn
+        sc, online = smooth_layer(layer, i, act_scales, alpha)
         for m in layer.modules():
             if isinstance(m, torch.nn.Linear):
                 m.weight.data = ref_uaq(m.weight.data, w_bits)     # quant_inplace, per channel
