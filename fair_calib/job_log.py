@@ -61,12 +61,17 @@ def restore_left_logs(path: Path) -> None:
         pid = keep.name[len(prefix):-len(KEEP_SUFFIX)]
         if not pid.isdigit() or _alive(int(pid)):
             continue
-        try:
-            if not path.exists():
-                os.link(keep, path)
-            keep.unlink()
-        except OSError:
-            pass
+        _name_back(path, keep)
+
+
+def _name_back(path: Path, keep: Path) -> None:
+    """``path`` again on ``keep``'s file where that name is free; the second name dropped."""
+    try:
+        if not path.exists():
+            os.link(keep, path)
+        keep.unlink()
+    except OSError:
+        pass
 
 
 def open_log(path: str | os.PathLike, header: str | None = None) -> Path:
@@ -101,12 +106,7 @@ def _give_name_back(path: Path, keep: Path) -> None:
             stream.flush()
         except (OSError, ValueError):
             pass
-    try:
-        if not path.exists():
-            os.link(keep, path)
-        keep.unlink()
-    except OSError:
-        pass
+    _name_back(path, keep)
 
 
 def append_line(path: str | os.PathLike | None, line: str) -> None:
