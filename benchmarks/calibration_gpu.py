@@ -60,14 +60,7 @@ def sync(dev: str) -> None:
 
 
 def timed(fn, dev: str, warmup: int = 2, iters: int = 5) -> float:
-    if dev == "cuda":
-        return shapes.cuda_time(fn, warmup=warmup, iters=iters)
-    for _ in range(warmup):
-        fn()
-    t0 = time.perf_counter()
-    for _ in range(iters):
-        fn()
-    return (time.perf_counter() - t0) / iters
+    return shapes.call_time(fn, dev, warmup, iters)
 
 
 def block_fwd_flops(shape: str, batch: int, seq: int) -> float:

@@ -74,6 +74,18 @@ def cuda_time(fn, warmup: int = 2, iters: int = 5) -> float:
     return (time.perf_counter() - t0) / iters
 
 
+def call_time(fn, device: str, warmup: int = 2, iters: int = 5) -> float:
+    """Mean seconds per call: :func:`cuda_time` on CUDA, plain wall time elsewhere (smoke runs)."""
+    if device == "cuda":
+        return cuda_time(fn, warmup=warmup, iters=iters)
+    for _ in range(warmup):
+        fn()
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    return (time.perf_counter() - t0) / iters
+
+
 def matmul_tflops(n: int = 8192, dtype=torch.bfloat16) -> float:
     """Measured dense bf16 matrix-multiply throughput (the physical anchor for utilisation)."""
     a = torch.randn(n, n, device="cuda", dtype=dtype)

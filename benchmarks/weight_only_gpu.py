@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -56,16 +55,7 @@ SMOKE = dict(hidden_size=128, intermediate_size=256, num_attention_heads=4,
 
 def timer(dev: str, iters: int, warmup: int):
     """fn -> mean seconds per call (synchronised on CUDA)."""
-    def run(fn):
-        if dev == "cpu":
-            for _ in range(warmup):
-                fn()
-            t0 = time.perf_counter()
-            for _ in range(iters):
-                fn()
-            return (time.perf_counter() - t0) / iters
-        return shapes.cuda_time(fn, warmup=warmup, iters=iters)
-    return run
+    return lambda fn: shapes.call_time(fn, dev, warmup, iters)
 
 
 def linear_dims(spec: dict) -> dict[str, list[tuple[int, int]]]:

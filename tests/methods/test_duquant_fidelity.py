@@ -197,20 +197,8 @@ class RefQuantLinear(nn.Module):
         self.frozen = True
 
 
-@torch.no_grad()
 def act_scales_of(model):
-    act_scales, hs = {}, []
-    for name, m in model.named_modules():
-        if isinstance(m, nn.Linear) and ".layers." in name:
-            def hook(mod, a, o, name=name):
-                c = a[0].reshape(-1, a[0].shape[-1]).abs().max(dim=0)[0].float()
-                act_scales[name] = torch.max(act_scales[name], c) if name in act_scales else c
-            hs.append(m.register_forward_hook(hook))
-    for b in range(0, IDS.shape[0], 4):
-        model(IDS[b:b + 4])
-    for h in hs:
-        h.remove()
-    return act_scales
+    return duquant_smoothing.act_scales_of(model, IDS)
 
 
 def smooth_layer(layer, i, act_scales):

@@ -11,7 +11,7 @@ from fair_calib.calibrate import calibrate
 from fair_calib.methods import load_quantized, make_method
 from fair_calib.quant.discovery import get_submodule
 from fair_calib.quant.toy import tiny_random_loaded
-from fixtures.duquant_smoothing import smooth_layer, truncate_number
+from fixtures.duquant_smoothing import act_scales_of, smooth_layer, truncate_number
 
 torch.set_num_threads(1)
 IDS = torch.randint(0, 60, (8, 16), generator=torch.Generator().manual_seed(2))
@@ -33,19 +33,7 @@ def ref_smoothquant(lm, alpha, w_bits, a_bits):
     """DuQuant's smoothing and quantization of every block of a Llama/Qwen2-layout model,
     in place; returns the per-block scales by DuQuant pair name."""
     model = lm.model
-    act_scales = {}
-    hs = []
-    for name, m in model.named_modules():
-        if isinstance(m, torch.nn.Linear) and ".layers." in name:
-            def hook(mod, a, o, name=name):
-                t = a[0].reshape(-1, a[0].shape[-1]).abs().detach()
-                c = torch.max(t, dim=0)[0].float()
-                act_scales[name] = torch.max(act_scales[name], c) if name in act_scales else c
-            hs.append(m.register_forward_hook(hook))
-    for b in range(0, IDS.shape[0], 4):
-        model(IDS[b:b + 4])
-    for h in hs:
-        h.remove()
+    act_scales = act_scales_of(model, IDS)
     out = []
     for i, layer in enumerate(model.model.layers):
         a = layer.self_attn
