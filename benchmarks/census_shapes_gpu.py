@@ -221,7 +221,7 @@ def bench_model(model_name: str, args) -> list[dict]:
             lm = shapes.build(model_name, device="cuda")
         t0 = time.perf_counter()
         quantize[structure](lm, groups)
-        structures.to_fp8_storage(lm)          # codes one per byte, as load_quantized on CUDA
+        structures.to_byte_storage(lm)          # codes one per byte, as load_quantized on CUDA
         torch.cuda.synchronize()
         attach_s = time.perf_counter() - t0
         q = measure(model_name, lm, shape_list, args)

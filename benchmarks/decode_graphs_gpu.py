@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks import shapes  # noqa: E402
 from benchmarks.structures import (block_groups, emit, quantize_fair_calib,  # noqa: E402
-                                   quantize_quarot, quantize_rtn, to_fp8_storage)
+                                   quantize_quarot, quantize_rtn, to_byte_storage)
 from fair_calib.decoding import decode, make_policy  # noqa: E402
 
 PROMPTS = (600, 152)
@@ -151,7 +151,7 @@ def main(argv=None) -> int:
             if "packed" in args.storage:
                 measure(lm, shape, f"w4a4_{name}_packed", name == "fair_calib")
             if "bytes" in args.storage:
-                to_fp8_storage(lm)          # what FAIR_CALIB_LOWBIT_STORAGE=auto runs on CUDA
+                to_byte_storage(lm)          # what FAIR_CALIB_LOWBIT_STORAGE=auto runs on CUDA
                 measure(lm, shape, f"w4a4_{name}", name == "fair_calib")
         del lm
         gc.collect()

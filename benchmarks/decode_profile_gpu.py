@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks import shapes  # noqa: E402
 from benchmarks.decode_graphs_gpu import POLICY, prompt  # noqa: E402
 from benchmarks.structures import (block_groups, emit, quantize_fair_calib,  # noqa: E402
-                                   quantize_quarot, quantize_rtn, to_fp8_storage)
+                                   quantize_quarot, quantize_rtn, to_byte_storage)
 from fair_calib.decoding import decode, make_policy  # noqa: E402
 
 TOP = 14
@@ -103,7 +103,7 @@ def quantize(lm, shape: str, variant: str, dev: str) -> None:
         quantize_quarot(lm, groups, hd)
     else:
         quantize_rtn(lm, groups)
-    to_fp8_storage(lm)
+    to_byte_storage(lm)
 
 
 def main(argv=None) -> int:

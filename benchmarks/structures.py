@@ -92,12 +92,13 @@ def quantize_quarot(lm, groups, hd, mode="real"):
     lm.model.eval()
 
 
-def to_fp8_storage(lm):
-    """4-bit codes one per byte (FP8), what ``load_quantized`` stores on CUDA by default."""
+def to_byte_storage(lm):
+    """4-bit codes one per byte (the GEMM's operand dtype), what ``load_quantized`` stores on
+    CUDA by default."""
     from fair_calib.quant import lowbit_triton
     for m in lm.model.modules():
         if isinstance(m, lowbit.LowBitLinear) and m.packed:
-            m.qweight = lowbit_triton.unpack_int4(m.qweight, m.in_features, torch.float8_e4m3fn)
+            m.qweight = lowbit_triton.unpack_int4(m.qweight, m.in_features, m.code_dtype)
             m.packed = False
 
 

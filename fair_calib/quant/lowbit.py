@@ -5,9 +5,11 @@ Fake quantization computes y = (c_x s_x) (c_W s_W)^T + b with integer codes c an
 scales s, every product rounded in the model dtype. This backend computes the same function
 from the codes themselves: y = s_x s_W (c_x c_W^T) + b, the integer dot product exact
 (float32 accumulation of integer products stays exact below 2^24), the scales applied once in
-the epilogue. Symmetric codes of up to 5 bits ([-16, 15]) are exact in FP8 e4m3, so W4A4 and
-W3A4 run on FP8 tensor cores (``torch._scaled_mm``, per-token x per-channel scales, bias,
-bf16 out); codes of up to 8 bits run on INT8 tensor cores (``torch._int_mm``, W8A8).
+the epilogue. On CUDA the product runs on the INT8 tensor cores in the Triton GEMM of
+:mod:`lowbit_gemm` (int32 accumulation, the epilogue in the emulation's order: the emulation's
+output bit for bit), or with ``FAIR_CALIB_LOWBIT_GEMM=cublas`` on cuBLAS: codes of up to 5 bits
+([-16, 15], exact in FP8 e4m3: W4A4, W3A4) on the FP8 tensor cores (``torch._scaled_mm``,
+per-token x per-channel scales, bias, bf16 out), codes of up to 8 bits on ``torch._int_mm``.
 
 Per layer input group (:class:`LowBitInput`, shared by q/k/v or gate/up as the
 :class:`InputQuant` it replaces): the RMSNorm that feeds it where nothing else reads that
@@ -59,6 +61,13 @@ INT8_MAX_BITS = 8
 STORAGE_SETTING = "FAIR_CALIB_LOWBIT_STORAGE"
 STORAGES = ("auto", "packed", "bytes")
 PACKED_STORAGE = "packed"
+# The real path's GEMM (``FAIR_CALIB_LOWBIT_GEMM``): "triton" (:mod:`lowbit_gemm`, int8
+# codes) or "cublas" (FP8 codes on ``torch._scaled_mm`` up to 5 bits, int8 on ``torch._int_mm``
+# above). "auto" is triton: on an H100 it took 0.78-0.83x cuBLAS's FP8 GEMM time over a
+# batch-1 decode step's linears at 416-1,936 rows and 0.98-1.04x at the MC batches' 3,072-6,144
+# (docs/benchmarks.md), and its output is the emulation's bit for bit (cuBLAS's: within 1 ulp).
+GEMM_SETTING = "FAIR_CALIB_LOWBIT_GEMM"
+GEMMS = ("auto", "triton", "cublas")
 
 
 def setting() -> str:
@@ -71,6 +80,18 @@ def storage_for(mode: str) -> str:
     if choice == "auto":
         return "bytes" if mode == "real" else PACKED_STORAGE
     return choice
+
+
+def gemm_choice() -> str:
+    """``triton`` or ``cublas``: the real path's GEMM (``FAIR_CALIB_LOWBIT_GEMM``)."""
+    choice = env_choice(GEMM_SETTING, "auto", GEMMS)
+    return "triton" if choice == "auto" else choice
+
+
+def code_dtype(kind: str, gemm: str) -> torch.dtype:
+    """The real path's code dtype (activations and byte-stored weights): FP8 e4m3 for cuBLAS's
+    FP8 GEMM, else int8."""
+    return torch.float8_e4m3fn if kind == "fp8" and gemm == "cublas" else torch.int8
 
 
 def real_path_problem(device: torch.device) -> str | None:
@@ -130,9 +151,10 @@ class LowBitInput(nn.Module):
     handed to each reading linear (as the InputQuant's own cache)."""
 
     def __init__(self, inq: InputQuant, dtype: torch.dtype, device: torch.device, mode: str,
-                 kind: str):
+                 kind: str, gemm: str = "triton"):
         super().__init__()
-        self.mode, self.kind = mode, kind
+        self.mode, self.kind, self.gemm = mode, kind, gemm
+        self.code_dtype = code_dtype(kind, gemm)
         self.dim = inq.dim
         self.bits = inq.act.bits
         self.n_users = inq.n_users
@@ -281,7 +303,8 @@ class LowBitLinear(nn.Module):
     def __init__(self, ql: QuantLinear, inp: LowBitInput, dtype: torch.dtype, mode: str,
                  kind: str, storage: str = PACKED_STORAGE):
         super().__init__()
-        self.mode, self.kind = mode, kind
+        self.mode, self.kind, self.gemm = mode, kind, inp.gemm
+        self.code_dtype = inp.code_dtype
         self.inp = inp
         self.user = ql.user
         self.in_features, self.out_features = ql.in_features, ql.out_features
@@ -290,8 +313,8 @@ class LowBitLinear(nn.Module):
         self.packed = storage == "packed" and self.w_bits <= 4 and self.in_features % 2 == 0
         if self.packed:
             w = pack_int4(codes)
-        elif mode == "real" and kind == "fp8":
-            w = codes.to(torch.float8_e4m3fn)
+        elif mode == "real":
+            w = codes.to(self.code_dtype)
         else:
             w = codes
         self.register_buffer("qweight", w.contiguous())
@@ -315,7 +338,7 @@ class LowBitLinear(nn.Module):
         if self.mode == "real":
             from . import lowbit_triton
             # the codes carry padding rows after the tokens (lowbit_triton.gemm_rows)
-            y = lowbit_triton.gemm(self, xc, xs, x.dtype)[:x.numel() // x.shape[-1]]
+            y = lowbit_triton.gemm(self, xc, xs, x.dtype, x.numel() // x.shape[-1])
         else:
             y = emulate_gemm(xc, xs, self.weight_int(), self.w_scale, self.bias, x.dtype)
         return y.reshape(*x.shape[:-1], self.out_features)
@@ -351,6 +374,7 @@ def attach_block(block: nn.Module, mode: str, storage: str = PACKED_STORAGE,
     if mode not in ("real", "emulate"):
         raise ValueError(f"attach_block: mode {mode!r} is not real or emulate")
     inputs: dict[int, LowBitInput] = {}
+    gemm = gemm_choice() if mode == "real" else "triton"
     n = 0
     for ql in [m for m in block.modules() if isinstance(m, QuantLinear)]:
         kind = gemm_kind(ql.wq.bits, ql.inq.act.bits if ql.inq is not None else 16)
@@ -364,7 +388,7 @@ def attach_block(block: nn.Module, mode: str, storage: str = PACKED_STORAGE,
         inp = inputs.get(id(ql.inq))
         if inp is None:
             inp = inputs[id(ql.inq)] = LowBitInput(ql.inq, dtype, ql.linear.weight.device, mode,
-                                                   kind)
+                                                   kind, gemm)
         ql.backend = LowBitLinear(ql, inp, dtype, mode, kind, storage)
         ql.linear.weight = _dropped_weight(ql.linear.weight)
         ql.w_folded = None

@@ -20,10 +20,11 @@
   Hadamard on LLaDA's down_proj input) is applied by cuBLAS first (``kron_last``, the fake
   quant's own operations) and the kernel quantizes. Timings of each choice:
   ``docs/benchmarks.md``.
-- :func:`gemm`: FP8 codes x FP8 codes on the tensor cores (``torch._scaled_mm``, float32
+- :func:`gemm`: int8 codes x int8 codes in :mod:`lowbit_gemm` (the default), or on cuBLAS
+  (``FAIR_CALIB_LOWBIT_GEMM=cublas``): FP8 codes x FP8 codes (``torch._scaled_mm``, float32
   accumulation, per-token x per-channel scales and the bias in the epilogue, bf16 out), or
   int8 x int8 (``torch._int_mm``, int32 accumulation, scales applied after). 4-bit packed
-  weights are unpacked to FP8 by :func:`unpack_int4` before the product.
+  weights are unpacked to the operand dtype by :func:`unpack_int4` before the product.
 """
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 from .. import triton_launch
+from . import lowbit_gemm
 from .transforms import kron_last, tile_shape
 
 MAX_TILE = 128 * 128       # elements of one token's tile when the kernel applies the factors
@@ -589,7 +591,8 @@ def quantize_input(inp, x2: torch.Tensor, up: torch.Tensor | None = None
 # a multiple of 4 (CUBLAS_STATUS_NOT_SUPPORTED), so the codes are written for a multiple of
 # 16 rows, the padding rows zero codes with scale 1, and the GEMM's rows for them dropped.
 # Every row's integer dot product is exact (float32 sums of integer products below 2^24), so
-# a padded row cannot change another row's result, whichever algorithm the GEMM picks.
+# a padded row cannot change another row's result, whichever algorithm the GEMM picks. The
+# Triton GEMM (:mod:`lowbit_gemm`) takes any row count and reads only the token rows.
 GEMM_ROW_MULTIPLE = 16
 
 
@@ -599,8 +602,7 @@ def gemm_rows(tokens: int) -> int:
 
 
 def _outputs(inp, T: int, dim: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-    code_dtype = torch.float8_e4m3fn if inp.kind == "fp8" else torch.int8
-    return (torch.empty(inp.n_readers, T, dim, device=device, dtype=code_dtype),
+    return (torch.empty(inp.n_readers, T, dim, device=device, dtype=inp.code_dtype),
             torch.empty(inp.n_readers, T, device=device, dtype=torch.float32))
 
 
@@ -744,15 +746,23 @@ def unpack_int4(packed: torch.Tensor, n: int, dtype: torch.dtype) -> torch.Tenso
 
 def weight_codes(lin) -> torch.Tensor:
     """The linear's weight codes [out, in] in the GEMM's operand dtype."""
-    want = torch.float8_e4m3fn if lin.kind == "fp8" else torch.int8
+    want = lin.code_dtype
     if lin.packed:
         return unpack_int4(lin.qweight, lin.in_features, want)
     return lin.qweight if lin.qweight.dtype == want else lin.qweight.to(want)
 
 
-def gemm(lin, xc: torch.Tensor, xs: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
-    """y [T, out] = xs * ws * (xc @ codes^T) + bias, in ``out_dtype``."""
+def gemm(lin, xc: torch.Tensor, xs: torch.Tensor, out_dtype: torch.dtype, tokens: int
+         ) -> torch.Tensor:
+    """y [tokens, out] = xs * ws * (xc @ codes^T) + bias, in ``out_dtype``; xc and xs carry
+    padding rows after the tokens (:func:`gemm_rows`)."""
     w = weight_codes(lin)
+    if lin.gemm == "triton":          # any row count: the padding rows are not computed
+        return lowbit_gemm.gemm(xc[:tokens], w, xs[:tokens], lin.w_scale, lin.bias, out_dtype)
+    return _cublas_gemm(lin, w, xc, xs, out_dtype)[:tokens]
+
+
+def _cublas_gemm(lin, w, xc, xs, out_dtype):
     if lin.kind == "fp8":
         global BIAS_IN_EPILOGUE
         bias = None if lin.bias is None else lin.bias.to(torch.bfloat16)
