@@ -174,11 +174,15 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--smoke", action="store_true", help="one row count, two tile settings")
     ap.add_argument("--rows", type=int, nargs="+", default=None, help=f"default {ROWS}")
+    ap.add_argument("--configs", nargs="+", default=None, metavar="BMxBNxBKxGROUPxSTAGESxWARPS",
+                    help="tile settings to time (default: CONFIGS)")
     ap.add_argument("--out", default=None, help="also append the JSON lines to this file")
     args = ap.parse_args()
     gen = torch.Generator().manual_seed(0)
     rows_list = args.rows or (SMOKE_ROWS if args.smoke else ROWS)
     configs = CONFIGS[:2] if args.smoke else CONFIGS
+    if args.configs:
+        configs = [tuple(int(v) for v in c.split("x")) for c in args.configs]
     lines = []
 
     def emit(rec):
