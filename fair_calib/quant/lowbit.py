@@ -63,9 +63,10 @@ STORAGES = ("auto", "packed", "bytes")
 PACKED_STORAGE = "packed"
 # The real path's GEMM (``FAIR_CALIB_LOWBIT_GEMM``): "triton" (:mod:`lowbit_gemm`, int8
 # codes) or "cublas" (FP8 codes on ``torch._scaled_mm`` up to 5 bits, int8 on ``torch._int_mm``
-# above). "auto" is triton: on an H100 it took 0.78-0.83x cuBLAS's FP8 GEMM time over a
-# batch-1 decode step's linears at 416-1,936 rows and 0.98-1.04x at the MC batches' 3,072-6,144
-# (docs/benchmarks.md), and its output is the emulation's bit for bit (cuBLAS's: within 1 ulp).
+# above). "auto" is triton: on an H100, summed over LLaDA-8B's or Dream-7B's linears, it took
+# 0.75-0.97x cuBLAS's FP8 GEMM time at 416-1,936 rows (1.07-1.13x at exactly 512, where
+# cuBLAS's 128-row tiles fit) and 0.98-1.04x at the MC batches' 3,072-4,096
+# (docs/benchmarks.md); its output is the emulation's bit for bit (cuBLAS's: within 1 ulp).
 GEMM_SETTING = "FAIR_CALIB_LOWBIT_GEMM"
 GEMMS = ("auto", "triton", "cublas")
 

@@ -68,8 +68,10 @@ def _gemm_kernel(a_ptr, b_ptr, as_ptr, bs_ptr, bias_ptr, c_ptr, M, N, K,
 # (BM, BN, BK, GROUP_M, STAGES, warps). The rule of :func:`config_for` is what
 # ``benchmarks/lowbit_gemm_gpu.py`` measured fastest on an H100 (2026-11-27) for LLaDA-8B's and
 # Dream-7B's linears at 16-6,144 rows (every setting gives the same output bit for bit)
-SMALL_TILES = (64, 64, 128, 8, 5, 4)       # up to 128 rows; narrow outputs (k/v) up to 2,048
-DECODE_TILES = (64, 128, 128, 8, 4, 4)     # up to 640 rows (a prompt-152 decode's 408 tokens)
+SMALL_TILES = (64, 64, 128, 8, 5, 4)       # up to 128 rows
+NARROW_TILES = (64, 64, 256, 8, 4, 4)      # outputs up to 1,024 wide (k/v), up to 1,024 rows
+DECODE_TILES = (64, 128, 128, 8, 4, 4)     # up to 512 rows (a prompt-152 decode's 408 tokens)
+MID_TILES = (64, 128, 128, 8, 3, 4)        # 513-768 rows, outputs up to 8,192 wide
 LARGE_TILES = (128, 128, 128, 8, 3, 4)
 CONFIG: tuple | None = None     # override (benchmark sweeps)
 
@@ -78,11 +80,13 @@ def config_for(m: int, n: int, k: int) -> tuple[int, int, int, int, int, int]:
     """Tile setting for an [m, k] x [k, n] product."""
     if CONFIG is not None:
         return CONFIG
+    if n <= 1024:
+        return NARROW_TILES if m <= 1024 else SMALL_TILES if m <= 2048 else DECODE_TILES
     if m <= 128:
         return DECODE_TILES if n >= 16384 else SMALL_TILES
-    if n <= 1024:
-        return SMALL_TILES if m <= 2048 else LARGE_TILES
-    return DECODE_TILES if m <= 640 else LARGE_TILES
+    if m <= 512:
+        return DECODE_TILES
+    return MID_TILES if m <= 768 and n <= 8192 else LARGE_TILES
 
 
 def gemm(xc: torch.Tensor, wc: torch.Tensor, xs: torch.Tensor, ws: torch.Tensor,

@@ -56,17 +56,21 @@ def test_int8_gemm_equals_the_emulation_at_every_tile_setting():
 
 
 def test_tile_settings_follow_the_measured_rule():
-    """Small row counts and narrow outputs take 64 x 64 tiles, a decode's few hundred rows
-    64 x 128, larger batches 128 x 128; an override wins."""
+    """Small row counts take 64 x 64 tiles, a prompt-152 decode's few hundred rows 64 x 128,
+    576-768 rows 64 x 128 with fewer stages unless the output is wide, larger batches
+    128 x 128; narrow outputs (Dream's k/v) 64 x 64; an override wins."""
     pytest.importorskip("triton")
     from fair_calib.quant import lowbit_gemm as lg
 
     assert lg.config_for(16, 4096, 4096) == lg.SMALL_TILES
     assert lg.config_for(64, 18944, 3584) == lg.DECODE_TILES       # wide outputs: 64 x 128
     assert lg.config_for(416, 4096, 4096) == lg.DECODE_TILES
-    assert lg.config_for(864, 512, 3584) == lg.SMALL_TILES         # Dream's k/v projections
+    assert lg.config_for(640, 4096, 12288) == lg.MID_TILES
+    assert lg.config_for(640, 12288, 4096) == lg.LARGE_TILES
+    assert lg.config_for(864, 512, 3584) == lg.NARROW_TILES        # Dream's k/v projections
+    assert lg.config_for(1936, 512, 3584) == lg.SMALL_TILES
     assert lg.config_for(864, 4096, 12288) == lg.LARGE_TILES
-    assert lg.config_for(6144, 512, 3584) == lg.LARGE_TILES
+    assert lg.config_for(6144, 512, 3584) == lg.DECODE_TILES
     try:
         lg.CONFIG = (16, 16, 32, 1, 2, 4)
         assert lg.config_for(416, 4096, 4096) == (16, 16, 32, 1, 2, 4)
