@@ -6,8 +6,9 @@ For every linear of LLaDA-8B and Dream-7B (out x in) at the rows the grid's forw
 GEMM's GPU time: bf16 ``torch.mm`` (the FP model's), cuBLASLt's row-wise scaled FP8 GEMM
 (``torch._scaled_mm``, the backend's GEMM until now) and :mod:`fair_calib.quant.lowbit_gemm`
 (INT8 and FP8 operands) at each tile setting in ``CONFIGS``. Every Triton output is checked
-bit for bit against :func:`lowbit.emulate_gemm` on the same codes (codes spanning the whole
-4-bit range, so every accumulator is large). Times are CUDA-graph replays of 16 calls over
+bit for bit against :func:`lowbit.emulate_gemm` on the same codes, in bfloat16 and in float32
+(which shows any accumulator error: codes spanning the 4-bit range, and rows whose sums are
+the largest possible, 64 K, with their low bits set). Times are CUDA-graph replays of 16 calls over
 rotating weight copies (more bytes than L2 holds, as in a forward), so neither the host nor a
 warm L2 flatters them. One JSON line per shape; then, per model and rows, a step's GEMM time
 (every linear of every layer) with each GEMM, against the FLOP floor at the measured peaks.
@@ -80,6 +81,9 @@ def operands(rows, n, k, gen):
     copies = max(1, min(CALLS, L2_BYTES // (n * k)))
     xc = torch.randint(-8, 8, (rows, k), generator=gen, dtype=torch.int8)
     ws = [torch.randint(-8, 8, (n, k), generator=gen, dtype=torch.int8) for _ in range(copies)]
+    # the largest sums, with their lowest bits set: 64 (k - 1) - 8 and 64 k
+    xc[0], xc[-1], ws[0][0] = -8, -8, -8
+    xc[0, 0] = 1
     xs = torch.rand(rows, generator=gen) * 0.01 + 1e-3
     wsc = torch.rand(n, generator=gen) * 0.01 + 1e-3
     bias = torch.randn(n, generator=gen).to(torch.bfloat16)
@@ -89,6 +93,7 @@ def operands(rows, n, k, gen):
 def measure_shape(model, name, rows, n, k, gen, configs):
     xc, xs, wsc, bias, wcs = operands(rows, n, k, gen)
     ref = emulate_gemm(xc, xs, wcs[0], wsc, bias, torch.bfloat16)
+    ref32 = emulate_gemm(xc, xs, wcs[0], wsc, bias, torch.float32)
     rec = {"model": model, "linear": name, "rows": rows, "out": n, "in": k}
     xb = (xc.float() * 0.01).to(torch.bfloat16)
     wbs = [(w.float() * 0.01).to(torch.bfloat16) for w in wcs]
@@ -110,7 +115,8 @@ def measure_shape(model, name, rows, n, k, gen, configs):
             key = f"{kind}_{'x'.join(map(str, cfg))}"
             try:
                 y = lg.gemm(x, ws[0], xs, wsc, bias, torch.bfloat16, config=cfg)
-                rec[key + "_exact"] = bool(torch.equal(y, ref))
+                y32 = lg.gemm(x, ws[0], xs, wsc, bias, torch.float32, config=cfg)
+                rec[key + "_exact"] = bool(torch.equal(y, ref)) and bool(torch.equal(y32, ref32))
                 rec[key + "_us"] = graph_time_us([
                     lambda w=ws[i % len(ws)]: lg.gemm(x, w, xs, wsc, bias, torch.bfloat16,
                                                       config=cfg) for i in range(CALLS)])
