@@ -5,7 +5,7 @@ For every linear of LLaDA-8B and Dream-7B (out x in) at the rows the grid's forw
 (batch-1 decodes of 416 / 864 / 1,936 rows, the heaviest MC batches, a few small ones), each
 GEMM's GPU time: bf16 ``torch.mm`` (the FP model's), cuBLASLt's row-wise scaled FP8 GEMM
 (``torch._scaled_mm``, the backend's GEMM until now) and :mod:`fair_calib.quant.lowbit_gemm`
-(INT8 and FP8 operands) at each tile setting in ``CONFIGS``. Every Triton output is checked
+at each tile setting in ``CONFIGS``. Every Triton output is checked
 bit for bit against :func:`lowbit.emulate_gemm` on the same codes, in bfloat16 and in float32
 (which shows any accumulator error: codes spanning the 4-bit range, and rows whose sums are
 the largest possible, 64 K, with their low bits set). Times are CUDA-graph replays of 16 calls over
@@ -110,7 +110,7 @@ def measure_shape(model, name, rows, n, k, gen, configs):
     rec["cublas_fp8_max_ulp_diff"] = float((y.float() - ref.float()).abs().max())
     rec["cublas_fp8_us"] = graph_time_us([lambda w=w8s[i % len(w8s)]: cublas(w)
                                           for i in range(CALLS)])
-    for kind, x, ws in (("int8", xc, wcs), ("fp8", x8, w8s)):
+    for kind, x, ws in (("int8", xc, wcs),):
         for cfg in configs:
             key = f"{kind}_{'x'.join(map(str, cfg))}"
             try:
@@ -159,7 +159,7 @@ def step_summary(recs):
             rs = {r["linear"]: r for r in recs if r["model"] == model and r["rows"] == rows}
             if len(rs) != len(lins):
                 continue
-            tot = {"bf16": 0.0, "cublas_fp8": 0.0, "int8": 0.0, "fp8": 0.0}
+            tot = {"bf16": 0.0, "cublas_fp8": 0.0, "int8": 0.0}
             flops = 0.0
             for name, n, k, per in lins:
                 r = rs[name]
@@ -167,7 +167,7 @@ def step_summary(recs):
                 flops += 2 * rows * n * k * cnt
                 tot["bf16"] += r["bf16_us"] * cnt
                 tot["cublas_fp8"] += r["cublas_fp8_us"] * cnt
-                for kind in ("int8", "fp8"):
+                for kind in ("int8",):
                     t = best(r, kind)[1]
                     tot[kind] = None if t is None or tot[kind] is None else tot[kind] + t * cnt
             out.append({"model": model, "rows": rows, "gflop": round(flops / 1e9, 1),
@@ -202,8 +202,7 @@ def main() -> None:
         for rows in rows_list:
             for name, n, k, _ in lins:
                 rec = measure_shape(model, name, rows, n, k, gen, configs)
-                for kind in ("int8", "fp8"):
-                    rec[f"best_{kind}"], _t = best(rec, kind)
+                rec["best_int8"], _t = best(rec, "int8")
                 recs.append(rec)
                 emit(rec)
     for s in step_summary(recs):

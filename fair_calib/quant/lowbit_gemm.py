@@ -8,10 +8,9 @@ int32 accumulation: the dot product is exact by construction, whatever the tile,
 the K loop or the split. The epilogue is :func:`lowbit.emulate_gemm`'s arithmetic in the same
 order, each operation rounded once (float32 acc * xs, * ws, + bias, rounded to the output
 dtype; no fused multiply-add), so the output equals the emulation bit for bit.
-FP8 e4m3 codes (up to 5 bits) are taken too: read as bytes and bitcast in the kernel (Triton
-3.6 does not fill masked FP8 loads), each product exact, the accumulator promoted to float32
-after every tensor-core instruction (``max_num_imprecise_acc``: Hopper's FP8 accumulation
-keeps fewer bits than float32; 32 products of codes of up to 5 bits sum exactly below 2^16).
+(An FP8-operand variant, exact with the accumulator promoted to float32 after every
+tensor-core instruction, measured 2.0-2.3x this kernel's time on an H100 and was removed:
+``docs/benchmarks.md``. cuBLAS remains the FP8 GEMM, ``FAIR_CALIB_LOWBIT_GEMM=cublas``.)
 
 Tiles per shape: :func:`config_for` (measured: ``docs/benchmarks.md``).
 """
@@ -39,18 +38,14 @@ def _tile_ids(pid, M, N, BM: tl.constexpr, BN: tl.constexpr, GROUP_M: tl.constex
 @triton.jit
 def _gemm_kernel(a_ptr, b_ptr, as_ptr, bs_ptr, bias_ptr, c_ptr, M, N, K,
                  BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
-                 STAGES: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr,
-                 FP8: tl.constexpr):
+                 STAGES: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr):
     pid_m, pid_n = _tile_ids(tl.program_id(0), M, N, BM, BN, GROUP_M)
     rm = pid_m * BM + tl.arange(0, BM)
     rn = pid_n * BN + tl.arange(0, BN)
     rk = tl.arange(0, BK)
     a_p = a_ptr + rm[:, None].to(tl.int64) * K + rk[None, :]
     b_p = b_ptr + rn[None, :].to(tl.int64) * K + rk[:, None]
-    if FP8:
-        acc = tl.zeros((BM, BN), dtype=tl.float32)
-    else:
-        acc = tl.zeros((BM, BN), dtype=tl.int32)
+    acc = tl.zeros((BM, BN), dtype=tl.int32)
     for k0 in tl.range(0, K, BK, num_stages=STAGES):
         if EVEN_K:
             a = tl.load(a_p, mask=rm[:, None] < M, other=0)
@@ -58,11 +53,7 @@ def _gemm_kernel(a_ptr, b_ptr, as_ptr, bs_ptr, bias_ptr, c_ptr, M, N, K,
         else:
             a = tl.load(a_p, mask=(rm[:, None] < M) & (rk[None, :] + k0 < K), other=0)
             b = tl.load(b_p, mask=(rn[None, :] < N) & (rk[:, None] + k0 < K), other=0)
-        if FP8:
-            acc = tl.dot(a.to(tl.float8e4nv, bitcast=True), b.to(tl.float8e4nv, bitcast=True),
-                         acc, max_num_imprecise_acc=32)
-        else:
-            acc = tl.dot(a, b, acc, out_dtype=tl.int32)
+        acc = tl.dot(a, b, acc, out_dtype=tl.int32)
         a_p += BK
         b_p += BK
     xs = tl.load(as_ptr + rm, mask=rm < M, other=1.0)
@@ -84,7 +75,6 @@ DECODE_TILES = (64, 128, 128, 8, 4, 4)     # up to 512 rows (a prompt-152 decode
 MID_TILES = (64, 128, 128, 8, 3, 4)        # 513-768 rows, outputs up to 8,192 wide
 LARGE_TILES = (128, 128, 128, 8, 3, 4)
 CONFIG: tuple | None = None     # override (benchmark sweeps)
-CODE_DTYPES = (torch.int8, torch.float8_e4m3fn)
 
 
 def config_for(m: int, n: int, k: int) -> tuple[int, int, int, int, int, int]:
@@ -104,16 +94,12 @@ def gemm(xc: torch.Tensor, wc: torch.Tensor, xs: torch.Tensor, ws: torch.Tensor,
          bias: torch.Tensor | None, out_dtype: torch.dtype,
          config: tuple | None = None) -> torch.Tensor:
     """y [M, N] = (xc [M, K] @ wc [N, K]^T) * xs [M] * ws [N] (+ bias [N]) in ``out_dtype``;
-    codes int8 (or both FP8 e4m3), scales float32, each operand contiguous."""
+    codes int8, scales float32, each operand contiguous."""
     M, K = xc.shape
     N = wc.shape[0]
-    if wc.shape[1] != K or xc.dtype != wc.dtype or xc.dtype not in CODE_DTYPES:
+    if wc.shape[1] != K or xc.dtype != torch.int8 or wc.dtype != torch.int8:
         raise ValueError(f"lowbit_gemm.gemm: codes {tuple(xc.shape)} {xc.dtype} and weight "
-                         f"{tuple(wc.shape)} {wc.dtype}: int8 or float8_e4m3fn codes of one "
-                         "dtype with equal inner sizes")
-    fp8 = xc.dtype == torch.float8_e4m3fn
-    if fp8:                            # bytes in, bitcast in the kernel
-        xc, wc = xc.view(torch.uint8), wc.view(torch.uint8)
+                         f"{tuple(wc.shape)} {wc.dtype}: int8 codes with equal inner sizes")
     out = torch.empty(M, N, device=xc.device, dtype=out_dtype)
     if M == 0:
         return out
@@ -123,6 +109,6 @@ def gemm(xc: torch.Tensor, wc: torch.Tensor, xs: torch.Tensor, ws: torch.Tensor,
         _gemm_kernel, grid,
         (xc, wc, xs, ws, xs if bias is None else bias, out, M, N, K),
         dict(BM=BM, BN=BN, BK=BK, GROUP_M=GROUP_M, STAGES=STAGES, HAS_BIAS=bias is not None,
-             EVEN_K=K % BK == 0, FP8=fp8),
+             EVEN_K=K % BK == 0),
         dict(num_warps=warps, enable_fp_fusion=False))
     return out

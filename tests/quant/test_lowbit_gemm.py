@@ -42,7 +42,7 @@ try:
     lg.gemm(xc.float(), wc, xs, ws, None, torch.float32)
     raise SystemExit("float codes accepted")
 except ValueError as e:
-    assert "int8 or float8_e4m3fn" in str(e), e
+    assert "int8" in str(e), e
 print("ok", n_checked)
 """
 
