@@ -2,7 +2,7 @@
 (issue 30, item 1)
 
 For each quantized structure (FAIR-Calib/FlatQuant's Kronecker transforms, QuaRot's online
-Hadamards, RTN's plain per-token quantization; W4A4, FP8 GEMMs, norms and SwiGLU products
+Hadamards, RTN's plain per-token quantization; W4A4, integer GEMMs, norms and SwiGLU products
 fused as ``load_quantized`` fuses them) on one block at the real LLaDA-8B / Dream-7B shapes
 (random weights), at every token count 1..64 and a sample up to 4,096, every low-bit linear on
 the input it receives in the block's forward:
@@ -11,10 +11,11 @@ the input it receives in the block's forward:
   the same input: the fraction of codes that differ (bar <= ``CODE_TOLERANCE``; each by one
   step) and the largest relative scale difference (bar: ``SCALE_TOLERANCE``, two float32 ulp;
   for transformed groups ``SCALE_TOLERANCE_TRANSFORMED``, one bf16 ulp of the token's max);
-- ``gemm``: the FP8 GEMM of the kernel's codes against the emulation's exact integer product of
-  the same codes, scaled in float32 and rounded to bf16: within ``GEMM_ULPS`` bf16 ulp (the
-  GEMM's epilogue applies the two scales in its own order, so a product can round the other
-  way; counted where not bit for bit);
+- ``gemm``: the real path's GEMM (``FAIR_CALIB_LOWBIT_GEMM``: the int8 Triton GEMM by default,
+  whose epilogue is the emulation's, so bit for bit; cuBLAS's FP8 GEMM applies the two scales
+  in its own order, so a product can round the other way) of the kernel's codes against the
+  emulation's exact integer product of the same codes, scaled in float32 and rounded to bf16:
+  within ``GEMM_ULPS`` bf16 ulp, counted where not bit for bit;
 - ``rows``: each linear at m = 1..64 rows against the same rows inside batches of 64 and of
   4,096: bit for bit (a padding row never changes another row's result).
 
@@ -93,7 +94,7 @@ def compare_linear(be, x, up) -> tuple[float, float, float]:
     ref_c, ref_s = inp.scales_and_codes(inp.transform(x2 if u2 is None else lowbit.silu_mul(x2, u2)))
     c, s = codes[:, :t].float(), scales[:, :t]
     k = min(be.user, inp.n_readers - 1)
-    y = lowbit_triton.gemm(be, codes[k], scales[k], torch.bfloat16)[:t]
+    y = lowbit_triton.gemm(be, codes[k], scales[k], torch.bfloat16, t)
     y_ref = lowbit.emulate_gemm(c[k], s[k], be.weight_int(), be.w_scale, be.bias, torch.bfloat16)
     bound = SCALE_TOLERANCE_TRANSFORMED if inp.p1 is not None else SCALE_TOLERANCE
     return (float((c != ref_c).float().mean()),
