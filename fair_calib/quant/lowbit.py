@@ -127,9 +127,11 @@ def resolve_mode(device: torch.device, mode: str | None = None) -> str:
 
 
 def kinds_for(mode: str | None = None) -> tuple[str, ...]:
-    """The integer GEMMs a setting runs: ``auto`` only FP8 (the INT8 path, W8A8, measured
-    1.6-1.8x slower than the bf16 forward on an H100, slower than fake quant:
-    ``docs/benchmarks.md``), ``real`` and ``emulate`` both."""
+    """The code widths a setting runs on an integer GEMM: ``auto`` only those of up to 5 bits
+    ("fp8": W4A4, W3A4), ``real`` and ``emulate`` up to 8 ("int8": W8A8 too). W8A8 stays on
+    fake quantization under ``auto``: on cuBLAS's ``torch._int_mm`` its forward measured
+    1.6-1.8x the bf16 forward on an H100 (``docs/benchmarks.md``), and on the int8 Triton GEMM
+    (the default GEMM since) it has not been timed."""
     mode = setting() if mode is None else mode
     return ("fp8",) if mode == "auto" else ("fp8", "int8")
 
