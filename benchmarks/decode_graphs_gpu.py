@@ -4,11 +4,11 @@ W4A4, and does replay give eager's tokens and logits? (issue 30, item 3)
 The project's ``decode`` at the real LLaDA-8B / Dream-7B shapes (random weights, full depth
 unless ``--layers``): batch 1, gen_length 256, 256 steps, prompts of 600 and 152 tokens, LLaDA
 low_confidence in blocks of 32 (float32 rotary, as its hub checkpoints load), Dream entropy.
-For bf16 and each quantized structure (W4A4 on FP8 GEMMs, ``FAIR_CALIB_LOWBIT=real``), the
+For bf16 and each quantized structure (W4A4 on the integer GEMM, ``FAIR_CALIB_LOWBIT=real``), the
 decode runs eagerly and through :mod:`fair_calib.models.graphs` (capture included in its
 time); one JSON line each with the wall time, peak memory, capture cost, and whether the tokens
 and every step's logits (a 64-bit fingerprint of their bits) equal the eager decode's.
-Weights: one code a byte (FP8, no per-forward unpacking; what the pipeline runs on CUDA) and,
+Weights: one code a byte (no per-forward unpacking; what the pipeline runs on CUDA) and,
 with ``--storage packed``, two a byte unpacked by every forward.
 
     PYTHONPATH=. python benchmarks/decode_graphs_gpu.py [--shapes llada-8b dream-7b] [--layers N]
