@@ -76,3 +76,24 @@ def test_tile_settings_follow_the_measured_rule():
         assert lg.config_for(416, 4096, 4096) == (16, 16, 32, 1, 2, 4)
     finally:
         lg.CONFIG = None
+
+
+def test_gemm_setting_and_code_dtypes(monkeypatch):
+    """``FAIR_CALIB_LOWBIT_GEMM``: auto is the Triton GEMM, whose codes are int8 for every
+    width; cublas keeps FP8 codes for widths of up to 5 bits; anything else is refused by
+    name."""
+    import torch
+
+    from fair_calib.quant import lowbit
+
+    monkeypatch.delenv("FAIR_CALIB_LOWBIT_GEMM", raising=False)
+    assert lowbit.gemm_choice() == "triton"
+    monkeypatch.setenv("FAIR_CALIB_LOWBIT_GEMM", "cuBLAS")
+    assert lowbit.gemm_choice() == "cublas"
+    monkeypatch.setenv("FAIR_CALIB_LOWBIT_GEMM", "fast")
+    with pytest.raises(ValueError, match="FAIR_CALIB_LOWBIT_GEMM='fast'"):
+        lowbit.gemm_choice()
+    assert lowbit.code_dtype("fp8", "triton") == torch.int8
+    assert lowbit.code_dtype("int8", "triton") == torch.int8
+    assert lowbit.code_dtype("fp8", "cublas") == torch.float8_e4m3fn
+    assert lowbit.code_dtype("int8", "cublas") == torch.int8
