@@ -1,11 +1,16 @@
 """The census of the grid's forwards: request arithmetic, a tiny synthetic task set end to end,
 the Parquet output, and the GPU benchmark's shape selection (CPU side)."""
 import json
+import sys
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
 from fair_calib import census, cost
+
+# the benchmark scripts are not a package of the install: import them from the checkout
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 LLADA_CFG = census.JobSettings(family="llada", lm_eval_task="piqa", kind="mc", shots=0,
                                instruct=False, add_bos=False, estimator="llada", mc_num=128,
