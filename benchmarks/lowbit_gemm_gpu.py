@@ -18,7 +18,6 @@ warm L2 flatters them. One JSON line per shape; then, per model and rows, a step
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -27,6 +26,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks import structures  # noqa: E402
+from benchmarks.structures import emit  # noqa: E402
 from fair_calib.quant import lowbit_gemm as lg  # noqa: E402
 from fair_calib.quant.lowbit import emulate_gemm  # noqa: E402
 
@@ -110,28 +111,29 @@ def measure_shape(model, name, rows, n, k, gen, configs):
     rec["cublas_fp8_max_ulp_diff"] = float((y.float() - ref.float()).abs().max())
     rec["cublas_fp8_us"] = graph_time_us([lambda w=w8s[i % len(w8s)]: cublas(w)
                                           for i in range(CALLS)])
-    for kind, x, ws in (("int8", xc, wcs),):
-        for cfg in configs:
-            key = f"{kind}_{'x'.join(map(str, cfg))}"
-            try:
-                y = lg.gemm(x, ws[0], xs, wsc, bias, torch.bfloat16, config=cfg)
-                y32 = lg.gemm(x, ws[0], xs, wsc, bias, torch.float32, config=cfg)
-                rec[key + "_exact"] = bool(torch.equal(y, ref)) and bool(torch.equal(y32, ref32))
-                rec[key + "_us"] = graph_time_us([
-                    lambda w=ws[i % len(ws)]: lg.gemm(x, w, xs, wsc, bias, torch.bfloat16,
-                                                      config=cfg) for i in range(CALLS)])
-            except Exception as e:                       # a tile that does not fit: say so
-                rec[key + "_error"] = f"{type(e).__name__}: {str(e)[:120]}"
+    for cfg in configs:
+        key = f"int8_{'x'.join(map(str, cfg))}"
+        try:
+            y = lg.gemm(xc, wcs[0], xs, wsc, bias, torch.bfloat16, config=cfg)
+            y32 = lg.gemm(xc, wcs[0], xs, wsc, bias, torch.float32, config=cfg)
+            rec[key + "_exact"] = bool(torch.equal(y, ref)) and bool(torch.equal(y32, ref32))
+            rec[key + "_us"] = graph_time_us([
+                lambda w=wcs[i % len(wcs)]: lg.gemm(xc, w, xs, wsc, bias, torch.bfloat16,
+                                                    config=cfg) for i in range(CALLS)])
+        except Exception as e:                           # a tile that does not fit: say so
+            rec[key + "_error"] = f"{type(e).__name__}: {str(e)[:120]}"
+    rec["best_int8"], _ = best(rec)
     return rec
 
 
-def best(rec, kind):
-    keys = [k for k in rec if k.startswith(kind + "_") and k.endswith("_us")
+def best(rec):
+    """(tile setting, us) of the fastest exact int8 setting of a shape; (None, None) if none."""
+    keys = [k for k in rec if k.startswith("int8_") and k.endswith("_us")
             and rec.get(k[:-3] + "_exact")]
     if not keys:
         return None, None
     k = min(keys, key=rec.get)
-    return k[len(kind) + 1:-3], rec[k]
+    return k[len("int8_"):-3], rec[k]
 
 
 def peak_tflops(dtype) -> float:
@@ -167,9 +169,8 @@ def step_summary(recs):
                 flops += 2 * rows * n * k * cnt
                 tot["bf16"] += r["bf16_us"] * cnt
                 tot["cublas_fp8"] += r["cublas_fp8_us"] * cnt
-                for kind in ("int8",):
-                    t = best(r, kind)[1]
-                    tot[kind] = None if t is None or tot[kind] is None else tot[kind] + t * cnt
+                t = best(r)[1]
+                tot["int8"] = None if t is None or tot["int8"] is None else tot["int8"] + t * cnt
             out.append({"model": model, "rows": rows, "gflop": round(flops / 1e9, 1),
                         **{f"{k}_ms": None if v is None else round(v / 1e3, 3)
                            for k, v in tot.items()}})
@@ -189,11 +190,7 @@ def main() -> None:
     configs = CONFIGS[:2] if args.smoke else CONFIGS
     if args.configs:
         configs = [tuple(int(v) for v in c.split("x")) for c in args.configs]
-    lines = []
-
-    def emit(rec):
-        print(json.dumps(rec), flush=True)
-        lines.append(rec)
+    structures.OUT = args.out
     emit({"card": torch.cuda.get_device_name(), "torch": torch.__version__,
           "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
           **{f"peak_{d}_tflops": round(peak_tflops(d), 1) for d in ("bf16", "fp8", "int8")}})
@@ -202,15 +199,10 @@ def main() -> None:
         for rows in rows_list:
             for name, n, k, _ in lins:
                 rec = measure_shape(model, name, rows, n, k, gen, configs)
-                rec["best_int8"], _t = best(rec, "int8")
                 recs.append(rec)
                 emit(rec)
     for s in step_summary(recs):
         emit({"step": True, **s})
-    if args.out:
-        with open(args.out, "a") as f:
-            for rec in lines:
-                f.write(json.dumps(rec) + "\n")
 
 
 if __name__ == "__main__":
