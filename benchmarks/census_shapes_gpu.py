@@ -52,14 +52,13 @@ SOURCE = "census-gpu"            # the source tag of the printed QUANT_RATIOS en
 
 # select_shapes of the paper census (fair-calib census --configfile config/paper.yaml,
 # 2026-11-27, priced at bf16 replay speed, the Instruct models on their authors' generation
-# recipes): (request class, rows, tokens bucket), by projected GPU time, 8 at most. The shapes
-# measured on 2026-11-27 (docs/benchmarks.md) were an earlier selection (LLaDA 1 x 1472,
-# 1 x 1984, 1 x 1920, 1 x 1216, 1 x 1408, 16 x 64, 16 x 128, 16 x 192; Dream's as below with
-# 1 x 1152 for 1 x 704), before the recipes moved LLaDA-Instruct's benchmarks to generation.
+# recipes, W8A8 on the int8 GEMM): (request class, rows, tokens bucket), by projected GPU time,
+# 8 at most. QUANT_RATIOS' "census-gpu" entries were measured at the selection before W8A8 ran
+# real under auto, which had LLaDA 1 x 896 where this has 1 x 768 (docs/benchmarks.md).
 DEFAULT_SHAPES = {
-    "llada": [("generate", 1, 576), ("generate", 1, 640), ("generate", 1, 704),
-              ("generate", 1, 1984), ("mc", 16, 192), ("generate", 1, 960), ("generate", 1, 896),
-              ("generate", 1, 1920)],
+    "llada": [("generate", 1, 576), ("generate", 1, 640), ("generate", 1, 1984),
+              ("generate", 1, 704), ("mc", 16, 192), ("generate", 1, 1920), ("generate", 1, 960),
+              ("generate", 1, 768)],
     "dream": [("mc", 32, 128), ("generate", 1, 1024), ("mc", 32, 192), ("mc", 32, 64),
               ("generate", 1, 1088), ("generate", 1, 640), ("generate", 1, 704), ("generate", 1, 384)],
 }

@@ -12,6 +12,7 @@ Weights: one code a byte (no per-forward unpacking; what the pipeline runs on CU
 with ``--storage packed``, two a byte unpacked by every forward.
 
     PYTHONPATH=. python benchmarks/decode_graphs_gpu.py [--shapes llada-8b dream-7b] [--layers N]
+        [--structures fair_calib quarot rtn] [--bits 4|8]
 """
 from __future__ import annotations
 
@@ -26,8 +27,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks import shapes  # noqa: E402
-from benchmarks.structures import (block_groups, emit, quantize_fair_calib,  # noqa: E402
-                                   quantize_quarot, quantize_rtn, to_byte_storage)
+from benchmarks.structures import (block_groups, emit, quantize_method,  # noqa: E402
+                                   quantize_quarot, to_byte_storage)
 from fair_calib.decoding import decode, make_policy  # noqa: E402
 
 PROMPTS = (600, 152)
@@ -111,13 +112,13 @@ def measure(lm, shape: str, variant: str, eager: bool) -> None:
             emit(rec)
 
 
-def quantize(lm, name: str, groups, hd: int) -> None:
-    if name == "fair_calib":
-        quantize_fair_calib(lm, groups)
-    elif name == "quarot":
+def quantize(lm, name: str, groups, hd: int, bits: int) -> None:
+    if name == "quarot":
+        if bits != 4:
+            raise SystemExit("decode_graphs_gpu.py: --bits 8 covers fair_calib and rtn, not quarot")
         quantize_quarot(lm, groups, hd)
     else:
-        quantize_rtn(lm, groups)
+        quantize_method(lm, groups, name, "real", bits)
 
 
 def main(argv=None) -> int:
@@ -128,6 +129,8 @@ def main(argv=None) -> int:
     ap.add_argument("--storage", nargs="+", default=["bytes"], choices=["packed", "bytes"],
                     help="weight storage(s) to decode with: bytes (one code a byte, the default "
                          "on CUDA) and/or packed (two a byte, unpacked by every forward)")
+    ap.add_argument("--bits", type=int, default=4, choices=[4, 8],
+                    help="W4A4 (default) or W8A8 (fair_calib, rtn), both on the int8 GEMM")
     args = ap.parse_args(argv)
     dev = "cuda"
     emit({"kind": "env", "gpu": torch.cuda.get_device_name(), "torch": torch.__version__})
@@ -145,14 +148,15 @@ def main(argv=None) -> int:
             lm = build()
             t0 = time.perf_counter()
             groups = block_groups(lm, dev)
-            quantize(lm, name, groups, hd)
+            quantize(lm, name, groups, hd, args.bits)
             emit({"kind": "quantized", "shape": shape, "structure": name,
                   "seconds": round(time.perf_counter() - t0, 1)})
-            if "packed" in args.storage:
-                measure(lm, shape, f"w4a4_{name}_packed", name == "fair_calib")
+            label = f"w{args.bits}a{args.bits}_{name}"
+            if "packed" in args.storage and args.bits == 4:
+                measure(lm, shape, f"{label}_packed", name == "fair_calib")
             if "bytes" in args.storage:
                 to_byte_storage(lm)          # what FAIR_CALIB_LOWBIT_STORAGE=auto runs on CUDA
-                measure(lm, shape, f"w4a4_{name}", name == "fair_calib")
+                measure(lm, shape, label, name == "fair_calib" or args.bits == 8)
         del lm
         gc.collect()
         torch.cuda.empty_cache()

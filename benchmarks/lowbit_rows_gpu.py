@@ -10,7 +10,8 @@ the input it receives in the block's forward:
 - ``codes``: the fused kernel's codes and scales against the emulation's torch arithmetic on
   the same input: the fraction of codes that differ (bar <= ``CODE_TOLERANCE``; each by one
   step) and the largest relative scale difference (bar: ``SCALE_TOLERANCE``, two float32 ulp;
-  for transformed groups ``SCALE_TOLERANCE_TRANSFORMED``, one bf16 ulp of the token's max);
+  for transformed groups and groups with a fused RMSNorm ``SCALE_TOLERANCE_TRANSFORMED``, one
+  bf16 ulp of the token's max);
 - ``gemm``: the real path's GEMM (``FAIR_CALIB_LOWBIT_GEMM``: the int8 Triton GEMM by default,
   whose epilogue is the emulation's, so bit for bit; cuBLAS's FP8 GEMM applies the two scales
   in its own order, so a product can round the other way) of the kernel's codes against the
@@ -49,6 +50,11 @@ CODE_TOLERANCE = 0.01
 SCALE_TOLERANCE = 2.4e-7           # two float32 ulp (the CUDA division, docs/fidelity.md)
 # a transformed group's token max is a bf16 product summed in the kernel's order: one bf16 ulp
 # of it moves the scale by up to 2^-7 (the first reading, 2026-11-27, saw 0.46% on Dream)
+# The same holds for a group whose RMSNorm is fused: the kernel sums the token's squares in
+# its own order, so about one token in 10^5 has its largest normalized value rounded to the
+# neighbouring bf16 (an H100, 2026-11-27: 3 in 262,144 random tokens of Dream's q/k/v and
+# gate/up inputs, each exactly one bf16 ulp of the max; none in 327,680 tokens of the groups
+# without a norm; docs/benchmarks.md). The 8-bit RTN check of issue 30's third session met one.
 SCALE_TOLERANCE_TRANSFORMED = 2.0 ** -7
 GEMM_ULPS = 1.0     # the epilogue's float32 scaling in another order: one bf16 rounding apart
 DEVICE = "cuda"
@@ -96,7 +102,8 @@ def compare_linear(be, x, up) -> tuple[float, float, float]:
     k = min(be.user, inp.n_readers - 1)
     y = lowbit_triton.gemm(be, codes[k], scales[k], torch.bfloat16, t)
     y_ref = lowbit.emulate_gemm(c[k], s[k], be.weight_int(), be.w_scale, be.bias, torch.bfloat16)
-    bound = SCALE_TOLERANCE_TRANSFORMED if inp.p1 is not None else SCALE_TOLERANCE
+    bound = (SCALE_TOLERANCE_TRANSFORMED if inp.p1 is not None or inp.norm is not None
+             else SCALE_TOLERANCE)
     return (float((c != ref_c).float().mean()),
             float(((s - ref_s).abs() / ref_s).max()) / bound, bf16_ulps(y, y_ref))
 

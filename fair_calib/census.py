@@ -424,7 +424,7 @@ def evaluation_forwards(st: JobSettings, data_dir: Path, counter: TokenCounter,
 # ----------------------------------------------------------------------------- the grid
 def structure(cfg: Mapping[str, Any], run: str, bits: str) -> str:
     """How an evaluation's forwards are computed: ``fp``; ``fake`` (fake quantization: bit
-    widths without a real low-bit GEMM); else the method type's quantized structure
+    widths ``FAIR_CALIB_LOWBIT=auto`` runs without a real low-bit GEMM); else the method type's quantized structure
     (fair_calib.cost.METHOD_STRUCTURE; ``unmeasured`` for a type without one)."""
     from fair_calib.cost import METHOD_STRUCTURE
     from fair_calib.plan import base_method
@@ -432,10 +432,10 @@ def structure(cfg: Mapping[str, Any], run: str, bits: str) -> str:
     mtype = cfg["methods"][base_method(run)]["type"]
     if bits == "fp" or mtype == "fp":
         return "fp"
-    from fair_calib.quant.lowbit import gemm_kind
+    from fair_calib.quant.lowbit import gemm_kind, kinds_for
 
     b = cfg["bits"][bits]
-    if gemm_kind(int(b["w_bits"]), int(b["a_bits"])) != "fp8":
+    if gemm_kind(int(b["w_bits"]), int(b["a_bits"])) not in kinds_for("auto"):
         return "fake"
     return METHOD_STRUCTURE.get(mtype, "unmeasured")
 

@@ -51,7 +51,8 @@ QUANT_SCALE = 1.26             # fake-quant W4A4 forward / FP forward (issue 6: 
 # calls 5-7 for the transforms, 1-3 for QuaRot and RTN, whose kernels did not change since).
 # "transform": FlatQuant-style online Kronecker transforms (fair_calib, flatquant);
 # "hadamard": QuaRot's online Hadamards; "plain": per-token quantization alone (rtn).
-# W8A8 keeps fake quantization under auto (INT8 measured 1.5-1.8x FP).
+# W8A8 was on fake quantization under auto then (cuBLAS's INT8 measured 1.5-1.8x FP); this
+# "before" projection keeps pricing it so. The census projection follows lowbit.kinds_for.
 REAL_QUANT_SCALE = {
     "llada": {"transform": 0.726, "hadamard": 0.791, "plain": 0.681},
     "dream": {"transform": 0.750, "hadamard": 0.739, "plain": 0.720},
@@ -74,6 +75,10 @@ METHOD_STRUCTURE = {"fair_calib": "transform", "flatquant": "transform", "quarot
 #     eager batch-1 ratios of issue 30 ("i30f", "i30d": 1.1-2.4) described the host-bound eager
 #     path, which the evaluation no longer takes on CUDA; they are kept in RATIO_SOURCES for
 #     the record only.
+# W8A8 rows (real under auto on the int8 Triton GEMM: lowbit.kinds_for) are priced at their
+# structure's W4A4 entries: 8-bit codes run the same kernels on the same int8 operands (4-bit
+# codes are stored one per byte on CUDA), and W8A8 forwards measured within 0.03 of W4A4's
+# ratios at five census shapes (docs/benchmarks.md, "W8A8 on the int8 GEMM").
 QUANT_RATIOS: dict[tuple[str, str], list[tuple[str, int, int, float, str]]] = {
     ('llada', 'transform'): [
         ('forward', 8, 512, 0.726, 'i20'),

@@ -127,14 +127,13 @@ def resolve_mode(device: torch.device, mode: str | None = None) -> str:
 
 
 def kinds_for(mode: str | None = None) -> tuple[str, ...]:
-    """The code widths a setting runs on an integer GEMM: ``auto`` only those of up to 5 bits
-    ("fp8": W4A4, W3A4), ``real`` and ``emulate`` up to 8 ("int8": W8A8 too). W8A8 stays on
-    fake quantization under ``auto``: on cuBLAS's ``torch._int_mm`` its forward measured
-    1.6-1.8x the bf16 forward on an H100; on the int8 Triton GEMM 0.60-0.76x, but one check of
-    its 8-bit codes against the emulation (Dream, RTN: a scale far off its bound) is not yet
-    explained (``docs/benchmarks.md``)."""
+    """The code widths a setting runs on an integer GEMM: every width of up to 8 bits ("fp8":
+    W4A4, W3A4; "int8": W8A8), except under ``auto`` with ``FAIR_CALIB_LOWBIT_GEMM=cublas``,
+    which keeps W8A8 on fake quantization: cuBLAS's int8 GEMM (``torch._int_mm``) made its
+    forward 1.6-1.8x the bf16 forward on an H100, where the int8 Triton GEMM makes it
+    0.60-0.76x (``docs/benchmarks.md``)."""
     mode = setting() if mode is None else mode
-    return ("fp8",) if mode == "auto" else ("fp8", "int8")
+    return ("fp8",) if mode == "auto" and gemm_choice() == "cublas" else ("fp8", "int8")
 
 
 def gemm_kind(w_bits: int, a_bits: int) -> str | None:

@@ -142,6 +142,10 @@ def test_setting_and_refusal(monkeypatch):
     assert lowbit.resolve_mode(torch.device("cpu")) == "fake"
     assert lowbit.gemm_kind(4, 4) == "fp8" and lowbit.gemm_kind(3, 4) == "fp8"
     assert lowbit.gemm_kind(8, 8) == "int8" and lowbit.gemm_kind(4, 16) is None
+    # W8A8 runs real under auto on the int8 Triton GEMM, not on cuBLAS's int8 GEMM
+    monkeypatch.delenv("FAIR_CALIB_LOWBIT_GEMM", raising=False)
+    assert lowbit.kinds_for("auto") == ("fp8", "int8") == lowbit.kinds_for("real")
+    monkeypatch.setenv("FAIR_CALIB_LOWBIT_GEMM", "cublas")
     assert lowbit.kinds_for("auto") == ("fp8",) and lowbit.kinds_for("real") == ("fp8", "int8")
 
 
