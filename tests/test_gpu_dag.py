@@ -75,16 +75,17 @@ def test_summary_reads_the_job_lines_and_puts_each_method_next_to_fp(tmp_path, c
     assert sorted(p.name for p in out.iterdir()) == ["jobs.json", "logs_tail.txt", "summary.md"]
 
 
-def _cli(*args):
+def _cli(cwd, *args):
+    # run in a scratch folder: the stage's job lock is written beside its output
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     return subprocess.run([sys.executable, "-m", "fair_calib.cli", *args], capture_output=True,
-                          text=True, env=env)
+                          text=True, env=env, cwd=cwd)
 
 
-def test_a_stage_logs_its_wall_time_and_card_even_when_it_fails():
-    refused = _cli("prior", "--settings", "{}")             # refused before the job starts
+def test_a_stage_logs_its_wall_time_and_card_even_when_it_fails(tmp_path):
+    refused = _cli(tmp_path, "prior", "--settings", "{}")   # refused before the job starts
     assert refused.returncode != 0 and cli.JOB_LINE not in refused.stderr
-    failed = _cli("report", "--out", "x")                    # the stage's own parser refuses it
+    failed = _cli(tmp_path, "report", "--out", "x")          # the stage's own parser refuses it
     lines = [json.loads(l[len(cli.JOB_LINE):]) for l in failed.stderr.splitlines()
              if l.startswith(cli.JOB_LINE)]
     assert failed.returncode != 0 and [r["status"] for r in lines] == ["start", "error"]
