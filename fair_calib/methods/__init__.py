@@ -5,6 +5,8 @@ and one entry below (keys equal ``fair_calib.registry.METHOD_TYPES``).
 """
 from __future__ import annotations
 
+import sys
+
 from pathlib import Path
 from typing import Any
 
@@ -94,6 +96,7 @@ def load_quantized(loaded, calib_dir: str | Path, fold: bool = True, keep_fp: bo
         mode = "fake"   # weights not on the integer GEMMs' grid (group-wise, zero points)
         if fold and not keep_fp:
             wo_mode = w4a16.resolve_mode(device, loaded.embed.weight.dtype, weight_only)
+    n_integer = 0
     for i, block in enumerate(blocks):
         groups = groups_from_json(meta["groups"][str(i)])
         prefix = f"{i}."
@@ -105,13 +108,38 @@ def load_quantized(loaded, calib_dir: str | Path, fold: bool = True, keep_fp: bo
             w4a16.attach_block(block, wo_mode)
         if fold and mode != "fake":
             # integer codes; fold_block skips these
-            lowbit_mod.attach_block(block, mode, lowbit_mod.storage_for(mode),
-                                    kinds=lowbit_mod.kinds_for(lowbit))
+            n_integer += lowbit_mod.attach_block(block, mode, lowbit_mod.storage_for(mode),
+                                                 kinds=lowbit_mod.kinds_for(lowbit))
         if fold:
             fold_block(block, drop_fp=not keep_fp)
     if fold and mode != "fake":
         # each RMSNorm read only by one low-bit group, and each SwiGLU product, is formed
         # inside the quantizing kernel of the group that reads it
         lowbit_mod.fuse_inputs(loaded)
+    if fold and not keep_fp:
+        print(execution_line(loaded, mode, n_integer, lowbit,
+                             getattr(method, "integer_gemm", True)), file=sys.stderr, flush=True)
     loaded.model.eval()
     return loaded
+
+
+def execution_line(loaded, mode: str, n_integer: int, lowbit: str | None,
+                   integer_gemm: bool = True) -> str:
+    """What a job's log says of how its quantized linears execute: how many run on integer
+    codes, with which GEMM, or why none do (the setting, a GPU without FP8 tensor cores)."""
+    from ..quant import lowbit as lowbit_mod
+    from ..quant.qlinear import QuantLinear
+
+    total = sum(isinstance(m, QuantLinear) for b in loaded.blocks for m in b.modules())
+    if mode == "real":
+        how = f"real, {lowbit_mod.gemm_choice()} GEMM"
+    elif mode == "emulate":
+        how = "emulated in torch"
+    elif not integer_gemm:
+        how = "the method's weights are not on the integer GEMM's grid"
+    else:
+        setting = lowbit_mod.setting() if lowbit is None else lowbit
+        problem = lowbit_mod.real_path_problem(loaded.device) if setting == "auto" else None
+        how = f"{lowbit_mod.SETTING}={setting}" + (f": {problem}" if problem else "")
+    return (f"[fair-calib] low-bit execution: {n_integer} of {total} quantized linears on "
+            f"integer codes ({how}); the others on fake quantization")

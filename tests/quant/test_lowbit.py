@@ -74,12 +74,20 @@ def test_emulated_layers_equal_fake_quant(calibrated, name, bits):
     assert torch.allclose(logits_emu, logits_fake, rtol=1e-4, atol=1e-4)
 
 
-def test_codes_and_storage(calibrated):
+def test_codes_and_storage(calibrated, capsys):
     """4-bit weights are stored packed (half a byte each), their codes times the row scales are
-    the folded fake-quant weight, and the FP weights are freed."""
+    the folded fake-quant weight, and the FP weights are freed; the log says how the linears
+    execute."""
     d = calibrated("flatquant", 4, 4)
+    capsys.readouterr()
     fake = load_quantized(make(), d, lowbit="fake")
+    assert ("low-bit execution: 0 of 14 quantized linears on integer codes "
+            "(FAIR_CALIB_LOWBIT=fake)") in capsys.readouterr().err
+    load_quantized(make(), d, lowbit="auto")
+    assert "(FAIR_CALIB_LOWBIT=auto: device cpu is not CUDA)" in capsys.readouterr().err
     emu = load_quantized(make(), d, lowbit="emulate")
+    assert ("low-bit execution: 14 of 14 quantized linears on integer codes (emulated in torch)"
+            in capsys.readouterr().err)
     ql_f = fake.blocks[0].self_attn.v_proj
     ql_e = emu.blocks[0].self_attn.v_proj
     be = ql_e.backend
