@@ -165,3 +165,20 @@ def test_benchmark_default_shapes_are_the_paper_census(repo_root, shared_data_di
     records = census.census(cfg, shared_data_dir)
     for family, shapes in b.DEFAULT_SHAPES.items():
         assert b.select_shapes(records, family) == shapes, family
+
+
+def test_w8a8_is_priced_as_auto_runs_it(monkeypatch):
+    """W8A8 runs on the int8 Triton GEMM under auto, so the census gives it its method's
+    structure; with the cuBLAS GEMM auto keeps it on fake quantization; FP is FP."""
+    cfg = {"methods": {"rtn": {"type": "rtn"}, "fp": {"type": "fp"},
+                       "fair-calib": {"type": "fair_calib"}},
+           "bits": {"w8a8": {"w_bits": 8, "a_bits": 8}, "w4a4": {"w_bits": 4, "a_bits": 4},
+                    "w4a16": {"w_bits": 4, "a_bits": 16}}}
+    monkeypatch.delenv("FAIR_CALIB_LOWBIT_GEMM", raising=False)
+    assert census.structure(cfg, "rtn", "w8a8") == "plain"
+    assert census.structure(cfg, "fair-calib", "w8a8") == "transform"
+    assert census.structure(cfg, "fp", "w8a8") == "fp"
+    assert census.structure(cfg, "rtn", "w4a16") == "fake"
+    monkeypatch.setenv("FAIR_CALIB_LOWBIT_GEMM", "cublas")
+    assert census.structure(cfg, "rtn", "w8a8") == "fake"
+    assert census.structure(cfg, "rtn", "w4a4") == "plain"

@@ -23,7 +23,8 @@ def test_mc_and_exact_costs_follow_the_forwards():
                                   "fair_calib")
     assert guided == pytest.approx(10 * 4 * 16 * (cost.FWD_FIXED_S + 16 * 201 * cost.FWD_TOKEN_S)
                                    * cost.REAL_QUANT_SCALE["llada"]["transform"])
-    assert cost.quant_scale("dream", "w8a8", "fair_calib") == cost.QUANT_SCALE   # fake quant
+    # the "before" projection prices W8A8 as fake quantization, as auto ran it then
+    assert cost.quant_scale("dream", "w8a8", "fair_calib") == cost.QUANT_SCALE
     assert cost.quant_scale("dream", "w3a4", "rtn") == cost.REAL_QUANT_SCALE["dream"]["plain"]
     assert cost.quant_scale("dream", "w4a4", "quarot") == cost.REAL_QUANT_SCALE["dream"]["hadamard"]
     # a type without a measured structure: the family's slowest
