@@ -424,8 +424,9 @@ def evaluation_forwards(st: JobSettings, data_dir: Path, counter: TokenCounter,
 # ----------------------------------------------------------------------------- the grid
 def structure(cfg: Mapping[str, Any], run: str, bits: str) -> str:
     """How an evaluation's forwards are computed: ``fp``; ``fake`` (fake quantization: bit
-    widths ``FAIR_CALIB_LOWBIT=auto`` runs without a real low-bit GEMM); else the method type's quantized structure
-    (fair_calib.cost.METHOD_STRUCTURE; ``unmeasured`` for a type without one)."""
+    widths ``FAIR_CALIB_LOWBIT=auto`` runs without a real low-bit GEMM, ``lowbit.kinds_for``);
+    else the method type's quantized structure (fair_calib.cost.METHOD_STRUCTURE;
+    ``unmeasured`` for a type without one)."""
     from fair_calib.cost import METHOD_STRUCTURE
     from fair_calib.plan import base_method
 

@@ -6,7 +6,6 @@ and one entry below (keys equal ``fair_calib.registry.METHOD_TYPES``).
 from __future__ import annotations
 
 import sys
-
 from pathlib import Path
 from typing import Any
 
