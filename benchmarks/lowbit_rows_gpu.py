@@ -27,6 +27,10 @@ number through its reciprocal, one ulp away from the kernel's IEEE division, whi
 shares: docs/fidelity.md.)
 
     PYTHONPATH=. python benchmarks/lowbit_rows_gpu.py [--shapes llada-8b dream-7b]
+        [--structures fair_calib quarot rtn] [--bits 4|8] [--tokens M ...]
+
+``--bits 8`` builds the same structures at W8A8 (the int8 GEMM, 8-bit codes); ``--tokens``
+replaces the code check's token counts (the rows check always covers 1..64 in 64 and 4,096).
 """
 from __future__ import annotations
 
@@ -60,13 +64,13 @@ GEMM_ULPS = 1.0     # the epilogue's float32 scaling in another order: one bf16 
 DEVICE = "cuda"
 
 
-def structure(shape: str, name: str, dev: str):
+def structure(shape: str, name: str, dev: str, bits: int = 4):
     lm = shapes.build(shape, layers=1, device=dev)
     groups = block_groups(lm, dev)
     hd = shapes.SHAPES[shape]["hidden_size"] // shapes.SHAPES[shape]["num_attention_heads"]
-    {"fair_calib": lambda: quantize_fair_calib(lm, groups),
-     "quarot": lambda: quantize_quarot(lm, groups, hd),
-     "rtn": lambda: quantize_rtn(lm, groups)}[name]()
+    {"fair_calib": lambda: quantize_fair_calib(lm, groups, bits=bits),
+     "quarot": lambda: quantize_quarot(lm, groups, hd, bits=bits),
+     "rtn": lambda: quantize_rtn(lm, groups, bits=bits)}[name]()
     return lm
 
 
@@ -116,10 +120,10 @@ def bf16_ulps(y: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 @torch.no_grad()
-def check_codes(lm, shape: str, name: str, dev: str) -> bool:
+def check_codes(lm, shape: str, name: str, dev: str, tokens=TOKENS) -> bool:
     worst = {"code_diff": 0.0, "scale_of_bound": 0.0, "gemm_ulps": 0.0, "gemm_not_bitwise": 0,
              "linears": 0}
-    for m in TOKENS:
+    for m in tokens:
         for lname, (x, up) in linear_inputs(lm, shape, m, dev).items():
             diff, rel, ulps = compare_linear(lm.blocks[0].get_submodule(lname), x, up)
             worst["code_diff"] = max(worst["code_diff"], diff)
@@ -130,8 +134,12 @@ def check_codes(lm, shape: str, name: str, dev: str) -> bool:
     ok = (worst["code_diff"] <= CODE_TOLERANCE and worst["scale_of_bound"] <= 1.0
           and worst["gemm_ulps"] <= GEMM_ULPS)
     emit({"kind": "rows_codes", "shape": shape, "structure": name,
-          "tokens": f"1..64 and {TOKENS[64:]}", **worst, "ok": ok})
+          "tokens": describe(tokens), **worst, "ok": ok})
     return ok
+
+
+def describe(tokens) -> str:
+    return f"1..64 and {TOKENS[64:]}" if list(tokens) == TOKENS else str(list(tokens))
 
 
 @torch.no_grad()
@@ -161,15 +169,18 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--shapes", nargs="+", default=["llada-8b", "dream-7b"])
     ap.add_argument("--structures", nargs="+", default=["fair_calib", "quarot", "rtn"])
+    ap.add_argument("--bits", type=int, default=4, choices=[4, 8])
+    ap.add_argument("--tokens", type=int, nargs="+", default=TOKENS)
     args = ap.parse_args(argv)
     dev = DEVICE
-    emit({"kind": "env", "gpu": torch.cuda.get_device_name(), "torch": torch.__version__})
+    emit({"kind": "env", "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+          "bits": args.bits})
     failed = []
     for shape in args.shapes:
         for name in args.structures:
             t0 = time.perf_counter()
-            lm = structure(shape, name, dev)
-            codes_ok = check_codes(lm, shape, name, dev)
+            lm = structure(shape, name, dev, args.bits)
+            codes_ok = check_codes(lm, shape, name, dev, args.tokens)
             rows_ok = check_rows(lm, shape, name, dev)
             if not (codes_ok and rows_ok):
                 failed.append((shape, name))

@@ -56,8 +56,8 @@ def quantize_fair_calib(lm, groups, mode="real", bits=4):
     quantize_method(lm, groups, "fair_calib", mode, bits)
 
 
-def quantize_rtn(lm, groups, mode="real"):
-    quantize_method(lm, groups, "rtn", mode)
+def quantize_rtn(lm, groups, mode="real", bits=4):
+    quantize_method(lm, groups, "rtn", mode, bits)
 
 
 def fuse(lm):
@@ -67,9 +67,10 @@ def fuse(lm):
     emit({"kind": "inputs_fused", **n, "blocks": len(lm.blocks)})
 
 
-def quantize_quarot(lm, groups, hd, mode="real"):
+def quantize_quarot(lm, groups, hd, mode="real", bits=4):
     """QuaRot's online part (no model rotation needed for speed): exact Hadamards online on the
-    o_proj input (across heads) and the down_proj input (full width), per-token clip 1.0."""
+    o_proj input (across heads) and the down_proj input (full width), per-token clip 1.0,
+    ``bits`` for weights and activations."""
     for block in lm.blocks:
         for g in groups:
             name = g.names[0]
@@ -80,11 +81,12 @@ def quantize_quarot(lm, groups, hd, mode="real"):
             elif name.endswith("down_proj"):
                 rot = KronRotation(g.in_features, None, signs=False)
             dev = block.get_submodule(name).weight.device
-            inq = InputQuant(g.in_features, ActQuantizer(4), online_rotation=rot).to(dev)
+            inq = InputQuant(g.in_features, ActQuantizer(bits), online_rotation=rot).to(dev)
             inq.n_users = len(g.names)
             for k, n in enumerate(g.names):
                 lin = block.get_submodule(n)
-                ql = QuantLinear(lin, inq, WeightQuantizer(lin.out_features, 4).to(dev), user=k)
+                ql = QuantLinear(lin, inq, WeightQuantizer(lin.out_features, bits).to(dev),
+                                 user=k)
                 parent, _, leaf = n.rpartition(".")
                 setattr(block.get_submodule(parent), leaf, ql)
         lowbit.attach_block(block, mode)

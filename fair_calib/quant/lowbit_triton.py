@@ -56,14 +56,16 @@ GATED_TILE_MAX = 4096
 SPLIT_BR = 64          # rows of the product per chunk in the split kernel
 SPLIT_WARPS = 4
 SPLIT_UNROLL = True    # the split kernel's loops over chunks unrolled (else run-time loops)
-# per tile shape (n1, n2): settings that beat the defaults in the (retired) lowbit_gpu.py sweep
-# (H100, 4096 tokens, SwiGLU product included, 2026-11-27: Dream's down_proj 481 us against
-# 647 at the defaults and 535 at its previous setting; LLaDA's product formed in the kernel
-# swept 237-347 us against 272-276 and was slower in the model, so LLaDA keeps its setting)
+# per tile shape (n1, n2): settings that beat the defaults in the (retired) lowbit_gpu.py and
+# split_kernel_gpu.py sweeps (H100, SwiGLU product included, docs/benchmarks.md): Dream's
+# down_proj 481 us at 4096 tokens against 647 at the defaults, and the fastest of 8 settings
+# at 408 and 856; LLaDA's capped at 128 registers a thread (two programs a multiprocessor)
+# 0.78-0.82x the uncapped unrolled setting at 408-4096 tokens, the same codes
 SPLIT_TUNED: dict[tuple[int, int], dict] = {
     (128, 148): {"SPLIT_BR": 128, "SPLIT_WARPS": 8, "SPLIT_UNROLL": False, "SPLIT_REGS": True,
                  "SPLIT_GATED": True},
-    (96, 128): {"SPLIT_BR": 128, "SPLIT_WARPS": 8, "SPLIT_UNROLL": True},
+    (96, 128): {"SPLIT_BR": 128, "SPLIT_WARPS": 8, "SPLIT_UNROLL": False, "SPLIT_REGS": True,
+                "SPLIT_GATED": True, "SPLIT_MAXNREG": 128},
 }
 # the split kernel keeps the transformed token in registers (one row chunk covering the tile,
 # at most 4 column chunks) instead of a scratch row read back after the max/min
