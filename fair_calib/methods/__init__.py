@@ -140,5 +140,6 @@ def execution_line(loaded, mode: str, n_integer: int, lowbit: str | None,
         setting = lowbit_mod.setting() if lowbit is None else lowbit
         problem = lowbit_mod.real_path_problem(loaded.device) if setting == "auto" else None
         how = f"{lowbit_mod.SETTING}={setting}" + (f": {problem}" if problem else "")
+    rest = "" if n_integer == total else "; the others on fake quantization"
     return (f"[fair-calib] low-bit execution: {n_integer} of {total} quantized linears on "
-            f"integer codes ({how}); the others on fake quantization")
+            f"integer codes ({how}){rest}")
