@@ -60,7 +60,7 @@ SPLIT_UNROLL = True    # the split kernel's loops over chunks unrolled (else run
 # split_kernel_gpu.py sweeps (H100, SwiGLU product included, docs/benchmarks.md): Dream's
 # down_proj 481 us at 4096 tokens against 647 at the defaults, and the fastest of 8 settings
 # at 408 and 856; LLaDA's capped at 128 registers a thread (two programs a multiprocessor)
-# 0.78-0.82x the uncapped unrolled setting at 408-4096 tokens, the same codes
+# 0.79-0.87x the uncapped unrolled setting at 408-4096 tokens, the same codes
 SPLIT_TUNED: dict[tuple[int, int], dict] = {
     (128, 148): {"SPLIT_BR": 128, "SPLIT_WARPS": 8, "SPLIT_UNROLL": False, "SPLIT_REGS": True,
                  "SPLIT_GATED": True},
