@@ -15,8 +15,9 @@
   take :func:`_act_quant_split_kernel`, each side of the tile split into two power-of-two
   pieces (148 = 128 + 32) rather than padded to one (256), the product formed a chunk of rows
   at a time through a scratch row or, for one row chunk, held in registers; settings per tile
-  shape (``SPLIT_TUNED``): Dream's tile forms its SwiGLU product inside the kernel, the others
-  take it from the one-pass :func:`silu_mul`. A factor wider than 256 (QuaRot's 1024-wide
+  shape (``SPLIT_TUNED``): Dream's and LLaDA's tiles form their SwiGLU product inside the
+  kernel and keep the token in registers (LLaDA's capped at 128 registers a thread), other
+  shapes take it from the one-pass :func:`silu_mul`. A factor wider than 256 (QuaRot's 1024-wide
   Hadamard on LLaDA's down_proj input) is applied by cuBLAS first (``kron_last``, the fake
   quant's own operations) and the kernel quantizes. Timings of each choice:
   ``docs/benchmarks.md``.
