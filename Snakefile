@@ -48,6 +48,11 @@ if config.get("workdir", ".") != "." and workflow.overwrite_workdir is None:
     workflow.workdir(config["workdir"])
 
 
+# Jobs on `device: cuda` take a card slot (fair_calib/gpu_slots.py); how many share a card is
+# the config's (the tiny default's jobs leave a card mostly idle), unless the environment says.
+os.environ.setdefault("FAIR_CALIB_GPU_JOBS_PER_CARD", str(config.get("gpu_jobs_per_card", 1)))
+
+
 # Another run in this directory: say so first (Snakemake's own message about incomplete files
 # advises --rerun-incomplete, which would redo the files that run is writing).
 LOCKED = any(os.scandir(".snakemake/locks")) if os.path.isdir(".snakemake/locks") else False

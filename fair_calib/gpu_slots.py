@@ -15,6 +15,10 @@ lives as long as the job's process: the kernel releases it when the process exit
   directory (the checkout, where Snakemake runs jobs).
 - When every card is taken (more jobs than cards: ``--resources gpu=`` above the card count,
   or GPU jobs of another run), the job waits for a card and says so in its log.
+- ``FAIR_CALIB_GPU_JOBS_PER_CARD`` (default 1; the workflow sets it from the config's
+  ``gpu_jobs_per_card``) jobs share a card: small models (the embedded default's) leave a card
+  idle between their kernels, so several jobs on one card finish sooner than one at a time.
+  Each of a card's slots is a lock of its own (``card-<card>.lock``, ``card-<card>.<k>.lock``).
 - Under SLURM (``SLURM_JOB_ID`` set) the scheduler gives each job its cards: no slot is taken.
   ``FAIR_CALIB_GPU_SLOTS=0`` turns slots off.
 """
@@ -32,6 +36,7 @@ from typing import IO, Mapping, MutableMapping
 
 LOCK_DIR_ENV = "FAIR_CALIB_GPU_LOCK_DIR"
 SWITCH_ENV = "FAIR_CALIB_GPU_SLOTS"
+PER_CARD_ENV = "FAIR_CALIB_GPU_JOBS_PER_CARD"
 DEFAULT_LOCK_DIR = ".snakemake/gpu-slots"
 
 # Open lock files of this process: closing one (or exiting) frees its card.
@@ -72,15 +77,26 @@ def lock_dir(environ: Mapping[str, str]) -> Path:
     return base / socket.gethostname()
 
 
-def _lock_name(card: str) -> str:
-    return "card-" + re.sub(r"[^A-Za-z0-9_.-]", "_", card) + ".lock"
+def jobs_per_card(environ: Mapping[str, str]) -> int:
+    """How many jobs share one card (``FAIR_CALIB_GPU_JOBS_PER_CARD``, default 1)."""
+    value = environ.get(PER_CARD_ENV, "1").strip()
+    if not value.isdigit() or int(value) < 1:
+        sys.exit(f"error: {PER_CARD_ENV}={value!r} is not valid; give a whole number >= 1 "
+                 "(config key gpu_jobs_per_card)")
+    return int(value)
 
 
-def try_cards(cards: list[str], folder: Path) -> str | None:
-    """Lock the first free card of ``cards``; returns it (the lock stays held) or None."""
+def _lock_name(card: str, slot: int = 0) -> str:
+    suffix = f".{slot}" if slot else ""
+    return "card-" + re.sub(r"[^A-Za-z0-9_.-]", "_", card) + suffix + ".lock"
+
+
+def try_cards(cards: list[str], folder: Path, per_card: int = 1) -> str | None:
+    """Lock the first free slot of ``cards`` (every card's first slot before any card's
+    second, so jobs spread over the cards); returns its card (the lock stays held) or None."""
     folder.mkdir(parents=True, exist_ok=True)
-    for card in cards:
-        handle = open(folder / _lock_name(card), "a+")
+    for slot, card in ((k, c) for k in range(per_card) for c in cards):
+        handle = open(folder / _lock_name(card, slot), "a+")
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -95,17 +111,19 @@ def try_cards(cards: list[str], folder: Path) -> str | None:
     return None
 
 
-def acquire(cards: list[str], folder: Path, poll_s: float = 2.0, log: IO = sys.stderr) -> str:
-    """A card of ``cards`` for this process, waiting while every one is taken."""
-    card = try_cards(cards, folder)
+def acquire(cards: list[str], folder: Path, poll_s: float = 2.0, log: IO = sys.stderr,
+            per_card: int = 1) -> str:
+    """A card of ``cards`` for this process, waiting while every slot is taken."""
+    card = try_cards(cards, folder, per_card)
     waited = 0.0
     while card is None:
         if waited == 0.0:
             print(f"[gpu-slot] all {len(cards)} cards ({','.join(cards)}) are taken by other "
-                  f"jobs (locks in {folder}); waiting for one", file=log, flush=True)
+                  f"jobs ({per_card} a card; locks in {folder}); waiting for one",
+                  file=log, flush=True)
         time.sleep(poll_s)
         waited += poll_s
-        card = try_cards(cards, folder)
+        card = try_cards(cards, folder, per_card)
     if waited:
         print(f"[gpu-slot] waited {waited:.0f} s for a card", file=log, flush=True)
     return card
@@ -125,11 +143,12 @@ def assign_card(environ: MutableMapping[str, str] | None = None,
     if not cards:
         return None
     folder = lock_dir(environ)
-    card = acquire(cards, folder, log=log)
+    per_card = jobs_per_card(environ)
+    card = acquire(cards, folder, log=log, per_card=per_card)
     if not from_user:
         environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
     environ["CUDA_VISIBLE_DEVICES"] = card
     print(f"[gpu-slot] this job runs on card {card} (CUDA_VISIBLE_DEVICES={card}; slots over "
-          f"{','.join(cards)}{' from CUDA_VISIBLE_DEVICES' if from_user else ''}; lock "
-          f"{folder / _lock_name(card)})", file=log, flush=True)
+          f"{','.join(cards)}{' from CUDA_VISIBLE_DEVICES' if from_user else ''}, {per_card} "
+          f"job(s) a card; locks in {folder})", file=log, flush=True)
     return card

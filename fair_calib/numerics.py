@@ -71,6 +71,9 @@ def pin_environment() -> str:
         raise RuntimeError("fair_calib.numerics.pin_environment() must run before torch is "
                            "imported: torch has already chosen its CPU kernels")
     os.environ.update(PINNED_ENV)
+    # cuBLAS's deterministic workspace (torch's deterministic algorithms need it on CUDA), so a
+    # job on a card computes the same bits on a rerun; no effect on the CPU
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     return current
 
 

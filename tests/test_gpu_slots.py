@@ -89,3 +89,27 @@ def test_a_cuda_stage_takes_a_slot_before_its_module_loads(tmp_path, monkeypatch
     assert taken == []
     cli._take_gpu_slot(["--settings", json.dumps({"device": "cuda"}), "--out", "x"])
     assert taken == [True]
+
+
+def test_jobs_per_card_share_a_card_before_any_waits(tmp_path):
+    """FAIR_CALIB_GPU_JOBS_PER_CARD=2 over cards 0,1: four jobs get 0, 1, 0, 1 (every card's
+    first slot before a second), the fifth has none."""
+    env = {"CUDA_VISIBLE_DEVICES": "0,1", gpu_slots.LOCK_DIR_ENV: str(tmp_path),
+           gpu_slots.PER_CARD_ENV: "2"}
+    folder = gpu_slots.lock_dir(env)
+    held_before = len(gpu_slots._HELD)
+    try:
+        got = [gpu_slots.try_cards(["0", "1"], folder, 2) for _ in range(5)]
+        assert got == ["0", "1", "0", "1", None]
+        assert sorted(p.name for p in folder.iterdir()) == [
+            "card-0.1.lock", "card-0.lock", "card-1.1.lock", "card-1.lock"]
+    finally:
+        for handle in gpu_slots._HELD[held_before:]:
+            handle.close()
+        del gpu_slots._HELD[held_before:]
+    assert gpu_slots.jobs_per_card(env) == 2
+    assert gpu_slots.jobs_per_card({}) == 1
+    import pytest
+
+    with pytest.raises(SystemExit, match="FAIR_CALIB_GPU_JOBS_PER_CARD='0'.*gpu_jobs_per_card"):
+        gpu_slots.jobs_per_card({gpu_slots.PER_CARD_ENV: "0"})

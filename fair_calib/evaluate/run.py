@@ -175,19 +175,45 @@ def _is_number(x: Any) -> bool:
 
 
 def per_doc_values(results: Mapping[str, Any], tasks: Mapping[str, Any]) -> dict[str, Any]:
-    """``{"metrics": {"acc,none": {task: {doc_id: v}}}, "chance": {task: {doc_id: c}}}``."""
+    """``{"metrics": {"acc,none": {task: {doc_id: v}}}, "chance": {task: {doc_id: c}},
+    "responses": {task: {filter: {doc_id: resps}}}}``: the model's own answers (generated text;
+    each choice's log-likelihood), so two runs can be compared answer by answer."""
     metrics: dict[str, dict[str, dict[str, float]]] = {}
     chance: dict[str, dict[str, float]] = {}
+    responses: dict[str, dict[str, dict[str, Any]]] = {}
     for task_name, examples in (results.get("samples") or {}).items():
         task_obj = tasks[task_name]
         for ex in examples:
             doc_id = str(int(ex["doc_id"]))
             chance.setdefault(task_name, {})[doc_id] = _doc_chance(task_obj, ex)
+            responses.setdefault(task_name, {}).setdefault(str(ex.get("filter")), {})[doc_id] = \
+                _json_safe(ex.get("filtered_resps"))
             for m in ex.get("metrics", []):
                 v = ex.get(m)
                 if _is_number(v):
                     metrics.setdefault(f"{m},{ex['filter']}", {}).setdefault(task_name, {})[doc_id] = float(v)
-    return {"metrics": metrics, "chance": chance}
+    return {"metrics": metrics, "chance": chance, "responses": responses}
+
+
+def execution_record(loaded, settings: Mapping[str, Any]) -> dict[str, Any]:
+    """What computed a run's numbers: the device, dtype and, for a quantized model, the
+    arithmetic of its linears (``fake``: fake quantization; ``integer``: the real low-bit
+    kernels; methods.load_quantized) with the line its log shows."""
+    import torch
+
+    device = loaded.device
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    execution = getattr(loaded, "execution", None) or {"arithmetic": "full precision",
+                                                         "line": ""}
+    return {"device": name, "dtype": str(settings.get("dtype", "float32")), **execution}
+
+
+def arithmetic_of(per_doc: Mapping[str, Any]) -> str:
+    """One run's arithmetic (its shards': ``mixed`` where they differ)."""
+    records = per_doc.get("executions") or ([per_doc["execution"]] if per_doc.get("execution")
+                                            else [])
+    names = sorted({r["arithmetic"] for r in records})
+    return names[0] if len(names) == 1 else ("mixed" if names else "")
 
 
 def decode_step_totals(per_doc: Mapping[str, Any]) -> dict[str, int]:
@@ -390,6 +416,7 @@ def evaluate(settings: Mapping[str, Any], model_dir: str | os.PathLike | None,
                     confirm_run_unsafe_code=bool(allow_code and unsafe))
             per_doc = per_doc_values(res, leaf_tasks)
             per_doc["steps"] = decode_steps_per_doc(lm, samples)
+            per_doc["execution"] = execution_record(lm.loaded, settings)
             raw = _json_safe({k: v for k, v in res.items() if k != "samples"})
     if task.get("kind") == "synthetic_gen":
         per_doc = _majority_chance(per_doc, settings)
@@ -431,6 +458,11 @@ def gather(shard_paths: Iterable[str | os.PathLike], out_path: str | os.PathLike
             merged["chance"].setdefault(t, {}).update(docs)
         for t, docs in (rec["per_doc"].get("steps") or {}).items():
             merged.setdefault("steps", {}).setdefault(t, {}).update(docs)
+        for t, by_filter in (rec["per_doc"].get("responses") or {}).items():
+            for filt, docs in by_filter.items():
+                merged.setdefault("responses", {}).setdefault(t, {}).setdefault(filt, {}).update(docs)
+        if rec["per_doc"].get("execution"):
+            merged.setdefault("executions", []).append(rec["per_doc"]["execution"])
     df = _rows_frame(settings, summarize(merged, settings["task"].get("mean_over")))
     prov = io.provenance(settings, seed=settings.get("seed"),
                          gathered_from=[str(p) for p in shard_paths])

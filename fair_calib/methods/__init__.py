@@ -116,10 +116,23 @@ def load_quantized(loaded, calib_dir: str | Path, fold: bool = True, keep_fp: bo
         # inside the quantizing kernel of the group that reads it
         lowbit_mod.fuse_inputs(loaded)
     if fold and not keep_fp:
-        print(execution_line(loaded, mode, n_integer, lowbit,
-                             getattr(method, "integer_gemm", True)), file=sys.stderr, flush=True)
+        line = execution_line(loaded, mode, n_integer, lowbit,
+                              getattr(method, "integer_gemm", True))
+        # what computed the numbers, for the evaluation's record (evaluate/run.py, the tables)
+        loaded.execution = {"arithmetic": arithmetic_name(mode, n_integer, wo_mode),
+                            "line": line.removeprefix("[fair-calib] low-bit execution: ")}
+        print(line, file=sys.stderr, flush=True)
     loaded.model.eval()
     return loaded
+
+
+def arithmetic_name(mode: str, n_integer: int, weight_only_mode: str = "fake") -> str:
+    """The arithmetic of a quantized model's linears in one word: ``integer`` (every or some
+    linear on integer codes: the real kernels, or ``emulated``), ``w4a16`` (weight-only
+    kernel) or ``fake`` (fake quantization, the reference)."""
+    if n_integer:
+        return "emulated" if mode == "emulate" else "integer"
+    return "w4a16" if weight_only_mode not in ("fake", None) else "fake"
 
 
 def execution_line(loaded, mode: str, n_integer: int, lowbit: str | None,

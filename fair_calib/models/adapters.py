@@ -169,6 +169,9 @@ class LoadedModel:
     eos_eot_ids: tuple[int, int] | None = None
     # repeated forwards replayed from CUDA graphs, once :meth:`replay_graphs` is called
     graphs: Any = field(default=None, repr=False, compare=False)
+    # how the quantized linears compute (methods.load_quantized): {"arithmetic", "line"};
+    # None for a full-precision model
+    execution: dict | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self):
         # transformers' rotary through the fused kernel where it gives the same bits (rotary.py)

@@ -74,7 +74,13 @@ CHANCE_NOTE = (r"Chance: the score of answering without reading the question; on
                r" items); on an exact-match task, always giving the task's most frequent answer"
                r" where the task has a closed answer set (the embedded tasks), else 0.")
 CELL_COLUMNS = ("table", "model", "method", "bits", "column", "value", "err", "err_kind",
-                "n_seeds", "n_items", "bold")
+                "n_seeds", "n_items", "bold", "arithmetic")
+# Which arithmetic computed a quantized cell (the evaluation's record, evaluate/run.py): fake
+# quantization (the reference, unmarked) or the real low-bit kernels on integer codes, marked.
+INTEGER_ARITHMETIC = ("integer", "emulated", "mixed")
+ARITH_MARK = "$^\\dagger$"
+ARITH_NOTE = ("$^\\dagger$: computed on integer codes (the real low-bit kernels); unmarked "
+              "quantized cells by fake quantization.")
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -249,12 +255,26 @@ def _best(rows: Sequence[Sequence[Cell]], z: float = Z) -> list[set[int]]:
 
 
 def _records(table: str, model: str, method: str, bits: str | None, columns: Sequence[str],
-             cells: Sequence[Cell], bold: set[int] | Sequence[bool] = ()) -> list[dict]:
+             cells: Sequence[Cell], bold: set[int] | Sequence[bool] = (),
+             arithmetic: str = "") -> list[dict]:
     """Rows of the cells frame (:data:`CELL_COLUMNS`) for one table row."""
     return [{"table": table, "model": model, "method": method, "bits": bits, "column": col,
              "value": c.value, "err": c.err, "err_kind": c.err_kind or None,
-             "n_seeds": c.n_seeds, "n_items": c.n_items, "bold": j in bold}
+             "n_seeds": c.n_seeds, "n_items": c.n_items, "bold": j in bold,
+             "arithmetic": arithmetic}
             for j, (col, c) in enumerate(zip(columns, cells))]
+
+
+def arithmetic_of_row(eval_df: pd.DataFrame, model: str, method: str, bits: str | None) -> str:
+    """The arithmetic of one table row's evaluations (``mixed`` where they differ; "" where
+    the rows carry no record)."""
+    if "arithmetic" not in eval_df.columns:
+        return ""
+    rows = eval_df[(eval_df["model"] == model) & (eval_df["method"] == method)]
+    if bits is not None and "bits" in rows.columns:
+        rows = rows[rows["bits"] == bits]
+    names = sorted({str(a) for a in rows["arithmetic"] if isinstance(a, str) and a})
+    return names[0] if len(names) == 1 else ("mixed" if names else "")
 
 
 def _with_convention(caption: str | None) -> str:
@@ -321,6 +341,7 @@ def main_table(eval_df: pd.DataFrame, models: Sequence[str], methods: Sequence[s
         vals = [cells.get(model, method, bits_of.get(method, bits), t, fp_method) for t in tasks]
         return vals + ([_avg(vals)] if with_avg else [])
 
+    marked = False
     for model in models:
         lines.append("\\midrule")
         mlabel = _label(labels, "models", model)
@@ -340,13 +361,19 @@ def main_table(eval_df: pd.DataFrame, models: Sequence[str], methods: Sequence[s
         best = _best(qvals)
         for i, m in enumerate(quant):
             bold = {j for j in range(ncol) if i in best[j]}
+            arith = arithmetic_of_row(eval_df, model, m, bits_of.get(m, bits))
+            mark = ARITH_MARK if arith in INTEGER_ARITHMETIC else ""
+            marked = marked or bool(mark)
             row = [_label(labels, "methods", m)]
-            row += [_fmt_cell(v, bold=j in bold) for j, v in enumerate(qvals[i])]
+            row += [_fmt_cell(v, bold=j in bold) + (mark if v.value is not None else "")
+                    for j, v in enumerate(qvals[i])]
             lines.append("& " + " & ".join(row) + " \\\\")
-            records += _records(name, model, m, bits_of.get(m, bits), columns, qvals[i], bold)
+            records += _records(name, model, m, bits_of.get(m, bits), columns, qvals[i], bold,
+                                arith)
     lines += ["\\bottomrule", "\\end{tabular}}"]
     body = "\n".join(lines) + "\n" + _footnote(cells.missing)
-    full = _with_convention(caption) + (" " + CHANCE_NOTE if show_chance else "")
+    full = (_with_convention(caption) + (" " + CHANCE_NOTE if show_chance else "")
+            + (" " + ARITH_NOTE if marked else ""))
     return _wrap(body, full, label, env)
 
 
@@ -628,7 +655,7 @@ def load_inputs(paths: Sequence[str | Path]) -> dict[str, pd.DataFrame]:
             continue
         df, _ = read_parquet(p)
         if "task" in df.columns:
-            evals.append(split_seed(df))
+            evals.append(split_seed(df.assign(arithmetic=_eval_arithmetic(p))))
         elif "peak_mem_mb" in df.columns:
             m, x, b = _key3(p)
             stats.append(df.assign(model=m, method=x, bits=b))
@@ -644,6 +671,15 @@ def load_inputs(paths: Sequence[str | Path]) -> dict[str, pd.DataFrame]:
     return {"eval": cat(evals, ["model", "method", "bits", "task", "metric", "value", "chance"]),
             "stats": cat(stats, ["model", "method", "bits", "peak_mem_mb", "peak_mem_kind"]),
             "memory": cat(mems, ["model", "method", "bits", "export_bytes", "fp_bytes"])}
+
+
+def _eval_arithmetic(eval_path: Path) -> str:
+    """The arithmetic an evaluation recorded in its raw JSON (evaluate/run.py), "" without."""
+    from fair_calib.evaluate.run import arithmetic_of, raw_json_path
+    from fair_calib.io import read_json
+
+    raw = raw_json_path(eval_path)
+    return arithmetic_of(read_json(raw).get("per_doc") or {}) if raw.is_file() else ""
 
 
 def build_table(name: str | None, settings: Mapping[str, Any],
@@ -722,7 +758,8 @@ def cells_schema():
     return pa.schema([("table", pa.string()), ("model", pa.string()), ("method", pa.string()),
                       ("bits", pa.string()), ("column", pa.string()), ("value", pa.float64()),
                       ("err", pa.float64()), ("err_kind", pa.string()), ("n_seeds", pa.int64()),
-                      ("n_items", pa.int64()), ("bold", pa.bool_())])
+                      ("n_items", pa.int64()), ("bold", pa.bool_()),
+                      ("arithmetic", pa.string())])
 
 
 def run_cli(argv: Sequence[str]) -> None:

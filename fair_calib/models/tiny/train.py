@@ -198,7 +198,10 @@ def diffusion_loss(model, input_ids, attn, maskable, mask_id: int, shift: bool, 
     u = torch.rand((), generator=generator)
     s = (u + torch.arange(B, dtype=torch.float32) / B) % 1.0  # stratified uniform
     t = s ** t_power * (1 - eps) + eps
-    masked = (torch.rand((B, L), generator=generator) < t[:, None]) & maskable
+    # The masking is drawn on the CPU generator on every device, so a card trains on the same
+    # masks as the CPU (and the CPU's recorded models keep their bits).
+    masked = (torch.rand((B, L), generator=generator) < t[:, None]).to(maskable.device) & maskable
+    t = t.to(maskable.device)
     noisy = torch.where(masked, torch.full_like(input_ids, mask_id), input_ids)
     out = model(input_ids=noisy, attention_mask=attn)
     logits = aligned_logits(out.logits, shift).float()
@@ -226,7 +229,9 @@ def train_tiny(settings: dict, data_dir: Path, out_dir: Path, progress: bool = T
     _, shift = FAMILIES[family]
     train = {**DEFAULT_TRAIN, **(mcfg.get("train") or {})}
     device = settings.get("device", "cpu")
-    dtype = getattr(torch, settings.get("dtype", "float32"))
+    # `train.dtype`: a model trained in float32 and evaluated in the config's bfloat16 (the
+    # GPU-width models, config/gpu_trained.yaml); default the config's dtype
+    dtype = getattr(torch, train.pop("dtype", None) or settings.get("dtype", "float32"))
     if train.get("threads"):
         torch.set_num_threads(int(train["threads"]))
 
