@@ -37,13 +37,14 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-PHASES = ("default", "wide", "fake", "cpu", "decode")
+PHASES = ("default", "wide", "fake", "decode", "cpu")
 # the CPU's table of the embedded default (tests/recorded_hashes.json, "default")
 CPU_TABLE_SHA = "97503071140723f312317f6c4951d7a3cc51852c2c534e57d00bcdb18d15c988"
 WIDE_CONFIGS = ["config/gpu_trained.yaml"]
@@ -85,7 +86,8 @@ def snakemake(run: Path, args: list[str], env: dict[str, str], budget: float,
               log_name: str) -> tuple[int, float]:
     """Snakemake in ``run`` (stopped by SIGINT once ``budget`` seconds have passed); returns
     its exit status and wall time. Its output goes to ``run/<log_name>``."""
-    cmd = [sys.executable, "-m", "snakemake", "--cores", str(os.cpu_count()), "--scheduler",
+    cores = env.get("GPU_TRAINED_CORES") or str(os.cpu_count())
+    cmd = [sys.executable, "-m", "snakemake", "--cores", cores, "--scheduler",
            "greedy", "--keep-going", *args]
     t0 = time.perf_counter()
     with open(run / log_name, "w") as fh:
@@ -106,12 +108,28 @@ def table_of(run: Path, workdir: str = ".") -> Path:
 def eval_records(run_dir: Path) -> dict[tuple[str, str, str, str], dict]:
     """``(model, method, bits, task) -> per_doc`` of every gathered evaluation under
     ``run_dir/results/eval`` (the raw JSON beside each Parquet file)."""
+    from fair_calib.evaluate.run import run_per_docs
+
     out = {}
-    root = run_dir / "results" / "eval"
-    for raw in sorted(root.glob("*/*/*/*.json")):
-        model, method, bits = raw.parts[-4:-1]
-        out[(model, method, bits, raw.stem)] = json.loads(raw.read_text())["per_doc"]
+    for path in sorted((run_dir / "results" / "eval").glob("*/*/*/*.parquet")):
+        model, method, bits = path.parts[-4:-1]
+        out[(model, method, bits, path.stem)] = merge_per_docs(run_per_docs(path))
     return out
+
+
+def merge_per_docs(per_docs: list[dict]) -> dict:
+    """One run's shards as one record: metrics, responses and executions."""
+    merged: dict = {"metrics": {}, "responses": {}, "executions": []}
+    for d in per_docs:
+        for key, by_task in d.get("metrics", {}).items():
+            for t, docs in by_task.items():
+                merged["metrics"].setdefault(key, {}).setdefault(t, {}).update(docs)
+        for t, by_filter in (d.get("responses") or {}).items():
+            for filt, docs in by_filter.items():
+                merged["responses"].setdefault(t, {}).setdefault(filt, {}).update(docs)
+        merged["executions"] += d.get("executions") or ([d["execution"]] if d.get("execution")
+                                                        else [])
+    return merged
 
 
 def accuracy(per_doc: dict) -> float | None:
@@ -202,37 +220,39 @@ class Runner:
         self.summary.append(text)
 
     def keep(self, src: Path, name: str) -> None:
+        """A file for ``--out``: gathered in one archive at the end (the device tool brings
+        back few files)."""
         if self.out and src.is_file():
-            self.out.mkdir(parents=True, exist_ok=True)
-            shutil.copy(src, self.out / name)
+            (self.base / "_out").mkdir(parents=True, exist_ok=True)
+            shutil.copy(src, self.base / "_out" / name)
 
-    def default(self) -> None:
-        """The embedded default on the card(s), cold; a second run on a second card at once."""
-        runs = [self.base / "default-a"] + ([self.base / "default-b"] if len(self.cards) > 1
-                                            else [])
-        procs = []
-        for i, run in enumerate(runs):
-            prepare_run(run)
-            env = run_env(run, CUDA_VISIBLE_DEVICES=self.cards[i] if self.cards else "")
-            procs.append((run, threading_snakemake(run, ["--config", "device=cuda",
-                                                         "results/tables/main.tex"],
-                                                   env, self.left() - 30, "snakemake.log")))
+    def default(self, card: str | None, reruns: int = 2) -> None:
+        """The embedded default on ``card``, cold, ``reruns`` times one after the other (each
+        in a fresh folder): the tables compared byte for byte, and with the CPU's."""
+        import hashlib
+
         tables = []
-        for run, th in procs:
-            rc, secs = th.result()
+        for name in ("default-a", "default-b")[:reruns]:
+            if self.left() < PHASE_MIN_S["default"]:
+                self.note(f"{name}: skipped, {self.left():.0f} s left")
+                break
+            run = self.base / name
+            prepare_run(run)
+            env = run_env(run, **({"CUDA_VISIBLE_DEVICES": card} if card else {}))
+            rc, secs = snakemake(run, ["results/tables/main.tex", "--config", "device=cuda"],
+                                 env, self.left() - 20, "snakemake.log")
             tex = table_of(run)
-            self.note(f"default on cuda ({run.name}): exit {rc}, {secs:.0f} s cold; table "
-                      f"{'written' if tex.is_file() else 'MISSING'}")
+            self.note(f"default on cuda ({name}, card {card}): exit {rc}, {secs:.0f} s cold; "
+                      f"table {'written' if tex.is_file() else 'MISSING'}")
+            self.keep(run / "snakemake.log", f"{name}.snakemake.log")
+            self.job_times(run, name)
             if tex.is_file():
                 tables.append(tex.read_bytes())
-                self.keep(tex, f"{run.name}.main.tex")
-            self.keep(run / "snakemake.log", f"{run.name}.snakemake.log")
-            self.job_times(run, run.name)
+                self.keep(tex, f"{name}.main.tex")
         if len(tables) == 2:
-            self.note(f"default: the two cards' tables are {'identical' if tables[0] == tables[1] else 'DIFFERENT'}")
+            self.note("default: the rerun's table is "
+                      + ("identical" if tables[0] == tables[1] else "DIFFERENT"))
         if tables:
-            import hashlib
-
             sha = hashlib.sha256(tables[0]).hexdigest()
             self.note(f"default: card table sha256 {sha[:12]}; the CPU's recorded "
                       f"{CPU_TABLE_SHA[:12]} ({'same' if sha == CPU_TABLE_SHA else 'differs'})")
@@ -269,7 +289,8 @@ class Runner:
         cfg = {}
         for c in ["config/config.yaml"] + (SMOKE_CONFIGS if self.args.cpu_smoke else WIDE_CONFIGS):
             deep_update(cfg, load_yaml(run / c))
-        targets = ["results/tables/main.tex"]
+        targets = ["results/tables/main.tex"] + ([] if self.args.cpu_smoke else
+                                                  ["results/tables/w8a8.tex"])
         if LONG_TASK in cfg.get("tasks", {}):
             for model in cfg["tables"]["main"]["models"]:
                 targets += [f"results/eval/{model}/fp/fp/{LONG_TASK}.parquet",
@@ -280,17 +301,33 @@ class Runner:
         run = self.base / "wide"
         prepare_run(run)
         lowbit = "fake" if self.args.cpu_smoke else "auto"
-        rc, secs = threading_snakemake(run, self.wide_args() + self.wide_targets(run),
+        rc, secs = threading_snakemake(run, self.wide_targets(run) + self.wide_args(),
                                        run_env(run, FAIR_CALIB_LOWBIT=lowbit),
                                        self.left() - 20, "snakemake.log").result()
         work = run / "runs" / "gpu_trained"
         self.note(f"wide (FAIR_CALIB_LOWBIT={lowbit}): exit {rc}, {secs:.0f} s cold")
         self.keep(table_of(work), "wide.main.tex")
+        self.keep(work / "results" / "tables" / "w8a8.tex", "wide.w8a8.tex")
         self.keep(run / "snakemake.log", "wide.snakemake.log")
         self.job_times(work, "wide")
         return work
 
-    def rerun_evals(self, name: str, lowbit: str, device: str | None) -> Path | None:
+    def cpu_targets(self, run: Path) -> list[str]:
+        """The CPU's share (bf16 on CPU cores is slow): FP, RTN and the decode phase's method
+        on the main table's tasks, every model."""
+        from fair_calib.config import load_yaml
+
+        cfg: dict = {}
+        for c in ["config/config.yaml"] + (SMOKE_CONFIGS if self.args.cpu_smoke else WIDE_CONFIGS):
+            deep_update(cfg, load_yaml(run / c))
+        main = cfg["tables"]["main"]
+        cells = [("fp", "fp"), ("rtn", "w4a4")] + ([] if self.args.cpu_smoke else
+                                                   [(self.args.decode_method, "w4a4")])
+        return [f"results/eval/{m}/{x}/{b}/{t}.parquet" for m in main["models"]
+                for x, b in cells for t in main["tasks"]]
+
+    def rerun_evals(self, name: str, lowbit: str, device: str | None,
+                    targets: list[str] | None = None) -> Path | None:
         """A copy of the wide run whose evaluations run again (``lowbit``, ``device``)."""
         src = self.base / "wide"
         if not table_of(src / "runs" / "gpu_trained").is_file():
@@ -300,9 +337,12 @@ class Runner:
         shutil.rmtree(run, ignore_errors=True)
         shutil.copytree(src, run, symlinks=True)
         extra = ["--config", f"device={device}"] if device else []
+        if device == "cpu":
+            extra += ["--set-threads", "evaluate_shard=4"]
+        # targets first: --configfile takes every word after it
         rc, secs = threading_snakemake(
-            run, self.wide_args() + extra + ["--forcerun", "evaluate_shard"]
-            + self.wide_targets(run), run_env(run, FAIR_CALIB_LOWBIT=lowbit),
+            run, (targets or self.wide_targets(run)) + ["--forcerun", "evaluate_shard"] + extra
+            + self.wide_args(), run_env(run, FAIR_CALIB_LOWBIT=lowbit),
             self.left() - 10, "snakemake.log").result()
         work = run / "runs" / "gpu_trained"
         self.note(f"{name} (FAIR_CALIB_LOWBIT={lowbit}, device {device or 'cuda'}): exit {rc}, "
@@ -316,12 +356,24 @@ class Runner:
         print(text, flush=True)
         self.summary.append(text)
         if self.out:
-            (self.out / out_name).write_text(json.dumps(rows, indent=1))
+            (self.base / "_out").mkdir(parents=True, exist_ok=True)
+            (self.base / "_out" / out_name).write_text(json.dumps(rows, indent=1))
 
     def write_summary(self) -> None:
-        if self.out:
-            self.out.mkdir(parents=True, exist_ok=True)
-            (self.out / "summary.md").write_text("\n\n".join(self.summary) + "\n")
+        """``--out``: summary.md, and results.tgz with the kept files and every run's logs."""
+        if not self.out:
+            return
+        import tarfile
+
+        self.out.mkdir(parents=True, exist_ok=True)
+        (self.out / "summary.md").write_text("\n\n".join(self.summary) + "\n")
+        with tarfile.open(self.out / "results.tgz", "w:gz") as tar:
+            if (self.base / "_out").is_dir():
+                tar.add(self.base / "_out", arcname="kept")
+            for logs in sorted(self.base.glob("*/logs")) + sorted(self.base.glob("*/runs/*/logs")):
+                tar.add(logs, arcname=str(logs.relative_to(self.base)))
+            for tables in sorted(self.base.glob("*/runs/*/results/tables")):
+                tar.add(tables, arcname=str(tables.relative_to(self.base)))
 
 
 class threading_snakemake:
@@ -357,6 +409,8 @@ def measure_decodes(work: Path, args) -> list[str]:
 
     from fair_calib.config import load_yaml
 
+    if not (work / "resources" / "data" / "synth_gen.jsonl").is_file():
+        return ["decode: skipped (the wide run made no corpus)"]
     cfg: dict = {}
     for c in ["config/config.yaml"] + (SMOKE_CONFIGS if args.cpu_smoke else WIDE_CONFIGS):
         deep_update(cfg, load_yaml(work.parent.parent / c))
@@ -460,29 +514,45 @@ def run(args) -> int:
         install_wheels(Path(args.site))
     r = Runner(args)
     r.note(f"phases {phases}; cards {r.cards or 'none'}; {os.cpu_count()} CPU cores")
+    side = None
+    if "default" in phases:
+        phases.remove("default")
+        if len(r.cards) > 1 and phases:
+            # two cards: the default's runs on the first, the other phases on the second, at
+            # once, each Snakemake with half the cores
+            os.environ["GPU_TRAINED_CORES"] = str(max(1, (os.cpu_count() or 2) // 2))
+            side = threading.Thread(target=r.default, args=(r.cards[0],))
+            side.start()
+            os.environ["CUDA_VISIBLE_DEVICES"] = r.cards[1]
+        else:
+            r.default(r.cards[0] if r.cards else None)
     for phase in phases:
-        if r.left() < PHASE_MIN_S[phase] * (0.3 if args.cpu_smoke else 1):
-            r.note(f"{phase}: skipped, {r.left():.0f} s left before the deadline")
-            continue
-        if phase == "default":
-            r.default()
-        elif phase == "wide":
-            r.wide()
-        elif phase == "fake":
-            fake = r.rerun_evals("fake", "fake", None)
-            if fake is not None:
-                r.compare(r.base / "wide" / "runs" / "gpu_trained", fake, ("real", "fake"),
-                          "real_vs_fake.json")
-        elif phase == "cpu":
-            cpu = r.rerun_evals("cpu", "fake", "cpu")
-            fake = r.base / "fake" / "runs" / "gpu_trained"
-            if cpu is not None and fake.is_dir():
-                r.compare(fake, cpu, ("cardfake", "cpufake"), "fake_card_vs_cpu.json")
-        elif phase == "decode":
-            for line in measure_decodes(r.base / "wide" / "runs" / "gpu_trained", args):
-                r.note(line)
+        run_phase(r, phase, args)
+    if side is not None:
+        side.join()
     r.write_summary()
     return 0
+
+
+def run_phase(r: Runner, phase: str, args) -> None:
+    if r.left() < PHASE_MIN_S[phase] * (0.3 if args.cpu_smoke else 1):
+        r.note(f"{phase}: skipped, {r.left():.0f} s left before the deadline")
+        return
+    if phase == "wide":
+        r.wide()
+    elif phase == "fake":
+        fake = r.rerun_evals("fake", "fake", None)
+        if fake is not None:
+            r.compare(r.base / "wide" / "runs" / "gpu_trained", fake, ("real", "fake"),
+                      "real_vs_fake.json")
+    elif phase == "cpu":
+        cpu = r.rerun_evals("cpu", "fake", "cpu", r.cpu_targets(r.base / "wide"))
+        fake = r.base / "fake" / "runs" / "gpu_trained"
+        if cpu is not None and fake.is_dir():
+            r.compare(fake, cpu, ("cardfake", "cpufake"), "fake_card_vs_cpu.json")
+    elif phase == "decode":
+        for line in measure_decodes(r.base / "wide" / "runs" / "gpu_trained", args):
+            r.note(line)
 
 
 def main(argv=None) -> int:

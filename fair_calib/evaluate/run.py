@@ -208,6 +208,17 @@ def execution_record(loaded, settings: Mapping[str, Any]) -> dict[str, Any]:
     return {"device": name, "dtype": str(settings.get("dtype", "float32")), **execution}
 
 
+def run_per_docs(eval_path: str | os.PathLike) -> list[dict[str, Any]]:
+    """The per-document records of a gathered evaluation ``<task>.parquet``: its raw JSON, or
+    where the gather copied a single shard (evaluate.smk), the shards' own beside it."""
+    eval_path = Path(eval_path)
+    raw = raw_json_path(eval_path)
+    if raw.is_file():
+        return [io.read_json(raw)["per_doc"]]
+    shards = sorted(eval_path.with_suffix("").glob("shard-*.json"))
+    return [io.read_json(p)["per_doc"] for p in shards]
+
+
 def arithmetic_of(per_doc: Mapping[str, Any]) -> str:
     """One run's arithmetic (its shards': ``mixed`` where they differ)."""
     records = per_doc.get("executions") or ([per_doc["execution"]] if per_doc.get("execution")

@@ -674,12 +674,11 @@ def load_inputs(paths: Sequence[str | Path]) -> dict[str, pd.DataFrame]:
 
 
 def _eval_arithmetic(eval_path: Path) -> str:
-    """The arithmetic an evaluation recorded in its raw JSON (evaluate/run.py), "" without."""
-    from fair_calib.evaluate.run import arithmetic_of, raw_json_path
-    from fair_calib.io import read_json
+    """The arithmetic an evaluation recorded (evaluate/run.py), "" without a record."""
+    from fair_calib.evaluate.run import arithmetic_of, run_per_docs
 
-    raw = raw_json_path(eval_path)
-    return arithmetic_of(read_json(raw).get("per_doc") or {}) if raw.is_file() else ""
+    names = sorted({arithmetic_of(d) for d in run_per_docs(eval_path)} - {""})
+    return names[0] if len(names) == 1 else ("mixed" if names else "")
 
 
 def build_table(name: str | None, settings: Mapping[str, Any],
