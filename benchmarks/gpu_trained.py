@@ -289,9 +289,9 @@ class Runner:
         cfg = {}
         for c in ["config/config.yaml"] + (SMOKE_CONFIGS if self.args.cpu_smoke else WIDE_CONFIGS):
             deep_update(cfg, load_yaml(run / c))
-        targets = ["results/tables/main.tex"] + ([] if self.args.cpu_smoke else
-                                                  ["results/tables/w8a8.tex"])
-        if LONG_TASK in cfg.get("tasks", {}):
+        tables = ["main"] if self.args.cpu_smoke else self.args.tables.split(",")
+        targets = [f"results/tables/{t}.tex" for t in tables]
+        if LONG_TASK in cfg.get("tasks", {}) and "main" in tables:
             for model in cfg["tables"]["main"]["models"]:
                 targets += [f"results/eval/{model}/fp/fp/{LONG_TASK}.parquet",
                             f"results/eval/{model}/{self.args.decode_method}/w4a4/{LONG_TASK}.parquet"]
@@ -307,7 +307,8 @@ class Runner:
         work = run / "runs" / "gpu_trained"
         self.note(f"wide (FAIR_CALIB_LOWBIT={lowbit}): exit {rc}, {secs:.0f} s cold")
         self.keep(table_of(work), "wide.main.tex")
-        self.keep(work / "results" / "tables" / "w8a8.tex", "wide.w8a8.tex")
+        for tex in sorted((work / "results" / "tables").glob("*.tex")):
+            self.keep(tex, f"wide.{tex.name}")
         self.keep(run / "snakemake.log", "wide.snakemake.log")
         self.job_times(work, "wide")
         return work
@@ -320,11 +321,17 @@ class Runner:
         cfg: dict = {}
         for c in ["config/config.yaml"] + (SMOKE_CONFIGS if self.args.cpu_smoke else WIDE_CONFIGS):
             deep_update(cfg, load_yaml(run / c))
-        main = cfg["tables"]["main"]
-        cells = [("fp", "fp"), ("rtn", "w4a4")] + ([] if self.args.cpu_smoke else
-                                                   [(self.args.decode_method, "w4a4")])
-        return [f"results/eval/{m}/{x}/{b}/{t}.parquet" for m in main["models"]
-                for x, b in cells for t in main["tasks"]]
+        tables = ["main"] if self.args.cpu_smoke else self.args.tables.split(",")
+        out = []
+        for name in tables:
+            table = cfg["tables"][name]
+            bits = table.get("bits", "w4a4")
+            cells = [("fp", "fp"), ("rtn", bits)] + ([] if self.args.cpu_smoke else
+                                                     [(self.args.decode_method, bits)])
+            out += [f"results/eval/{m}/{x}/{b}/{t}.parquet" for m in table["models"]
+                    for x, b in cells for t in table["tasks"] if x in table["methods"]
+                    or x.split("@")[0] in table["methods"] or x == "fp"]
+        return list(dict.fromkeys(out))
 
     def rerun_evals(self, name: str, lowbit: str, device: str | None,
                     targets: list[str] | None = None) -> Path | None:
@@ -565,6 +572,8 @@ def main(argv=None) -> int:
     rp.add_argument("--deadline", type=float, default=560.0, help="seconds for all phases")
     rp.add_argument("--site", default="/tmp/site")
     rp.add_argument("--decode-n", type=int, default=40, help="questions the decode phase times")
+    rp.add_argument("--tables", default="main,w2a4,w8a8",
+                    help="the tables of config/gpu_trained.yaml the wide phase makes")
     rp.add_argument("--decode-method", default="fair-calib-seeds@s0",
                     help="the W4A4 calibration the decode phase times against FP")
     rp.add_argument("--cpu-smoke", action="store_true",
