@@ -12,7 +12,8 @@ id, its family inferred as there (``--family`` names it). The model is lm-eval's
 builds it: a ``--calib-dir`` made on other weights is refused, the calibration is applied by
 ``load_quantized`` (its linears on integer codes where the GPU has them, ``FAIR_CALIB_LOWBIT``).
 The completions are ``DiffusionLM.generate_until``'s: the family's default decoding policy (the
-one the evaluation runs where a task sets nothing) with the given settings over it, the prompt
+adapter's ``decoding``, which the evaluation runs where a task sets nothing; a task's own
+``gen_length``/``steps`` are given here as flags) with the given settings over it, the prompt
 cut to its last ``context - gen_length`` tokens, the output cut at the first EOS and then at
 the earliest ``--until`` string. ``--chat`` renders each prompt as one user turn of the
 tokenizer's chat template (as the evaluation does for an Instruct model).
@@ -31,7 +32,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 PROG = "fair-calib generate"
 DTYPES = ("float32", "bfloat16", "float16")
@@ -42,13 +43,13 @@ DECODING_FLAGS = {"policy": "policy", "steps": "steps", "gen_length": "gen_lengt
 HEADER_CHARS = 70
 
 
-def fail(message: str) -> None:
+def fail(message: str) -> NoReturn:
     """One line on stderr and exit status 1 (cli.main passes a SystemExit through)."""
     sys.exit(f"error: {PROG}: {message}")
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:   # one line, not argparse's usage + error
+    def error(self, message: str) -> NoReturn:   # one line, not argparse's usage + error
         fail(message)
 
 

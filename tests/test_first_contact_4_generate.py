@@ -75,35 +75,42 @@ def _cli(args):
                           env=env, capture_output=True, text=True, timeout=300)
 
 
-@pytest.mark.parametrize("calibrated", [False, True])
-def test_generate_answers_as_the_evaluation_decodes(toy, calibrated):
-    calib = toy["calib"] if calibrated else None
-    # FP: seeded sampling; calibrated: argmax, cut at a stop string
-    decoding = ["--until", "w30"] if calibrated else ["--temperature", "0.7", "--seed", "3"]
-    argv = [str(toy["model"]), *(["--calib-dir", str(calib)] if calib else []),
-            "--prompt", PROMPTS[0], "--prompt", PROMPTS[1], *SMALL, *decoding, "--jsonl"]
+def _execution_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines()
+            if line.startswith("[fair-calib] low-bit execution:")]
+
+
+def test_generate_answers_with_a_calibration_as_the_evaluation_decodes(toy):
+    """Through `fair-calib generate` itself: argmax decoding, cut at a stop string."""
+    argv = [str(toy["model"]), "--calib-dir", str(toy["calib"]), "--prompt", PROMPTS[0],
+            "--prompt", PROMPTS[1], *SMALL, "--until", "w30", "--jsonl"]
     proc = _cli(argv)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [json.loads(line) for line in proc.stdout.splitlines()]
-    extra = "" if calibrated else ",temperature=0.7,seed=3"
-    until = ["w30"] if calibrated else []
-    expected = _reference(toy["model"], calib, PROMPTS, until, extra)
+    expected = _reference(toy["model"], toy["calib"], PROMPTS, ["w30"])
     assert [r["prompt"] for r in rows] == PROMPTS
     assert [r["completion"] for r in rows] == expected
-    assert all(expected)                                 # the model answered
-    if calibrated:
-        assert all("w30" not in text for text in expected)
-    execution = [line for line in proc.stderr.splitlines()
-                 if line.startswith("[fair-calib] low-bit execution:")]
-    assert len(execution) == 1
-    if calibrated:   # load_quantized's line: on a CPU, fake quantization, and why
-        assert execution[0] == ("[fair-calib] low-bit execution: 0 of 14 quantized linears on "
-                                "integer codes (FAIR_CALIB_LOWBIT=auto: device cpu is not CUDA); "
-                                "the others on fake quantization")
-    else:
-        assert "no --calib-dir: nothing quantized" in execution[0]
+    assert all(expected) and all("w30" not in text for text in expected)
+    # load_quantized's line: on a CPU, fake quantization, and why
+    assert _execution_lines(proc.stderr) == [
+        "[fair-calib] low-bit execution: 0 of 14 quantized linears on integer codes "
+        "(FAIR_CALIB_LOWBIT=auto: device cpu is not CUDA); the others on fake quantization"]
     assert "decoding (llada defaults with the given settings): name=low_confidence, steps=16, " \
            "gen_length=16, block_length=8" in proc.stderr
+
+
+def test_generate_answers_with_the_fp_model_as_the_evaluation_decodes(toy, capsys):
+    """Without a calibration, seeded sampling (in this process: the module the subcommand runs)."""
+    generate_cli.run_cli([str(toy["model"]), "--prompt", PROMPTS[0], "--prompt", PROMPTS[1],
+                          *SMALL, "--temperature", "0.7", "--seed", "3", "--jsonl"])
+    captured = capsys.readouterr()
+    rows = [json.loads(line) for line in captured.out.splitlines()]
+    expected = _reference(toy["model"], None, PROMPTS, [], ",temperature=0.7,seed=3")
+    assert [r["completion"] for r in rows] == expected and all(expected)
+    assert expected != _reference(toy["model"], None, PROMPTS, [], ",temperature=0.7,seed=4")
+    assert _execution_lines(captured.err) == [
+        "[fair-calib] low-bit execution: no --calib-dir: nothing quantized, every linear on "
+        "the model's float32 weights"]
 
 
 def test_text_output_and_chat_template(toy, capsys):
@@ -190,3 +197,28 @@ def test_the_subcommand_refuses_in_one_line(toy):
     assert proc.returncode == 1
     assert proc.stderr.strip().splitlines() == [
         proc.stderr.strip()] and "steps=7 do not divide among 2 blocks" in proc.stderr
+
+
+def test_plain_lm_eval_does_not_find_the_model():
+    """What the README says of plain `lm_eval --model fair_calib_dlm`: lm-eval 0.4.13 registers
+    models on import only and never reads the installed `lm_eval.models` entry point, so its
+    lookup fails where `fair-calib lm-eval` (which imports the model first) works. When an
+    lm-eval release reads the group, this fails and the README's sentence must change."""
+    import importlib.metadata as md
+
+    import lm_eval
+
+    try:
+        declared = [ep for ep in md.distribution("fair-calib").entry_points
+                    if ep.group == "lm_eval.models"]
+    except md.PackageNotFoundError:
+        declared = []
+    if not declared:
+        pytest.skip("the installed fair-calib metadata declares no lm_eval.models entry point")
+    assert lm_eval.__version__ == "0.4.13"
+    code = ("from lm_eval.api.registry import get_model\n"
+            "try:\n    get_model('fair_calib_dlm')\nexcept ValueError as err:\n    print(err)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert "Attempted to load model 'fair_calib_dlm', but no model for this name found" in \
+        proc.stdout, proc.stderr[-2000:]
