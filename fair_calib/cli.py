@@ -25,6 +25,7 @@ SUBCOMMANDS = {
     "floor-sweep": "fair_calib.report.sweep",       # accuracy vs the prior's floor (figure)
     "lm-eval": "fair_calib.lm_eval_cli",            # lm-eval's own CLI, fair_calib_dlm registered
     "render-tasks": "fair_calib.lm_eval_cli",       # offline / synthetic task YAMLs for it
+    "generate": "fair_calib.generate_cli",          # a model's completions of your prompts
     "cost": "fair_calib.cost",                      # GPU-hours of a config's DAG
     "census": "fair_calib.census",                  # shapes x counts of the grid's forwards
     "check-config": "fair_calib.references",        # syntax/schema check of config files
@@ -32,7 +33,7 @@ SUBCOMMANDS = {
 # These read their own subcommand name (one module serves two of them).
 WHOLE_ARGV = ("trajectories", "diagnose", "lm-eval", "render-tasks")
 # These write no output of the workflow (lm-eval's own options name its files): no output lock.
-UNLOCKED = ("lm-eval", "cost", "check-config")
+UNLOCKED = ("lm-eval", "generate", "cost", "check-config")
 
 
 def _checked_settings(stage: str, argv: list[str]) -> list[str]:

@@ -114,6 +114,23 @@ def infer_family(source: str, calib_dir: str | None = None) -> str:
                      f"{sorted(ADAPTERS)}> in --model_args")
 
 
+def decoding_policy(adapter, overrides: Mapping[str, Any] | None = None):
+    """The policy ``generate_until`` decodes with: the family adapter's default ``decoding``
+    with ``overrides`` over it (None values left out). Validated here, so a caller can refuse
+    bad settings before the model loads."""
+    from fair_calib.decoding import make_policy  # lazy: decoding is only for generation
+    from fair_calib.decoding.policies import BLOCK_POLICIES
+
+    overrides = {k: v for k, v in dict(overrides or {}).items() if v is not None}
+    name = overrides.get("policy", overrides.get("name", adapter.decoding.get("policy")))
+    # A task's block_length is for families that decode in blocks (LLaDA); one task entry
+    # serves every family, so a whole-window policy (Dream's) ignores it unless the task
+    # also names that policy explicitly.
+    if name not in BLOCK_POLICIES and "policy" not in overrides and "name" not in overrides:
+        overrides.pop("block_length", None)
+    return make_policy(adapter.decoding, overrides)
+
+
 class CalibrationMismatchError(ValueError):
     """A ``calib_dir`` made for another model than the checkpoint it is applied to."""
 
@@ -401,17 +418,7 @@ class DiffusionLM(LM):
         return self._enc(self._bos(context), special=True)
 
     def policy(self):
-        from fair_calib.decoding import make_policy  # lazy: decoding is only for generation
-        from fair_calib.decoding.policies import BLOCK_POLICIES
-
-        overrides = dict(self.decoding_overrides)
-        name = overrides.get("policy", overrides.get("name", self.loaded.adapter.decoding.get("policy")))
-        # A task's block_length is for families that decode in blocks (LLaDA); one task entry
-        # serves every family, so a whole-window policy (Dream's) ignores it unless the task
-        # also names that policy explicitly.
-        if name not in BLOCK_POLICIES and "policy" not in overrides and "name" not in overrides:
-            overrides.pop("block_length", None)
-        return make_policy(self.loaded.adapter.decoding, overrides)
+        return decoding_policy(self.loaded.adapter, self.decoding_overrides)
 
     def postprocess(self, ids: Sequence[int], until: Sequence[str]) -> str:
         """Cut at the first EOS/pad token, decode, then cut at the earliest ``until`` string.

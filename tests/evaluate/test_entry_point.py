@@ -1,5 +1,5 @@
-"""lm-eval's plugin loader finds fair_calib_dlm through the `lm_eval.models` entry-point group
-(issue 32): the declaration in pyproject.toml resolves to the registered class."""
+"""The `lm_eval.models` entry point pyproject.toml declares (issue 32) resolves to the registered
+class. lm-eval 0.4.13 does not read the group (tests/test_first_contact_4_generate.py)."""
 from __future__ import annotations
 
 import importlib.metadata as md
