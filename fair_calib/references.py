@@ -11,6 +11,8 @@ import sys
 from fair_calib import registry
 from fair_calib.config import ConfigError, merged_config, validate_config
 from fair_calib.evaluate.task_settings import resolve_task, use_by_model
+from fair_calib.label_text import check_label_text
+from fair_calib.method_shapes import check_method_shapes
 
 MEMORY_TABLES = ("calib_memory", "deploy_memory")
 RULES_WITH_RESOURCES = ("make_data", "train_tiny", "convert_hub", "probe_shard", "prior", "calibrate",
@@ -114,6 +116,7 @@ def check_config(cfg):
     check_labels(cfg)
     check_shapes(cfg)
     check_prior_ablation(cfg)
+    check_method_shapes(cfg)
     check_limits(cfg)
 
 
@@ -191,8 +194,10 @@ def _first_clash(cfg, section, names, where, key="label"):
 
 
 def check_labels(cfg):
-    """No table or figure prints two models, methods or tasks under one label (a label absent
-    is the entry's name)."""
+    """Every label is one line of trimmed text that fits a table column, and no table or
+    figure prints two models, methods or tasks under one label (a label absent is the entry's
+    name)."""
+    check_label_text(cfg)
     for tname, t in cfg["tables"].items():
         where = f"tables.{tname}"
         for key in ("label", "latex_label"):        # the figures' and the LaTeX tables' names
