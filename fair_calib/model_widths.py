@@ -65,7 +65,7 @@ def config_json_widths(name: str, family: str, path: Path) -> Widths | None:
         if family == "llada":
             hidden, heads = int(cfg["d_model"]), int(cfg["n_heads"])
             mlp = cfg.get("mlp_hidden_size")
-            inter = int(mlp) if mlp else int(cfg.get("mlp_ratio") or LLADA_MLP_RATIO) * hidden
+            inter = int(mlp) if mlp else int((cfg.get("mlp_ratio") or LLADA_MLP_RATIO) * hidden)
             fields = {"hidden": "d_model", "heads": "n_heads",
                       "intermediate": "mlp_hidden_size" if mlp else "mlp_ratio x d_model",
                       "head_dim": "d_model / n_heads"}
