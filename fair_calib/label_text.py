@@ -1,7 +1,7 @@
 """Labels are text a reader can tell apart, checked before any job (``references.check_labels``):
 every label a table, figure or the console prints is non-empty, one line, without leading or
-trailing whitespace (``"FlatQuant "`` beside ``FlatQuant`` would print two rows a reader cannot
-tell apart, and the duplicate check compares labels as written), and at most
+trailing whitespace or runs of spaces (``"FlatQuant "`` beside ``FlatQuant`` would print two
+rows a reader cannot tell apart, and the duplicate check compares labels as written), and at most
 :data:`LABEL_MAX` characters where it fills a table column; two tables never share a LaTeX
 ``label:`` (``\\ref`` would point at one of them). Errors are one line naming the key."""
 from __future__ import annotations
@@ -39,6 +39,10 @@ def text_problem(key: str, value: Any, column: bool) -> str | None:
     if value != value.strip():
         return (f"config: {key} = {value!r} has leading or trailing whitespace; write "
                 f"{value.strip()!r} (labels that differ only in spaces print alike)")
+    if "  " in value:
+        return (f"config: {key} = {value!r} has a run of spaces, which LaTeX prints as one; "
+                f"write {' '.join(value.split())!r} (labels that differ only in spaces print "
+                "alike)")
     if column and len(value) > LABEL_MAX:
         return (f"config: {key} = {_shown(value)} is {len(value)} characters; a table column "
                 f"holds at most {LABEL_MAX} (the main table's label column would run off the "

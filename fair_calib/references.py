@@ -1,6 +1,8 @@
 """Cross-reference checks of a config, which its JSON schema cannot express: a table naming an
 unknown model, a method of an unregistered type, a prior naming an unknown probe, two entries
-one table would print under the same label, ... Torch-free: the Snakefile runs them at parse
+one table would print under the same label, a label that is not one trimmed line
+(``label_text``), a method setting its job would refuse on a model's widths
+(``method_shapes``), ... Torch-free: the Snakefile runs them at parse
 time (workflow/rules/common.smk), before any job, and ``fair-calib cost`` on the config it
 projects. Every error is a one-line :class:`fair_calib.config.ConfigError` naming the key."""
 from __future__ import annotations

@@ -98,6 +98,8 @@ def test_snakemake_refuses_it_before_deleting_anything(finished_qdlm_tiny, over,
     ({"models": {"tiny-llada": {"label": " Tiny-LLaDA"}}},
      "models.tiny-llada.label = ' Tiny-LLaDA' has leading or trailing whitespace"),
     ({"methods": {"rtn": {"label": ""}}}, "methods.rtn.label = '' is empty"),
+    ({"methods": {"flatquant": {"label": "Flat  Quant"}}},
+     "methods.flatquant.label = 'Flat  Quant' has a run of spaces"),
     ({"tasks": {"synth_mc": {"label": "two\nlines"}}},
      "tasks.synth_mc.label = 'two\\nlines' is not one line"),
     ({"methods": {"fair-calib": {"label": "x" * 461}}},
@@ -109,7 +111,7 @@ def test_snakemake_refuses_it_before_deleting_anything(finished_qdlm_tiny, over,
      "tables.main.label and tables.other.label are both 'tab:main'"),
     ({"tables": {"main": {"label": "tab:main "}}},
      "tables.main.label = 'tab:main ' has leading or trailing whitespace"),
-], ids=["trailing-space", "leading-space", "empty", "two-lines", "too-long", "two-tables",
+], ids=["trailing-space", "leading-space", "empty", "double-space", "two-lines", "too-long", "two-tables",
         "table-label-space"])
 def test_labels_a_reader_cannot_tell_apart_are_refused(tmp_path, over, needle):
     line = _one_error_line(_check_config(tmp_path, over))
