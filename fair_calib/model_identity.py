@@ -1,13 +1,17 @@
 """What a checkpoint's weights are, as one string: a calibration belongs to the weights it was
-made on, not to their path (a model retrained at the same path must not take the old one's
-calibration).
+made on, not to their path (a model retrained at the same path, or its file changed in place,
+must not take the old one's calibration).
 
 ``content_id(source)``: ``sha256:<hex>``, the sha256 of ``model.safetensors`` for a one-file
-checkpoint (a trained tiny model's ``fair_calib.json`` records it as ``model_sha256``: read, not
-recomputed), else the sha256 of the lines ``<file> <sha256>`` of its ``*.safetensors`` shards,
-where a shard's sha256 is the Hugging Face cache's blob name (the cache names blobs by it) or
-computed for files up to ``HASHED_BYTES`` together. None where it cannot be known cheaply: a
-hub id not in the local cache, or a large checkpoint outside the cache. No heavy imports."""
+checkpoint, else the sha256 of the lines ``<file> <sha256>`` of its ``*.safetensors`` shards.
+A file's sha256 is computed from its bytes (never read from a side file such as a trained tiny
+model's ``fair_calib.json``, which an edit of the weights leaves as it was) and kept in a cache
+(:func:`hash_cache_path`) under the file's size, mtime, ctime and inode: an unchanged file is
+not read again, a file whose stat differs in any of them is. A shard in the Hugging Face cache
+is named by its sha256 (huggingface_hub checks it on download) and is not read. Files outside
+the cache are hashed up to ``HASHED_BYTES`` together. None where the id cannot be known
+cheaply: a hub id not in the local cache, or a large checkpoint outside the cache. No heavy
+imports."""
 from __future__ import annotations
 
 import hashlib
@@ -16,7 +20,8 @@ import os
 import re
 from pathlib import Path
 
-HASHED_BYTES = 2 * 2**30       # hashing more would cost every evaluation job seconds to minutes
+HASHED_BYTES = 2 * 2**30       # hashing more would cost an evaluation job seconds to minutes
+HASH_CACHE_ENV = "FAIR_CALIB_HASH_CACHE"
 _BLOB = re.compile(r"[0-9a-f]{64}")
 
 
@@ -37,7 +42,7 @@ def _folder(source: str) -> Path | None:
     return None
 
 
-def _file_sha256(path: Path) -> str:
+def _read_sha256(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
@@ -45,15 +50,66 @@ def _file_sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+def hash_cache_path() -> Path:
+    """``$FAIR_CALIB_HASH_CACHE``, else ``$XDG_CACHE_HOME/fair_calib/sha256.json`` (default
+    ``~/.cache``): one JSON file per user, shared by every job of the machine."""
+    env = os.environ.get(HASH_CACHE_ENV)
+    if env:
+        return Path(env).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "fair_calib" / "sha256.json"
+
+
+def _stat_key(st: os.stat_result) -> list[int]:
+    # size and mtime change with any write; ctime and inode too, and cannot be set back by hand
+    # (touch -d, cp -p and rsync -t restore an mtime), nor does a replaced file keep its inode
+    return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
+
+
+def _load_cache(path: Path) -> dict:
+    try:
+        files = json.loads(path.read_text(encoding="utf-8")).get("files")
+    except (OSError, ValueError, AttributeError):
+        return {}
+    return files if isinstance(files, dict) else {}
+
+
+def _store(path: Path, real: str, key: list[int], sha: str) -> None:
+    """Add one entry (and drop those of files gone since) by an atomic replace; a cache that
+    cannot be written (a read-only home) only costs the next job a re-read."""
+    import tempfile
+
+    files = {p: e for p, e in _load_cache(path).items() if os.path.exists(p)}
+    files[real] = {"stat": key, "sha256": sha}
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump({"files": files}, f)
+        os.replace(tmp, path)
+    except OSError:
+        pass
+
+
+def file_sha256(path: str | os.PathLike) -> str:
+    """sha256 (hex) of a file's bytes, from the cache when the file's stat is the one recorded
+    with it, else read (and then recorded, unless the file changed while it was read)."""
+    real = os.path.realpath(path)
+    key = _stat_key(os.stat(real))
+    cache = hash_cache_path()
+    hit = _load_cache(cache).get(real)
+    if isinstance(hit, dict) and hit.get("stat") == key and _BLOB.fullmatch(str(hit.get("sha256"))):
+        return hit["sha256"]
+    sha = _read_sha256(Path(real))
+    if _stat_key(os.stat(real)) == key:
+        _store(cache, real, key, sha)
+    return sha
+
+
 def content_id(source: str | os.PathLike) -> str | None:
     folder = _folder(str(source))
     if folder is None:
         return None
-    meta = folder / "fair_calib.json"
-    if meta.is_file():
-        recorded = json.loads(meta.read_text()).get("model_sha256")
-        if recorded:
-            return f"sha256:{recorded}"
     shards = sorted(folder.glob("*.safetensors"))
     if not shards:
         return None
@@ -61,7 +117,7 @@ def content_id(source: str | os.PathLike) -> str | None:
     to_hash = [p for p in shards if not _BLOB.fullmatch(blobs[p])]
     if sum(p.stat().st_size for p in to_hash) > HASHED_BYTES:
         return None
-    sums = {p: blobs[p] if p not in to_hash else _file_sha256(p) for p in shards}
+    sums = {p: blobs[p] if p not in to_hash else file_sha256(p) for p in shards}
     if len(shards) == 1 and shards[0].name == "model.safetensors":
         return f"sha256:{sums[shards[0]]}"
     lines = "".join(f"{p.name} {sums[p]}\n" for p in shards)

@@ -1,6 +1,8 @@
 """Cross-reference checks of a config, which its JSON schema cannot express: a table naming an
 unknown model, a method of an unregistered type, a prior naming an unknown probe, two entries
-one table would print under the same label, ... Torch-free: the Snakefile runs them at parse
+one table would print under the same label, a label that is not one trimmed line
+(``label_text``), a method setting its job would refuse on a model's widths
+(``method_shapes``), ... Torch-free: the Snakefile runs them at parse
 time (workflow/rules/common.smk), before any job, and ``fair-calib cost`` on the config it
 projects. Every error is a one-line :class:`fair_calib.config.ConfigError` naming the key."""
 from __future__ import annotations
@@ -11,6 +13,8 @@ import sys
 from fair_calib import registry
 from fair_calib.config import ConfigError, merged_config, validate_config
 from fair_calib.evaluate.task_settings import resolve_task, use_by_model
+from fair_calib.label_text import check_label_text
+from fair_calib.method_shapes import check_method_shapes
 
 MEMORY_TABLES = ("calib_memory", "deploy_memory")
 RULES_WITH_RESOURCES = ("make_data", "train_tiny", "convert_hub", "probe_shard", "prior", "calibrate",
@@ -114,6 +118,7 @@ def check_config(cfg):
     check_labels(cfg)
     check_shapes(cfg)
     check_prior_ablation(cfg)
+    check_method_shapes(cfg)
     check_limits(cfg)
 
 
@@ -191,8 +196,10 @@ def _first_clash(cfg, section, names, where, key="label"):
 
 
 def check_labels(cfg):
-    """No table or figure prints two models, methods or tasks under one label (a label absent
-    is the entry's name)."""
+    """Every label is one line of trimmed text that fits a table column, and no table or
+    figure prints two models, methods or tasks under one label (a label absent is the entry's
+    name)."""
+    check_label_text(cfg)
     for tname, t in cfg["tables"].items():
         where = f"tables.{tname}"
         for key in ("label", "latex_label"):        # the figures' and the LaTeX tables' names

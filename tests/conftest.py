@@ -20,3 +20,10 @@ def shared_data_dir() -> Path:
     if not path.is_dir():
         pytest.skip(f"offline data dir {path} absent (set FAIR_CALIB_DATA_DIR)")
     return path
+
+
+@pytest.fixture(autouse=True)
+def _own_hash_cache(tmp_path_factory, monkeypatch):
+    """Each test's weights-hash cache (fair_calib.model_identity) is its own, never the user's."""
+    monkeypatch.setenv("FAIR_CALIB_HASH_CACHE",
+                       str(tmp_path_factory.mktemp("hash_cache") / "sha256.json"))

@@ -320,7 +320,8 @@ def test_content_id_of_tiny_sharded_and_cached_checkpoints(tmp_path):
     (tiny / "model.safetensors").write_bytes(b"weights")
     assert content_id(tiny) == f"sha256:{hashlib.sha256(b'weights').hexdigest()}"
     (tiny / "fair_calib.json").write_text(json.dumps({"model_sha256": "ab" * 32}))
-    assert content_id(tiny) == f"sha256:{'ab' * 32}"          # recorded by train-tiny: read
+    # what train-tiny recorded is not taken on trust: the weights may have changed since
+    assert content_id(tiny) == f"sha256:{hashlib.sha256(b'weights').hexdigest()}"
     # a hub cache snapshot: shards are symlinks to blobs named by their sha256 (not reread)
     blobs, snap = tmp_path / "blobs", tmp_path / "snapshots/rev"
     blobs.mkdir()
@@ -331,3 +332,54 @@ def test_content_id_of_tiny_sharded_and_cached_checkpoints(tmp_path):
     lines = f"model-00001-of-00002.safetensors {'1' * 64}\nmodel-00002-of-00002.safetensors {'2' * 64}\n"
     assert content_id(snap) == f"sha256:{hashlib.sha256(lines.encode()).hexdigest()}"
     assert content_id(tmp_path / "absent") is None and content_id("org/not-cached-model") is None
+
+
+def test_weights_hash_is_recomputed_unless_the_files_stat_is_unchanged(tmp_path, monkeypatch):
+    """Issue 42: a calibration is tied to the weights it was made on whatever changed them; the
+    hash of a file is read from the cache only while its size, mtime, ctime and inode are
+    those recorded with it, so an unchanged checkpoint is not read twice."""
+    import hashlib
+    import os
+
+    from fair_calib import model_identity as mi
+
+    reads = []
+    real_read = mi._read_sha256
+    monkeypatch.setattr(mi, "_read_sha256", lambda p: reads.append(p) or real_read(p))
+    tiny = tmp_path / "tiny"
+    tiny.mkdir()
+    f = tiny / "model.safetensors"
+    f.write_bytes(b"weights A")
+    a = f"sha256:{hashlib.sha256(b'weights A').hexdigest()}"
+    assert mi.content_id(tiny) == a and len(reads) == 1
+    assert mi.content_id(tiny) == a and len(reads) == 1            # unchanged: not read again
+    assert mi.hash_cache_path().is_file()                           # the test's own (conftest)
+    # the cache is what answered: an entry of the same stat is believed ...
+    cache = json.loads(mi.hash_cache_path().read_text())
+    cache["files"][os.path.realpath(f)]["sha256"] = "c" * 64
+    mi.hash_cache_path().write_text(json.dumps(cache))
+    assert mi.content_id(tiny) == f"sha256:{'c' * 64}" and len(reads) == 1
+    # ... and one whose size or mtime differ is not
+    os.utime(f, ns=(f.stat().st_atime_ns, f.stat().st_mtime_ns + 10**9))
+    assert mi.content_id(tiny) == a and len(reads) == 2
+    # changed in place, same size, mtime set back to what it was (as cp -p, rsync -t do)
+    st = f.stat()
+    with open(f, "r+b") as fh:
+        fh.write(b"W")
+    os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert f.stat().st_size == st.st_size and f.stat().st_mtime_ns == st.st_mtime_ns
+    assert mi.content_id(tiny) == f"sha256:{hashlib.sha256(b'Weights A').hexdigest()}"
+    assert len(reads) == 3
+
+
+def test_an_unwritable_hash_cache_only_costs_a_read(tmp_path, monkeypatch):
+    import hashlib
+
+    from fair_calib import model_identity as mi
+
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    monkeypatch.setenv(mi.HASH_CACHE_ENV, str(blocked / "sha256.json"))   # under a file
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "model.safetensors").write_bytes(b"w")
+    assert mi.content_id(tmp_path / "m") == f"sha256:{hashlib.sha256(b'w').hexdigest()}"

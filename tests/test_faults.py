@@ -789,6 +789,46 @@ def test_lm_eval_refuses_a_calibration_of_another_model(tmp_path):
     check_calibration_pairing(str(base), "GSAI-ML/LLaDA-8B-Base", "llada")
 
 
+def test_lm_eval_refuses_a_calibration_of_weights_changed_in_place(tmp_path):
+    """Issue 42: model.safetensors changed in place (not by the pipeline: same size, its mtime
+    set back), fair_calib.json untouched: `fair-calib lm-eval` recomputes the weights' hash
+    and refuses the old calib_dir in one line, before loading the model."""
+    import hashlib
+
+    from safetensors.torch import save_file
+
+    from fair_calib.evaluate import offline_data
+    from fair_calib.evaluate.lm import check_calibration_pairing
+    from fair_calib.lm_eval_cli import render_tasks
+
+    model = _fake_model(tmp_path / "resources/models/tiny-llada", "tiny-llada")
+    weights = model / "model.safetensors"
+    save_file({"w": __import__("torch").zeros(8)}, str(weights))
+    made = hashlib.sha256(weights.read_bytes()).hexdigest()
+    (model / "fair_calib.json").write_text(json.dumps({"family": "tiny-llada", "model_sha256": made}))
+    cell = _fake_calibration(tmp_path / "calib/tiny-llada/rtn/w4a4", "tiny-llada", "tiny-llada",
+                             str(model))
+    meta = json.loads((cell / "meta.json").read_text())
+    meta["provenance"]["config"]["model_content"] = f"sha256:{made}"
+    (cell / "meta.json").write_text(json.dumps(meta))
+    check_calibration_pairing(str(cell), str(model), "tiny-llada")       # its own weights
+    st = weights.stat()
+    with open(weights, "r+b") as f:                                      # one byte, in place
+        f.seek(st.st_size - 1)
+        f.write(b"\x01")
+    os.utime(weights, ns=(st.st_atime_ns, st.st_mtime_ns))
+    now = hashlib.sha256(weights.read_bytes()).hexdigest()
+    synth = tmp_path / "data"
+    synth.mkdir()
+    for name in offline_data.SYNTHETIC_TASKS.values():
+        (synth / name).write_text("")
+    include = render_tasks(tmp_path / "tasks", ["synth_mc"], synthetic_dir=str(synth))
+    res = _cli("lm-eval", "--model", "fair_calib_dlm", "--model_args",
+               f"pretrained={model},family=tiny-llada,calib_dir={cell}", "--tasks", "synth_mc",
+               "--include_path", str(include), "--limit", "1", cwd=tmp_path)
+    _one_line_error(res, "fair-calib lm-eval", f"sha256:{made}", f"sha256:{now}", str(cell))
+
+
 def test_lm_eval_family_comes_from_the_checkpoint_config(tmp_path, monkeypatch):
     """`family=` need not be passed where the checkpoint's config.json says it: a local
     folder's, or a hub id's outside the adapters' list (a fine-tune), from the hub cache."""

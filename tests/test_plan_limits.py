@@ -133,3 +133,103 @@ def test_the_one_token_families_are_the_adapters():
         (Path(tmp) / "train.txt").write_text("\n".join(data["train"]) + "\n")
         tok = build_tokenizer(Path(tmp) / "train.txt")
     assert all(len(tok(w, add_special_tokens=False)["input_ids"]) == 1 for w in words), words
+
+
+# ------------------------------------------------------------------ issue 42: method shapes
+# The released checkpoints' config.json fields that fix their widths (docs: shared/REFERENCE.md)
+LLADA_8B = {"model_type": "llada", "d_model": 4096, "n_heads": 32, "n_kv_heads": 32,
+            "mlp_hidden_size": 12288}
+DREAM_7B = {"model_type": "Dream", "hidden_size": 3584, "num_attention_heads": 28,
+            "num_key_value_heads": 4, "intermediate_size": 18944}
+QDLM_IDS = {"GSAI-ML/LLaDA-8B-Base": LLADA_8B, "GSAI-ML/LLaDA-8B-Instruct": LLADA_8B,
+            "Dream-org/Dream-v0-Base-7B": DREAM_7B, "Dream-org/Dream-v0-Instruct-7B": DREAM_7B}
+
+
+@pytest.fixture
+def cached_configs(tmp_path, monkeypatch):
+    """The qdlm grid's hub ids with their config.json in a (stand-in) local Hugging Face cache."""
+    import huggingface_hub
+
+    paths = {}
+    for hub_id, fields in QDLM_IDS.items():
+        folder = tmp_path / hub_id.replace("/", "--")
+        folder.mkdir()
+        (folder / "config.json").write_text(__import__("json").dumps(fields))
+        paths[hub_id] = str(folder / "config.json")
+    monkeypatch.setattr(huggingface_hub, "try_to_load_from_cache",
+                        lambda repo, name, **kw: paths.get(repo) if name == "config.json" else None)
+    return paths
+
+
+def test_qdlm_grid_fits_the_released_widths(cached_configs):
+    """QDLM's group 128 and DuQuant blocks of 128 divide LLaDA-8B's 4096 / 12288 and Dream-7B's
+    3584 / 18944; QuaRot has Hadamard matrices for 32 and 28 heads and 12288 = 12 x 1024,
+    18944 = 148 x 128."""
+    check_config(_config("qdlm.yaml"))
+
+
+def test_a_hub_checkpoints_width_is_named_by_its_config_json(cached_configs):
+    cfg = _config("qdlm.yaml", {"methods": {"awq-w4": {"group_size": 96}}})
+    with pytest.raises(C.ConfigError) as err:
+        check_config(cfg)
+    msg = str(err.value)
+    assert msg.startswith("config: methods.awq-w4.group_size = 96 does not divide the 3584 input "
+                          "columns of dream-7b-base's q/k/v and gate/up linears ("), msg
+    assert f"{cached_configs['Dream-org/Dream-v0-Base-7B']}: hidden_size" in msg and "\n" not in msg
+
+
+def test_widths_unknown_before_the_job_are_left_to_it(monkeypatch):
+    """A hub id not in the local cache: its widths come with its download, in the job."""
+    import huggingface_hub
+
+    monkeypatch.setattr(huggingface_hub, "try_to_load_from_cache", lambda *a, **kw: None)
+    check_config(_config("qdlm.yaml", {"methods": {"awq-w4": {"group_size": 96}}}))
+
+
+SHAPE_LIMITS = [
+    # a method's default against the smoke models' 64 columns, said to be the default
+    (["smoke.yaml", "qdlm_tiny.yaml", {"methods": {"duquant": {"block_size": None}}}],
+     "methods.duquant.block_size = 128 (the default) does not divide the 64 input columns"),
+    # a tiny model's width left to the trainer's default (hidden 128, intermediate 384)
+    (["qdlm_tiny.yaml", {"models": {"tiny-dream": {"train": None}}},
+      {"methods": {"awq": {"group_size": 96}}}],
+     "methods.awq.group_size = 96 does not divide the 128 input columns of tiny-dream's q/k/v "
+     "and gate/up linears (models.tiny-dream.train.hidden (default 128))"),
+    # QuaRot: 6 heads have no Hadamard matrix for the online rotation across heads
+    ([{"models": {"tiny-llada": {"train": {"hidden": 96, "heads": 6}}},
+       "methods": {"quarot": {"type": "quarot", "label": "QuaRot"}},
+       "tables": {"main": {"methods": ["fp", "rtn", "quarot"]}}}],
+     "methods.quarot.online_hadamard (true) on tiny-llada: no Hadamard matrix of order 6 "
+     "(heads: models.tiny-llada.train.heads)"),
+    ([{"models": {"tiny-llada": {"train": {"intermediate": 208}}},
+       "methods": {"quarot": {"type": "quarot", "label": "QuaRot"}},
+       "tables": {"main": {"methods": ["fp", "rtn", "quarot"]}}}],
+     "methods.quarot (type quarot) on tiny-llada: the online down_proj rotation (intermediate: "
+     "models.tiny-llada.train.intermediate): width 208 = 52 x 4"),
+]
+
+
+def _without_nones(d):
+    return {k: _without_nones(v) if isinstance(v, dict) else v for k, v in d.items() if v is not None}
+
+
+@pytest.mark.parametrize("overs, needle", SHAPE_LIMITS, ids=["default", "tiny-default", "heads", "intermediate"])
+def test_a_shape_its_job_would_refuse_is_a_config_error(overs, needle):
+    cfg = C.load_yaml(REPO / "config/config.yaml")
+    for over in overs:
+        cfg = _merge(cfg, C.load_yaml(REPO / "config" / over) if isinstance(over, str) else over)
+    cfg = C.validate_config(_without_nones(cfg))
+    with pytest.raises(C.ConfigError) as err:
+        check_config(cfg)
+    assert needle in str(err.value) and "\n" not in str(err.value), err.value
+
+
+def test_shapes_are_checked_for_the_calibrations_the_run_plans_only():
+    # an AWQ entry no table uses: no job would meet it
+    check_config(_config("smoke.yaml", "qdlm_tiny.yaml",
+                         {"methods": {"awq-spare": {"type": "awq", "group_size": 48}}}))
+    # QuaRot without the online rotations needs no Hadamard of order 6
+    check_config(_config({"models": {"tiny-llada": {"train": {"hidden": 96, "heads": 6}}},
+                          "methods": {"quarot": {"type": "quarot", "label": "QuaRot",
+                                                 "online_hadamard": False}},
+                          "tables": {"main": {"methods": ["fp", "rtn", "quarot"]}}}))

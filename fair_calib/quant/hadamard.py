@@ -26,16 +26,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .hadamard_orders import (HADAMARD_ORDERS, QUAROT_ONLY_ORDERS,  # noqa: F401 (re-exported)
+                              hadamard_recipe, hadamard_split, is_pow2)
+from .hadamard_orders import is_prime as _is_prime
 from .transforms import random_orthogonal
-
-# QuaRot's get_hadK order, then 148 (ours, for Dream's 18944).
-HADAMARD_ORDERS = (172, 156, 140, 108, 60, 52, 36, 28, 40, 20, 12, 148)
-# QuaRot's Williamson-type tables: not constructed here, so their widths are refused.
-QUAROT_ONLY_ORDERS = (172, 156, 52)
-
-
-def is_pow2(n: int) -> bool:
-    return n >= 1 and n & (n - 1) == 0
 
 
 def sylvester_hadamard(n: int, dtype: torch.dtype = torch.float64) -> torch.Tensor:
@@ -45,10 +39,6 @@ def sylvester_hadamard(n: int, dtype: torch.dtype = torch.float64) -> torch.Tens
     while h.shape[0] < n:
         h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
     return h
-
-
-def _is_prime(q: int) -> bool:
-    return q >= 2 and all(q % d for d in range(2, int(q ** 0.5) + 1))
 
 
 def _jacobsthal(q: int) -> torch.Tensor:
@@ -88,37 +78,17 @@ def paley2(q: int) -> torch.Tensor:
 
 
 def hadamard(k: int) -> torch.Tensor:
-    """A +-1 Hadamard matrix of order k (float64), or ValueError if none is constructed."""
-    if is_pow2(k):
+    """A +-1 Hadamard matrix of order k (float64), or ValueError if none is constructed
+    (:func:`~fair_calib.quant.hadamard_orders.hadamard_recipe` says which construction)."""
+    kind, q = hadamard_recipe(k)
+    if kind == "sylvester":
         return sylvester_hadamard(k)
-    if _is_prime(k - 1) and (k - 1) % 4 == 3:
-        return paley1(k - 1)
-    if k % 2 == 0 and _is_prime(k // 2 - 1) and (k // 2 - 1) % 4 == 1:
-        return paley2(k // 2 - 1)
-    if k % 2 == 0 and k // 2 % 4 == 0:
-        try:
-            h = hadamard(k // 2)
-        except ValueError:
-            pass
-        else:
-            return torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
-    raise ValueError(f"no Hadamard construction of order {k} here (Paley I/II, doubling)")
-
-
-def hadamard_split(n: int) -> tuple[int, int, bool]:
-    """(K, 2^j, exact) with n = K * 2^j: K from QuaRot's orders (then 148), else the odd part
-    of n with ``exact`` False (no Hadamard matrix: random orthogonal factor). ValueError where
-    QuaRot would use one of its Williamson tables (52, 156, 172), which are not built here."""
-    if is_pow2(n):
-        return 1, n, True
-    for k in HADAMARD_ORDERS:
-        if n % k == 0 and is_pow2(n // k):
-            if k in QUAROT_ONLY_ORDERS:
-                raise ValueError(f"width {n} = {k} x {n // k}: QuaRot rotates it with its "
-                                 f"order-{k} table, which is not reproduced here")
-            return k, n // k, True
-    p = n & -n
-    return n // p, p, False
+    if kind == "paley1":
+        return paley1(q)
+    if kind == "paley2":
+        return paley2(q)
+    h = hadamard(q)                                  # "double": Sylvester doubling
+    return torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
 
 
 class KronRotation(nn.Module):

@@ -149,3 +149,48 @@ def test_evaluation_model_drops_fp_weights(tmp_path, cfg):
     assert ql.linear.weight is not None and ql.weight.shape == (ql.out_features, ql.in_features)
     with pytest.raises(RuntimeError, match="FP weight was dropped"):
         ql.unfold()
+
+
+# ------------------------------------------------------------------ plan-time shape checks
+SHAPE_CASES = [
+    # (method settings, (w_bits, a_bits), (hidden, heads, intermediate), refused)
+    ({"type": "awq", "group_size": 48}, (4, 16), (64, 4, 128), True),
+    ({"type": "awq", "group_size": 48}, (4, 16), (96, 4, 192), False),
+    ({"type": "awq", "group_size": 32}, (4, 16), (64, 4, 96), False),
+    ({"type": "gptq", "group_size": 48}, (4, 16), (64, 4, 128), False),   # a shorter last group
+    ({"type": "duquant", "block_size": 48, "max_rotation_step": 2}, (4, 4), (64, 4, 128), True),
+    ({"type": "duquant", "block_size": 48, "max_rotation_step": 2}, (4, 4), (96, 4, 192), False),
+    ({"type": "duquant", "block_size": 32, "max_rotation_step": 2}, (4, 4), (64, 4, 96), False),
+    ({"type": "quarot"}, (4, 4), (96, 6, 192), True),                     # no Hadamard of order 6
+    ({"type": "quarot", "online_hadamard": False}, (4, 4), (96, 6, 192), False),
+    ({"type": "quarot"}, (4, 4), (104, 4, 128), True),                    # hidden 104 = 52 x 2
+    ({"type": "quarot"}, (4, 4), (64, 4, 208), True),                     # intermediate 52 x 4
+    ({"type": "quarot", "online_hadamard": False}, (4, 4), (64, 4, 208), False),
+]
+
+
+@pytest.mark.parametrize("cfg, bits, shape, refused", SHAPE_CASES,
+                         ids=[f"{c['type']}-{s}-{'-'.join(f'{k}{v}' for k, v in c.items() if k != 'type')}"
+                              for c, _, s, _ in SHAPE_CASES])
+def test_plan_time_shape_check_refuses_exactly_what_the_job_refuses(tmp_path, cfg, bits, shape,
+                                                                     refused):
+    """fair_calib.method_shapes (torch-free, before any job) refuses a calibration exactly where
+    the calibrate job raises on it (issue 42: a job that refuses its settings has already cost
+    its finished outputs)."""
+    from fair_calib.method_shapes import CHECKS
+    from fair_calib.model_widths import Widths
+
+    hidden, heads, inter = shape
+    w = Widths("toy", hidden, inter, heads, hidden // heads,
+               {k: f"toy.{k}" for k in ("hidden", "intermediate", "heads", "head_dim")})
+    check = CHECKS.get(cfg["type"], lambda *a: None)
+    planned = check("m", cfg, {"w_bits": bits[0], "a_bits": bits[1]}, w)
+    assert (planned is not None) == refused, planned
+    ids = torch.randint(0, 40, (2, 8), generator=torch.Generator().manual_seed(1))
+    lm = tiny_random_loaded("llama", hidden=hidden, heads=heads, intermediate=inter, layers=1)
+    try:
+        calibrate(lm, make_method(cfg, *bits), ids, tmp_path, batch_size=2, **QUIET)
+    except ValueError as err:
+        assert planned is not None, f"the job refused what the plan took: {err}"
+    else:
+        assert planned is None, f"the plan refused what the job takes: {planned}"

@@ -274,3 +274,31 @@ def test_llada_rotary_frequencies_follow_the_model_to_its_device(tmp_path):
         rotary._inv_freq_device = torch.device("meta")    # "computed elsewhere"
         assert torch.equal(lm.logits(ids), before)
     assert torch.equal(rotary.inv_freq, want)
+
+
+@pytest.mark.parametrize("family, kv_heads, mlp_ratio", [("llada", 4, None), ("llada", 2, None),
+                                                         ("llada", 4, 1.5), ("dream", None, None)])
+def test_widths_read_before_any_job_are_the_loaded_models(family, kv_heads, mlp_ratio, tmp_path):
+    """fair_calib.model_widths reads config.json without torch for the plan-time shape checks
+    (fair_calib.method_shapes); its widths are the input widths of the linears the loader
+    builds: LLaDA's field names (mlp_ratio x d_model without mlp_hidden_size), GQA, Dream's."""
+    from fair_calib.model_widths import config_json_widths
+
+    folder = tmp_path / "ckpt"
+    if family == "llada":
+        llada_checkpoint(folder, kv_heads=kv_heads)
+    else:
+        dream_checkpoint(folder)
+    if mlp_ratio is not None:              # the authors' default path: mlp_ratio x d_model
+        cfg = json.loads((folder / "config.json").read_text())
+        assert cfg.pop("mlp_hidden_size") == mlp_ratio * cfg["d_model"]
+        (folder / "config.json").write_text(json.dumps({**cfg, "mlp_ratio": mlp_ratio}))
+    w = config_json_widths("m", family, folder / "config.json")
+    block = load_model(folder, family).blocks[0]
+    inputs = {"q/k/v and gate/up": {block.self_attn.q_proj.in_features, block.self_attn.k_proj.in_features,
+                                    block.self_attn.v_proj.in_features, block.mlp.gate_proj.in_features,
+                                    block.mlp.up_proj.in_features},
+              "o_proj": {block.self_attn.o_proj.in_features},
+              "down_proj": {block.mlp.down_proj.in_features}}
+    assert {linears: {width} for linears, width, _ in w.linear_inputs()} == inputs
+    assert w.heads * w.head_dim == block.self_attn.o_proj.in_features and w.heads == 4

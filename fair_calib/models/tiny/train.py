@@ -37,11 +37,11 @@ import math
 import random
 import time
 from pathlib import Path
-from typing import Any
 
 import torch
 
 from fair_calib import io, numerics
+from fair_calib.models.tiny.defaults import DEFAULT_TRAIN
 from fair_calib.models.tiny.tokenizer import BOS, EOS, MASK, PAD, build_tokenizer
 
 FAMILIES = {
@@ -50,14 +50,6 @@ FAMILIES = {
     "tiny-dream": ("qwen2", True),
 }
 
-DEFAULT_TRAIN: dict[str, Any] = {
-    "hidden": 128, "layers": 4, "heads": 4, "intermediate": 384,
-    "steps": 1500, "batch_size": 32, "lr": 5e-3, "seq_len": 64,
-    "warmup": 0.05, "min_lr_ratio": 0.1, "weight_decay": 0.01, "grad_clip": 1.0,
-    "eps": 1e-3, "sft_frac": 0.8, "no_bos_frac": 0.1, "no_eos_frac": 0.1,
-    "long_frac": 0.15, "short_tail": 6, "t_power": 2.0,
-    "loss_norm": "masked_mean", "tie_train": True, "threads": 2,
-}
 
 def _log_schema():
     import pyarrow as pa
