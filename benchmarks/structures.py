@@ -18,6 +18,7 @@ from fair_calib.quant.hadamard import KronRotation
 from fair_calib.quant.qlinear import InputQuant, QuantLinear
 from fair_calib.quant.quantizers import ActQuantizer, WeightQuantizer
 
+
 def emit(rec: dict) -> None:
     """Print one JSON line; with ``OUT`` set (the device tool's folder), also append it to
     ``$OUT/benchmarks.jsonl``, which comes back whole where the console's tail is cut."""
