@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import os
 import statistics
 import sys
@@ -98,12 +97,9 @@ def entries(records) -> dict[str, list]:
 
 
 def emit(rec: dict) -> None:
-    line = json.dumps(rec)
-    print(line, flush=True)
-    out = os.environ.get("OUT")
-    if out:
-        with open(Path(out) / "census_shapes.jsonl", "a") as f:
-            f.write(line + "\n")
+    from benchmarks.structures import emit as emit_line
+
+    emit_line(rec, "census_shapes")
 
 
 # ----------------------------------------------------------------------------- GPU timing

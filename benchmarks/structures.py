@@ -19,13 +19,13 @@ from fair_calib.quant.qlinear import InputQuant, QuantLinear
 from fair_calib.quant.quantizers import ActQuantizer, WeightQuantizer
 
 
-def emit(rec: dict) -> None:
+def emit(rec: dict, name: str = "benchmarks") -> None:
     """Print one JSON line; with ``OUT`` set (the device tool's folder), also append it to
-    ``$OUT/benchmarks.jsonl``, which comes back whole where the console's tail is cut."""
+    ``$OUT/<name>.jsonl``, which comes back whole where the console's tail is cut."""
     line = json.dumps(rec)
     print(line, flush=True)
     if os.environ.get("OUT"):
-        with open(Path(os.environ["OUT"]) / "benchmarks.jsonl", "a") as f:
+        with open(Path(os.environ["OUT"]) / f"{name}.jsonl", "a") as f:
             f.write(line + "\n")
 
 
