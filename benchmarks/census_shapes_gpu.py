@@ -1,43 +1,24 @@
-"""Quantized / bf16 time at the census's heavy shapes (the ratios of fair_calib/cost.py's
-QUANT_RATIOS), on random weights at the real LLaDA-8B / Dream-7B shapes, full depth.
+"""Quantized / bf16 time at the census's heavy shapes: the ratios of fair_calib/cost.py's
+QUANT_RATIOS, on random weights at the real LLaDA-8B / Dream-7B shapes, full depth.
 
     PYTHONPATH=. python benchmarks/census_shapes_gpu.py --shapes llada-8b dream-7b
-        [--census results/census.parquet] [--forward-shapes 1x1984 16x128 ...] [--max-shapes 8]
-        [--decode-steps 16] [--no-decode] [--iters 7]
+        [--forward-shapes 1x1984 16x128 ...] [--max-shapes 8]
+        [--structures transform hadamard plain] [--decode-steps 16] [--no-decode] [--iters 7]
 
-Shapes: per model, the census's heaviest (rows x tokens-bucket) shapes of its family -- those
-that carry 90% of the paper grid's forwards or of its projected GPU time, ordered by GPU time,
-at most ``--max-shapes`` -- read from ``--census`` (``fair-calib census --configfile
-config/paper.yaml --out results/census.parquet``), else ``DEFAULT_SHAPES`` (that selection
-on the paper census of 2026-11-27; tests/test_census.py checks it against the census), or
-``--forward-shapes`` for every model.
-
-For each shape, bf16 and each W4A4 structure (FAIR_CALIB_LOWBIT=real: ``transform``, the
-FAIR-Calib/FlatQuant online Kronecker transforms; ``hadamard``, QuaRot's online Hadamards;
-``plain``, RTN), built by benchmarks/structures.py:
-
-As the evaluation stage runs them (``LoadedModel.replay_graphs``: repeated forwards replayed
-from CUDA graphs; 4-bit codes one per byte on CUDA):
-
-* ``forward``: one forward of rows x tokens (LM head on the last 16 positions, an MC target),
-  median of ``--iters`` CUDA-event timings of the replay after the warm-up and capture calls;
-* ``decode`` (generation shapes, rows 1): fair_calib's own batch-1 decode of ``--decode-steps``
-  steps over a prompt of tokens - gen_length and gen_length = min(256, tokens / 2) (LLaDA:
-  low_confidence, one block; Dream: entropy), timed whole after a 2-step warm-up decode
-  (which captures the step's graph): the grid's execution mode, host work included (the cost
-  prices generation at decode ratios).
-
-One JSON line per (model, structure, mode, shape): times, the ratio to bf16 and the
-QUANT_RATIOS entry it gives; appended to ``$OUT/census_shapes.jsonl`` when ``OUT`` is set.
-The last lines print the RATIO_SOURCES line (command, card, torch, date) and the entries to
-paste into QUANT_RATIOS. Both models with the defaults took 76 s on a lent H200 (2026-11-27,
-docs/benchmarks.md); not timed on an H100.
+Shapes: ``DEFAULT_SHAPES`` (per family, those carrying 90% of the paper grid's forwards or GPU
+time, heaviest first) or ``--forward-shapes``. Structures, by QUANT_RATIOS' names: ``transform``
+(FAIR-Calib), ``hadamard`` (QuaRot), ``plain`` (RTN), W4A4 on the real path, run as the
+evaluation stage runs them (replayed from CUDA graphs, codes one a byte). ``forward``: one
+forward, LM head on the last 16 positions, median of ``--iters`` replays; ``decode`` (rows 1):
+a batch-1 decode of ``--decode-steps`` steps whose forwards are 1 x tokens, timed whole after a
+warm-up decode that captures. One JSON line per (model, structure, mode, shape) with its
+QUANT_RATIOS entry (also in ``$OUT/census_shapes.jsonl``); at the end the RATIO_SOURCES line
+and the entries to paste into QUANT_RATIOS.
 """
 from __future__ import annotations
 
 import argparse
 import gc
-import json
 import os
 import statistics
 import sys
@@ -47,14 +28,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 FAMILY = {"llada-8b": "llada", "dream-7b": "dream"}
-STRUCTURES = ("transform", "hadamard", "plain")
+METHOD = {"transform": "fair_calib", "hadamard": "quarot", "plain": "rtn"}   # structures.py's
+STRUCTURES = tuple(METHOD)
 SOURCE = "census-gpu"            # the source tag of the printed QUANT_RATIOS entries
 
 # select_shapes of the paper census (fair-calib census --configfile config/paper.yaml,
-# 2026-11-27, priced at bf16 replay speed, the Instruct models on their authors' generation
-# recipes, W8A8 on the int8 GEMM): (request class, rows, tokens bucket), by projected GPU time,
-# 8 at most. QUANT_RATIOS' "census-gpu" entries were measured at the selection before W8A8 ran
-# real under auto, which had LLaDA 1 x 896 where this has 1 x 768 (docs/benchmarks.md).
+# 2026-11-27): (request class, rows, tokens bucket), by projected GPU time, 8 at most
+# (tests/test_census.py checks it against the census).
 DEFAULT_SHAPES = {
     "llada": [("generate", 1, 576), ("generate", 1, 640), ("generate", 1, 1984),
               ("generate", 1, 704), ("mc", 16, 192), ("generate", 1, 1920), ("generate", 1, 960),
@@ -96,13 +76,7 @@ def parse_shape(text: str) -> tuple[str, int, int]:
 def shapes_for(model: str, args) -> list[tuple]:
     if args.forward_shapes:
         return [parse_shape(s) for s in args.forward_shapes]
-    family = FAMILY[model]
-    if args.census:
-        from fair_calib.io import read_parquet
-
-        df, _ = read_parquet(args.census)
-        return select_shapes(df.to_dict("records"), family, max_shapes=args.max_shapes)
-    return DEFAULT_SHAPES[family][:args.max_shapes]
+    return DEFAULT_SHAPES[FAMILY[model]][:args.max_shapes]
 
 
 def record(model: str, structure: str, mode: str, rows: int, tokens: int, bf16_s: float,
@@ -123,12 +97,9 @@ def entries(records) -> dict[str, list]:
 
 
 def emit(rec: dict) -> None:
-    line = json.dumps(rec)
-    print(line, flush=True)
-    out = os.environ.get("OUT")
-    if out:
-        with open(Path(out) / "census_shapes.jsonl", "a") as f:
-            f.write(line + "\n")
+    from benchmarks.structures import emit as emit_line
+
+    emit_line(rec, "census_shapes")
 
 
 # ----------------------------------------------------------------------------- GPU timing
@@ -202,11 +173,6 @@ def bench_model(model_name: str, args) -> list[dict]:
     from benchmarks import structures
 
     shape_list = shapes_for(model_name, args)
-    spec = shapes.SHAPES[model_name]
-    hd = spec["hidden_size"] // spec["num_attention_heads"]
-    quantize = {"transform": lambda lm, g: structures.quantize_fair_calib(lm, g),
-                "hadamard": lambda lm, g: structures.quantize_quarot(lm, g, hd),
-                "plain": lambda lm, g: structures.quantize_rtn(lm, g)}
     device = torch.cuda.get_device_name()
     lm = shapes.build(model_name, device="cuda")
     groups = structures.block_groups(lm, "cuda")
@@ -219,7 +185,7 @@ def bench_model(model_name: str, args) -> list[dict]:
             torch.cuda.empty_cache()
             lm = shapes.build(model_name, device="cuda")
         t0 = time.perf_counter()
-        quantize[structure](lm, groups)
+        structures.quantize(lm, groups, METHOD[structure])
         structures.to_byte_storage(lm)          # codes one per byte, as load_quantized on CUDA
         torch.cuda.synchronize()
         attach_s = time.perf_counter() - t0
@@ -240,7 +206,6 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--shapes", nargs="+", default=list(FAMILY), choices=list(FAMILY),
                     help="model shapes (benchmarks/shapes.py)")
-    ap.add_argument("--census", default=None, help="census Parquet (fair-calib census --out)")
     ap.add_argument("--forward-shapes", nargs="+", default=None, metavar="ROWSxTOKENS")
     ap.add_argument("--max-shapes", type=int, default=8)
     ap.add_argument("--structures", nargs="+", default=list(STRUCTURES), choices=STRUCTURES)

@@ -1,15 +1,13 @@
 """How long does the grid's batch-1 decoding take, eager against CUDA-graph replay, bf16 and
-W4A4, and does replay give eager's tokens and logits? (issue 30, item 3)
+quantized, and does replay give eager's tokens and logits?
 
 The project's ``decode`` at the real LLaDA-8B / Dream-7B shapes (random weights, full depth
 unless ``--layers``): batch 1, gen_length 256, 256 steps, prompts of 600 and 152 tokens, LLaDA
 low_confidence in blocks of 32 (float32 rotary, as its hub checkpoints load), Dream entropy.
-For bf16 and each quantized structure (W4A4 on the integer GEMM, ``FAIR_CALIB_LOWBIT=real``), the
-decode runs eagerly and through :mod:`fair_calib.models.graphs` (capture included in its
-time); one JSON line each with the wall time, peak memory, capture cost, and whether the tokens
-and every step's logits (a 64-bit fingerprint of their bits) equal the eager decode's.
-Weights: one code a byte (no per-forward unpacking; what the pipeline runs on CUDA) and,
-with ``--storage packed``, two a byte unpacked by every forward.
+bf16 and each structure (``benchmarks/structures.py`` at W4A4 or W8A8 on the integer GEMM, codes
+one a byte as on CUDA) decode eagerly and through :mod:`fair_calib.models.graphs` (capture
+included); one JSON line each: wall time, peak memory, capture cost, and whether the tokens and
+every step's logits (a 64-bit fingerprint of their bits) equal the eager decode's.
 
     PYTHONPATH=. python benchmarks/decode_graphs_gpu.py [--shapes llada-8b dream-7b] [--layers N]
         [--structures fair_calib quarot rtn] [--bits 4|8]
@@ -27,8 +25,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks import shapes  # noqa: E402
-from benchmarks.structures import (block_groups, emit, quantize_method,  # noqa: E402
-                                   quantize_quarot, to_byte_storage)
+from benchmarks.structures import (STRUCTURES, block_groups, emit, quantize,  # noqa: E402
+                                   to_byte_storage)
 from fair_calib.decoding import decode, make_policy  # noqa: E402
 
 PROMPTS = (600, 152)
@@ -112,29 +110,17 @@ def measure(lm, shape: str, variant: str, eager: bool) -> None:
             emit(rec)
 
 
-def quantize(lm, name: str, groups, hd: int, bits: int) -> None:
-    if name == "quarot":
-        quantize_quarot(lm, groups, hd, bits=bits)
-    else:
-        quantize_method(lm, groups, name, "real", bits)
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--shapes", nargs="+", default=["llada-8b", "dream-7b"])
     ap.add_argument("--layers", type=int, default=None)
-    ap.add_argument("--structures", nargs="+", default=["fair_calib", "quarot", "rtn"])
-    ap.add_argument("--storage", nargs="+", default=["bytes"], choices=["packed", "bytes"],
-                    help="weight storage(s) to decode with: bytes (one code a byte, the default "
-                         "on CUDA) and/or packed (two a byte, unpacked by every forward)")
+    ap.add_argument("--structures", nargs="+", default=list(STRUCTURES), choices=STRUCTURES)
     ap.add_argument("--bits", type=int, default=4, choices=[4, 8],
                     help="W4A4 (default) or W8A8, both on the int8 GEMM")
     args = ap.parse_args(argv)
     dev = "cuda"
     emit({"kind": "env", "gpu": torch.cuda.get_device_name(), "torch": torch.__version__})
     for shape in args.shapes:
-        hd = shapes.SHAPES[shape]["hidden_size"] // shapes.SHAPES[shape]["num_attention_heads"]
-
         def build():
             return shapes.build(shape, layers=args.layers, device=dev, authors_rotary=True)
         lm = build()
@@ -146,15 +132,13 @@ def main(argv=None) -> int:
             lm = build()
             t0 = time.perf_counter()
             groups = block_groups(lm, dev)
-            quantize(lm, name, groups, hd, args.bits)
+            quantize(lm, groups, name, args.bits)
+            to_byte_storage(lm)              # what FAIR_CALIB_LOWBIT_STORAGE=auto runs on CUDA
             emit({"kind": "quantized", "shape": shape, "structure": name,
                   "seconds": round(time.perf_counter() - t0, 1)})
-            label = f"w{args.bits}a{args.bits}_{name}"
-            if "packed" in args.storage and args.bits == 4:
-                measure(lm, shape, f"{label}_packed", name == "fair_calib")
-            if "bytes" in args.storage:
-                to_byte_storage(lm)          # what FAIR_CALIB_LOWBIT_STORAGE=auto runs on CUDA
-                measure(lm, shape, label, name == "fair_calib" or args.bits == 8)
+            # eager quantized decodes are slow (13-17 s): W4A4 compares FAIR-Calib's only
+            measure(lm, shape, f"w{args.bits}a{args.bits}_{name}",
+                    name == "fair_calib" or args.bits == 8)
         del lm
         gc.collect()
         torch.cuda.empty_cache()

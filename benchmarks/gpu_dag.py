@@ -1,33 +1,20 @@
-"""The whole DAG on a lent GPU (issue 30, item 4): the helper of ``benchmarks/gpu_dag.sh``.
+"""The whole DAG on a lent GPU: the helper of ``benchmarks/gpu_dag.sh``.
 
     python benchmarks/gpu_dag.py data --src ../shared/data --out .gpu_dag_data
     python benchmarks/gpu_dag.py checkpoints --data .gpu_dag_data --out RUN/models --layers 4 [--smoke]
-    python benchmarks/gpu_dag.py check-env --site /tmp/site
+    python benchmarks/gpu_dag.py check-env
     python benchmarks/gpu_dag.py summary --run RUN [--out "$OUT"]
 
-``data`` (CPU machine): real documents of every length class, in the offline copies' formats
-(``docs/data.md``) so every stage reads them as it reads ``../shared/data``: GSM8K test
-questions and HellaSwag items split into ``--classes`` classes by token count (equal numbers of
-documents; the shortest and the longest document of each class are taken, ``--per-class``
-spread between them), the first GSM8K train questions (probe prompts), the start of WikiText-2
-(calibration windows), and ``manifest.json`` (each document's class and token count).
-
-``checkpoints``: random-weight checkpoints in the released LLaDA / Dream hub layouts
-(``fair_calib.models.hub.save_hub_layout``: config.json with the authors' field names, sharded
-safetensors under the authors' key names) at the real widths of ``benchmarks/shapes.py``
-(hidden, intermediate, heads, key-value heads, vocabulary, rotary) and ``--layers`` blocks;
-``--smoke``: tiny widths for the CPU. The tokenizer is the embedded tiny models' word-level
-tokenizer (``fair_calib.models.tiny.tokenizer``) trained on the carried documents, its special
-tokens under the family's names (``fair_calib.models.toy_hub``), padded with reserved tokens up
-to the model's vocabulary so that every id the LM head can emit decodes. A word-level token is
-one word or one run of punctuation, so a document's token count is about what a BPE tokenizer
-gives for English text; the LM head keeps the real vocabulary (126,464 / 152,064 rows).
-
-``summary``: one row per job from the job lines every stage writes to its log
-(``fair_calib.cli.job_record``: wall time, card, peak GPU memory), with the process time of
-Snakemake's ``benchmark:`` files where the rule has one; evaluation wall times per method next
-to FP; the run's span and how many GPU jobs overlapped. With ``--out``: summary.md, jobs.json,
-the logs' tails and the tables, for the device tool to bring back.
+``data`` (CPU machine): real documents in the offline copies' formats (docs/data.md): GSM8K
+test questions and HellaSwag items, 2 from each of 3 token-count classes (its shortest and
+longest), the first GSM8K train questions (probe prompts), the start of WikiText-2 (calibration
+windows), and ``manifest.json``. ``checkpoints``: random weights in the released LLaDA / Dream
+hub layouts at the real widths of benchmarks/shapes.py with ``--layers`` blocks (``--smoke``:
+tiny widths), and the tiny models' word-level tokenizer trained on the documents, padded with
+reserved tokens to the model's vocabulary (a word-level token is about a BPE token of English
+text). ``summary``: one row per job from the job lines every stage logs (wall time, card, peak
+GPU memory), evaluation times per method next to FP, the run's span; with ``--out`` also
+summary.md, jobs.json, the logs' tails and the tables, for the device tool to bring back.
 """
 from __future__ import annotations
 
@@ -94,8 +81,8 @@ def hellaswag_tokens(item: list[str]) -> int:
     return n_tokens(item[0].partition(": ")[2]) + max(n_tokens(e) for e in item[2:6])
 
 
-def write_data(src: Path, out: Path, classes: int, per_class: int, n_train: int,
-               wiki_chars: int) -> dict:
+def write_data(src: Path, out: Path, classes: int = 3, per_class: int = 2, n_train: int = 16,
+               wiki_chars: int = 200_000) -> dict:
     """The carried data folder (see the module doc); returns its manifest."""
     from fair_calib.data import read_jsonl
 
@@ -218,61 +205,24 @@ def write_checkpoint(family: str, out: Path, layers: int, smoke: bool, texts: li
     with io.atomic_dir(out) as tmp:
         save_hub_layout(model, layout, tmp, max_shard_bytes=2 * 1024 ** 3, extra_config=ids)
         tok.save_pretrained(tmp)
-    n_params = sum(p.numel() for p in model.parameters())
-    return {"family": family, "out": str(out), "layers": layers, "dtype": str(dtype),
-            "hidden": spec["hidden_size"], "intermediate": spec["intermediate_size"],
-            "heads": spec["num_attention_heads"], "kv_heads": spec["num_key_value_heads"],
-            "model_vocab": spec["vocab_size"], "tokenizer_words": _words(tok),
-            "params_b": round(n_params / 1e9, 3),
-            "bytes_gb": round(sum(p.stat().st_size for p in out.glob("*.safetensors")) / 2**30, 3),
-            "seconds": round(time.perf_counter() - t0, 1), "files": sorted(p.name for p in out.iterdir())}
-
-
-def _words(tok) -> int:
-    """Tokens of the tokenizer that are not reserved padding."""
-    return sum(1 for t in tok.get_vocab() if not t.startswith("<|reserved_"))
+    return {"family": family, "layers": layers, "dtype": str(dtype), "spec": spec,
+            "tokenizer_words": sum(not t.startswith("<|reserved_") for t in tok.get_vocab()),
+            "params_b": round(sum(p.numel() for p in model.parameters()) / 1e9, 3),
+            "seconds": round(time.perf_counter() - t0, 1)}
 
 
 # ------------------------------------------------------------------------------ environment
-def check_env(site: Path | None) -> list[str]:
-    """Versions of what the run relies on, and every requirement of an installed wheel that the
-    machine's packages do not meet (printed; a run that then fails says why first)."""
+def check_env() -> list[str]:
+    """Versions of what the run relies on (into env.txt, beside the summary)."""
     import importlib.metadata as md
 
-    from packaging.requirements import Requirement
-
-    lines = []
-    for name in ("torch", "triton", "transformers", "tokenizers", "huggingface-hub", "numpy",
-                 "pandas", "pyarrow", "fsspec", "snakemake", "lm-eval", "datasets"):
-        try:
-            dist = md.distribution(name)
-            lines.append(f"{name} {dist.version} ({dist.locate_file('')})")
-        except md.PackageNotFoundError:
-            lines.append(f"{name} MISSING")
-    if site is not None and site.is_dir():
-        lines += _unmet_requirements(site, md, Requirement)
-    return lines
-
-
-# Requirements the wheelhouse leaves out on purpose (benchmarks/gpu_dag.sh).
-LEFT_OUT = {"pulp": "left out on purpose: Snakemake's ILP scheduler; the run uses --scheduler greedy"}
-
-
-def _unmet_requirements(site: Path, md, Requirement) -> list[str]:
     out = []
-    for dist in md.distributions(path=[str(site)]):
-        for req in dist.requires or []:
-            r = Requirement(req)
-            if r.marker and not r.marker.evaluate({"extra": ""}):
-                continue
-            try:
-                have = md.version(r.name)
-            except md.PackageNotFoundError:
-                why = LEFT_OUT.get(r.name, "not installed")
-                out.append(f"unmet: {dist.metadata['Name']} needs {r} ({why})")
-                continue
-            if r.specifier and not r.specifier.contains(have, prereleases=True):
-                out.append(f"unmet: {dist.metadata['Name']} needs {r}, found {have}")
+    for name in ("torch", "triton", "transformers", "tokenizers", "numpy", "pandas", "pyarrow",
+                 "fsspec", "snakemake", "lm-eval", "datasets"):
+        try:
+            out.append(f"{name} {md.version(name)}")
+        except md.PackageNotFoundError:
+            out.append(f"{name} MISSING")
     return out
 
 
@@ -406,33 +356,26 @@ def main(argv=None) -> None:
     d = sub.add_parser("data", help="the carried documents (CPU machine)")
     d.add_argument("--src", type=Path, required=True, help="the offline copies (../shared/data)")
     d.add_argument("--out", type=Path, required=True)
-    d.add_argument("--classes", type=int, default=3)
-    d.add_argument("--per-class", type=int, default=2)
-    d.add_argument("--train", type=int, default=16, help="GSM8K train questions (probe prompts)")
-    d.add_argument("--wiki-chars", type=int, default=200_000)
     c = sub.add_parser("checkpoints", help="random-weight hub-layout checkpoints")
     c.add_argument("--data", type=Path, required=True)
     c.add_argument("--out", type=Path, required=True, help="folder of models/{llada,dream}")
     c.add_argument("--layers", type=int, required=True)
     c.add_argument("--smoke", action="store_true", help="tiny widths, float32 (CPU)")
-    e = sub.add_parser("check-env", help="versions and unmet requirements of the wheels")
-    e.add_argument("--site", type=Path, default=None)
+    sub.add_parser("check-env", help="versions of what the run relies on")
     s = sub.add_parser("summary", help="per-job wall time and card from a run's logs")
     s.add_argument("--run", type=Path, required=True)
     s.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
     if args.cmd == "data":
-        m = write_data(args.src, args.out, args.classes, args.per_class, args.train, args.wiki_chars)
-        print(json.dumps({k: v for k, v in m.items() if k != "documents"} | {
-            t: [(x["class"], list(x.values())[2]) for x in docs]
-            for t, docs in m["documents"].items()}))
+        m = write_data(args.src, args.out)
+        print(json.dumps({k: v for k, v in m.items() if k != "documents"}))
     elif args.cmd == "checkpoints":
         texts = data_texts(args.data)
         for family in FAMILY_SHAPE:
             print(json.dumps(write_checkpoint(family, args.out / family, args.layers, args.smoke,
                                               texts)), flush=True)
     elif args.cmd == "check-env":
-        print("\n".join(check_env(args.site)))
+        print("\n".join(check_env()))
     else:
         records = job_records(args.run)
         lines = summary_lines(args.run, records)

@@ -1,39 +1,26 @@
 #!/usr/bin/env bash
-# The whole DAG on a lent GPU (issue 30, item 4): the pipeline as Snakemake runs it, on random
+# The whole DAG on a lent GPU: the pipeline as Snakemake runs it (config/gpu_dag.yaml), random
 # weights at the real LLaDA-8B / Dream-7B widths, every job's wall time and card in its log.
-#
-#   benchmarks/gpu_dag.sh wheels            CPU machine: the wheelhouse .whl/ (snakemake, lm-eval,
-#                                           datasets and what the lent machine lacks; Python 3.12)
-#   benchmarks/gpu_dag.sh data              CPU machine: .gpu_dag_data/, real GSM8K / HellaSwag /
-#                                           WikiText-2 documents of every length class
-#   benchmarks/gpu_dag.sh run               lent machine, repo root: install the wheels, write the
-#                                           checkpoints, run config/gpu_dag.yaml, print the summary
+#   benchmarks/gpu_dag.sh wheels     CPU machine: .whl/, what the lent machine lacks (Python 3.12)
+#   benchmarks/gpu_dag.sh data       CPU machine: .gpu_dag_data/, real documents of each length
+#   benchmarks/gpu_dag.sh run        lent machine, repo root: wheels, checkpoints, DAG, summary
 #   benchmarks/gpu_dag.sh run --cpu-smoke   the same DAG at tiny widths on the CPU (fake quant)
-#
 # .whl/ and .gpu_dag_data/ are never committed (.git/info/exclude): name both in the device
-# tool's `carry`. Settings (environment):
-#   GPU_DAG_LAYERS    transformer blocks of each checkpoint (default 4; the smoke: 2)
-#   GPU_DAG_JOBS      GPU jobs at once on the one card (default 4; the smoke: 2)
-#   GPU_DAG_DEADLINE  seconds after the script's start by which Snakemake is stopped, so the
-#                     summary is still written inside a 10-minute call (default 540; the
-#                     smoke: 1500)
-#   GPU_DAG_RUN       the run folder (default /tmp/gpu_dag_run; emptied first)
-#   GPU_DAG_SITE      where the wheels are installed (default /tmp/site)
-#   FAIR_CALIB_DATA_DIR  the documents (default .gpu_dag_data)
-#   OUT               where summary.md, jobs.json, logs_tail.txt, snakemake.log and the tables
-#                     are copied (the device tool's folder), when set
+# tool's `carry`. Environment: GPU_DAG_LAYERS (blocks a checkpoint, default 4; smoke 2),
+# GPU_DAG_JOBS (GPU jobs at once, 4; smoke 2), GPU_DAG_DEADLINE (seconds after the start at which
+# Snakemake is stopped so the summary still comes back from a 10-minute call, 540; smoke 1500),
+# GPU_DAG_RUN (/tmp/gpu_dag_run, emptied first), GPU_DAG_SITE (/tmp/site), FAIR_CALIB_DATA_DIR
+# (.gpu_dag_data), OUT (the device tool's folder: summary.md, jobs.json, logs_tail.txt,
+# snakemake.log and the tables are copied there).
 set -euo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$REPO"
 PY=${PYTHON:-python3}
 
-# The lent machine's Python lacks these (its image: /work/.library/device/KINDS.md); it has
-# torch, triton, transformers, tokenizers, numpy, pandas, pyarrow, huggingface-hub, fsspec,
-# pyyaml, jinja2, requests, psutil, scikit-learn, sacrebleu, xxhash, ... which are not shipped.
-# Versions: those the project's environment runs. pulp (16 MB, Snakemake's ILP scheduler) is
-# left out: the run uses `--scheduler greedy`. Shipped although the machine has them, for the
-# versions they must have: typing-extensions (pydantic needs >= 4.16), fsspec (datasets needs
-# <= 2026.9.0).
+# What the lent machine's Python lacks (it has torch, triton, transformers, tokenizers, numpy,
+# pandas, pyarrow, ...), at the project environment's versions; typing-extensions and fsspec are
+# shipped for the versions pydantic and datasets need. pulp (Snakemake's ILP scheduler, 16 MB)
+# is left out: the run uses `--scheduler greedy`.
 WHEELS="annotated-types==0.8.0 argparse-dataclass==2.0.0 chardet==6.0.0.post1 conda-inject==1.3.2
 configargparse==1.9.0 dataproperty==1.1.1 datasets==5.2.0 defusedxml==0.7.1 dill==0.4.1
 docutils==0.22.4 dpath==2.2.0 evaluate==0.4.6 fastjsonschema==2.22.3 fsspec==2026.9.0
@@ -121,7 +108,7 @@ run() {
     {
         echo "layers $layers, GPU jobs at once $jobs, FAIR_CALIB_LOWBIT=$FAIR_CALIB_LOWBIT, configs: $configs"
         nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || echo "no nvidia-smi"
-        $PY benchmarks/gpu_dag.py check-env --site "$site"
+        $PY benchmarks/gpu_dag.py check-env
     } | tee "$run/env.txt"
     $PY -c "import snakemake, lm_eval, datasets, fair_calib" || { echo "error: snakemake, lm-eval, datasets or fair_calib does not import (see above)" >&2; exit 1; }
     local smoke_flag=""

@@ -1,36 +1,22 @@
-"""Does every token count run through the real low-bit path, and give the emulation's result?
-(issue 30, item 1)
+"""Does every token count run through the real low-bit path and give the emulation's result?
 
-For each quantized structure (FAIR-Calib/FlatQuant's Kronecker transforms, QuaRot's online
-Hadamards, RTN's plain per-token quantization; W4A4, integer GEMMs, norms and SwiGLU products
-fused as ``load_quantized`` fuses them) on one block at the real LLaDA-8B / Dream-7B shapes
-(random weights), at every token count 1..64 and a sample up to 4,096, every low-bit linear on
-the input it receives in the block's forward:
-
-- ``codes``: the fused kernel's codes and scales against the emulation's torch arithmetic on
-  the same input: the fraction of codes that differ (bar <= ``CODE_TOLERANCE``; each by one
-  step) and the largest relative scale difference (bar: ``SCALE_TOLERANCE``, two float32 ulp;
-  for transformed groups and groups with a fused RMSNorm ``SCALE_TOLERANCE_TRANSFORMED``, one
-  bf16 ulp of the token's max);
-- ``gemm``: the real path's GEMM (``FAIR_CALIB_LOWBIT_GEMM``: the int8 Triton GEMM by default,
-  whose epilogue is the emulation's, so bit for bit; cuBLAS's FP8 GEMM applies the two scales
-  in its own order, so a product can round the other way) of the kernel's codes against the
-  emulation's exact integer product of the same codes, scaled in float32 and rounded to bf16:
-  within ``GEMM_ULPS`` bf16 ulp, counted where not bit for bit;
-- ``rows``: each linear at m = 1..64 rows against the same rows inside batches of 64 and of
-  4,096: bit for bit (a padding row never changes another row's result).
-
-(Why per linear: a block's output at random weights moves by 10-50% when 0.1% of its codes
-move by one step, so a block-level comparison measures the random model's sensitivity, not the
-path. The codes differ where a value sits on a rounding tie: torch on CUDA divides by a Python
-number through its reciprocal, one ulp away from the kernel's IEEE division, which CPU torch
-shares: docs/fidelity.md.)
+Each structure of ``benchmarks/structures.py`` on one block at the real LLaDA-8B / Dream-7B
+shapes (random weights); every low-bit linear on the input it gets in the block's forward at
+1..64 tokens and a sample up to 4,096 (``--tokens``):
+- ``codes``: the fused kernel's codes and scales against the emulation's torch arithmetic: the
+  share of codes that differ (<= ``CODE_TOLERANCE``, each by one step: rounding ties, since
+  torch on CUDA divides through a reciprocal; docs/fidelity.md) and the largest relative scale
+  difference (two float32 ulp; one bf16 ulp of the token's max for transformed groups and
+  groups with a fused RMSNorm);
+- ``gemm``: the real GEMM of those codes against the emulation's exact integer product, scaled
+  in float32 and rounded to bf16: the int8 Triton GEMM bit for bit, cuBLAS's FP8 GEMM
+  (``FAIR_CALIB_LOWBIT_GEMM=cublas``) within ``GEMM_ULPS``;
+- ``rows``: each linear at m = 1..64 rows against the same rows inside batches of 64 and 4,096,
+  bit for bit (a padding row never changes another row).
+Per linear, because a random block's output moves by 10-50% when 0.1% of its codes move.
 
     PYTHONPATH=. python benchmarks/lowbit_rows_gpu.py [--shapes llada-8b dream-7b]
         [--structures fair_calib quarot rtn] [--bits 4|8] [--tokens M ...]
-
-``--bits 8`` builds the same structures at W8A8 (the int8 GEMM, 8-bit codes); ``--tokens``
-replaces the code check's token counts (the rows check always covers 1..64 in 64 and 4,096).
 """
 from __future__ import annotations
 
@@ -44,21 +30,16 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks import shapes  # noqa: E402
-from benchmarks.structures import (block_groups, emit, ids_for, quantize_fair_calib,  # noqa: E402
-                                   quantize_quarot, quantize_rtn)
+from benchmarks.structures import STRUCTURES, block_groups, emit, ids_for, quantize  # noqa: E402
 from fair_calib.quant import lowbit, lowbit_triton  # noqa: E402
 from fair_calib.quant.blockio import call_block, capture_block_inputs  # noqa: E402
 
 TOKENS = list(range(1, 65)) + [100, 255, 401, 403, 408, 856, 1000, 1280, 2047, 4096]
 CODE_TOLERANCE = 0.01
 SCALE_TOLERANCE = 2.4e-7           # two float32 ulp (the CUDA division, docs/fidelity.md)
-# a transformed group's token max is a bf16 product summed in the kernel's order: one bf16 ulp
-# of it moves the scale by up to 2^-7 (the first reading, 2026-11-27, saw 0.46% on Dream)
-# The same holds for a group whose RMSNorm is fused: the kernel sums the token's squares in
-# its own order, so about one token in 10^5 has its largest normalized value rounded to the
-# neighbouring bf16 (an H100, 2026-11-27: 3 in 262,144 random tokens of Dream's q/k/v and
-# gate/up inputs, each exactly one bf16 ulp of the max; none in 327,680 tokens of the groups
-# without a norm; docs/benchmarks.md). The 8-bit RTN check of issue 30's third session met one.
+# A transformed group's token max is a bf16 product summed in the kernel's order, and a fused
+# RMSNorm sums the token's squares in its own order: either can move the max by one bf16 ulp,
+# the scale by up to 2^-7 (measured on an H100: about one token in 10^5; docs/benchmarks.md).
 SCALE_TOLERANCE_TRANSFORMED = 2.0 ** -7
 GEMM_ULPS = 1.0     # the epilogue's float32 scaling in another order: one bf16 rounding apart
 DEVICE = "cuda"
@@ -66,11 +47,7 @@ DEVICE = "cuda"
 
 def structure(shape: str, name: str, dev: str, bits: int = 4):
     lm = shapes.build(shape, layers=1, device=dev)
-    groups = block_groups(lm, dev)
-    hd = shapes.SHAPES[shape]["hidden_size"] // shapes.SHAPES[shape]["num_attention_heads"]
-    {"fair_calib": lambda: quantize_fair_calib(lm, groups, bits=bits),
-     "quarot": lambda: quantize_quarot(lm, groups, hd, bits=bits),
-     "rtn": lambda: quantize_rtn(lm, groups, bits=bits)}[name]()
+    quantize(lm, block_groups(lm, dev), name, bits)
     return lm
 
 
@@ -134,12 +111,8 @@ def check_codes(lm, shape: str, name: str, dev: str, tokens=TOKENS) -> bool:
     ok = (worst["code_diff"] <= CODE_TOLERANCE and worst["scale_of_bound"] <= 1.0
           and worst["gemm_ulps"] <= GEMM_ULPS)
     emit({"kind": "rows_codes", "shape": shape, "structure": name,
-          "tokens": describe(tokens), **worst, "ok": ok})
+          "tokens": len(tokens), **worst, "ok": ok})
     return ok
-
-
-def describe(tokens) -> str:
-    return f"1..64 and {TOKENS[64:]}" if list(tokens) == TOKENS else str(list(tokens))
 
 
 @torch.no_grad()
@@ -168,7 +141,7 @@ def check_rows(lm, shape: str, name: str, dev: str) -> bool:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--shapes", nargs="+", default=["llada-8b", "dream-7b"])
-    ap.add_argument("--structures", nargs="+", default=["fair_calib", "quarot", "rtn"])
+    ap.add_argument("--structures", nargs="+", default=list(STRUCTURES), choices=STRUCTURES)
     ap.add_argument("--bits", type=int, default=4, choices=[4, 8])
     ap.add_argument("--tokens", type=int, nargs="+", default=TOKENS)
     args = ap.parse_args(argv)

@@ -1,10 +1,5 @@
-"""Random-initialised models at the real LLaDA-8B / Dream-7B shapes, for GPU benchmarks.
-
-No weights are downloaded: the lent GPU machine has none and no internet. LLaDA's remote code
-is architecturally a Llama with bidirectional attention, no GQA and an untied head; Dream is a
-Qwen2 (q/k/v bias, GQA) with bidirectional attention. The speed and memory of a forward,
-a decode step or a calibration block depend only on these shapes.
-"""
+"""Random weights at the real LLaDA-8B (a bidirectional Llama: no GQA, untied head) and Dream-7B
+(a bidirectional Qwen2: q/k/v bias, GQA) shapes; speed and memory depend only on the shapes."""
 from __future__ import annotations
 
 import time
@@ -71,18 +66,6 @@ def cuda_time(fn, warmup: int = 2, iters: int = 5) -> float:
     for _ in range(iters):
         fn()
     torch.cuda.synchronize()
-    return (time.perf_counter() - t0) / iters
-
-
-def call_time(fn, device: str, warmup: int = 2, iters: int = 5) -> float:
-    """Mean seconds per call: :func:`cuda_time` on CUDA, plain wall time elsewhere (smoke runs)."""
-    if device == "cuda":
-        return cuda_time(fn, warmup=warmup, iters=iters)
-    for _ in range(warmup):
-        fn()
-    t0 = time.perf_counter()
-    for _ in range(iters):
-        fn()
     return (time.perf_counter() - t0) / iters
 
 

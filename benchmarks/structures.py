@@ -1,12 +1,11 @@
-"""The quantized structures of the GPU benchmarks, built on random weights at the real shapes
-(``benchmarks/shapes.py``) with the pipeline's own modules: FAIR-Calib/FlatQuant's online
-Kronecker transforms at their initialisation, QuaRot's online Hadamards, RTN's plain per-token
-quantization; every linear on the real (or emulated) low-bit backend, norms and SwiGLU products
-fused as ``load_quantized`` fuses them; and one JSON line per measurement (:func:`emit`).
-"""
+"""The quantized structures of the GPU benchmarks on random weights at the real shapes
+(``benchmarks/shapes.py``), built with the pipeline's own modules and fused as
+``load_quantized`` fuses them; and one JSON line per measurement (:func:`emit`)."""
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
 
 import torch
 
@@ -19,14 +18,14 @@ from fair_calib.quant.hadamard import KronRotation
 from fair_calib.quant.qlinear import InputQuant, QuantLinear
 from fair_calib.quant.quantizers import ActQuantizer, WeightQuantizer
 
-OUT = None      # a file every emitted line is appended to, when set
 
-
-def emit(rec: dict) -> None:
+def emit(rec: dict, name: str = "benchmarks") -> None:
+    """Print one JSON line; with ``OUT`` set (the device tool's folder), also append it to
+    ``$OUT/<name>.jsonl``, which comes back whole where the console's tail is cut."""
     line = json.dumps(rec)
     print(line, flush=True)
-    if OUT:
-        with open(OUT, "a") as f:
+    if os.environ.get("OUT"):
+        with open(Path(os.environ["OUT"]) / f"{name}.jsonl", "a") as f:
             f.write(line + "\n")
 
 
@@ -39,59 +38,48 @@ def block_groups(lm, dev):
         return discover_groups(lm.blocks[0], lambda: call_block(lm.blocks[0], probe, 0))
 
 
-def quantize_method(lm, groups, method_type, mode="real", bits=4):
-    """A method's structure at its initialisation with the integer backend: "fair_calib"
+STRUCTURES = ("fair_calib", "quarot", "rtn")
+
+
+def quantize(lm, groups, name: str, bits: int = 4, mode: str = "real") -> None:
+    """``name``'s structure at its initialisation on the integer backend, every block: "fair_calib"
     (FlatQuant's: random orthogonal Kronecker factors, clip logits 4, o_proj's head_dim factor
-    folded into v_proj) or "rtn" (per-token activation quantization, no transform)."""
-    method = make_method({"type": method_type}, bits, bits, seed=0)
-    method.prepare_model(lm)
-    for i, block in enumerate(lm.blocks):
-        method.quantize_block(block, groups, None, i)
+    folded into v_proj), "quarot" (its online Hadamards) or "rtn" (plain per-token quantization)."""
+    config = lm.model.config
+    hd = config.hidden_size // config.num_attention_heads
+    method = None if name == "quarot" else make_method({"type": name}, bits, bits, seed=0)
+    if method is not None:
+        method.prepare_model(lm)
+    for i, block in enumerate(lm.blocks):   # each block on codes before the next is wrapped
+        if method is None:
+            _online_hadamards(block, groups, hd, bits)
+        else:
+            method.quantize_block(block, groups, None, i)
         lowbit.attach_block(block, mode)
-    fuse(lm)
-    lm.model.eval()
-
-
-def quantize_fair_calib(lm, groups, mode="real", bits=4):
-    quantize_method(lm, groups, "fair_calib", mode, bits)
-
-
-def quantize_rtn(lm, groups, mode="real", bits=4):
-    quantize_method(lm, groups, "rtn", mode, bits)
-
-
-def fuse(lm):
-    """Each norm read only by one low-bit group, and each SwiGLU product, into the kernel of
-    the group that reads it (as load_quantized)."""
-    n = lowbit.fuse_inputs(lm)
+    n = lowbit.fuse_inputs(lm)    # norms and SwiGLU products into their group's kernel
     emit({"kind": "inputs_fused", **n, "blocks": len(lm.blocks)})
-
-
-def quantize_quarot(lm, groups, hd, mode="real", bits=4):
-    """QuaRot's online part (no model rotation needed for speed): exact Hadamards online on the
-    o_proj input (across heads) and the down_proj input (full width), per-token clip 1.0,
-    ``bits`` for weights and activations."""
-    for block in lm.blocks:
-        for g in groups:
-            name = g.names[0]
-            rot = None
-            if name.endswith("o_proj"):
-                rot = KronRotation(g.in_features, None, signs=False,
-                                   split=(g.in_features // hd, hd), right=False)
-            elif name.endswith("down_proj"):
-                rot = KronRotation(g.in_features, None, signs=False)
-            dev = block.get_submodule(name).weight.device
-            inq = InputQuant(g.in_features, ActQuantizer(bits), online_rotation=rot).to(dev)
-            inq.n_users = len(g.names)
-            for k, n in enumerate(g.names):
-                lin = block.get_submodule(n)
-                ql = QuantLinear(lin, inq, WeightQuantizer(lin.out_features, bits).to(dev),
-                                 user=k)
-                parent, _, leaf = n.rpartition(".")
-                setattr(block.get_submodule(parent), leaf, ql)
-        lowbit.attach_block(block, mode)
-    fuse(lm)
     lm.model.eval()
+
+
+def _online_hadamards(block, groups, hd: int, bits: int) -> None:
+    """QuaRot's online part (no model rotation needed for speed): exact Hadamards online on the
+    o_proj input (across heads) and the down_proj input (full width), per-token clip 1.0."""
+    for g in groups:
+        name = g.names[0]
+        rot = None
+        if name.endswith("o_proj"):
+            rot = KronRotation(g.in_features, None, signs=False,
+                               split=(g.in_features // hd, hd), right=False)
+        elif name.endswith("down_proj"):
+            rot = KronRotation(g.in_features, None, signs=False)
+        dev = block.get_submodule(name).weight.device
+        inq = InputQuant(g.in_features, ActQuantizer(bits), online_rotation=rot).to(dev)
+        inq.n_users = len(g.names)
+        for k, n in enumerate(g.names):
+            lin = block.get_submodule(n)
+            ql = QuantLinear(lin, inq, WeightQuantizer(lin.out_features, bits).to(dev), user=k)
+            parent, _, leaf = n.rpartition(".")
+            setattr(block.get_submodule(parent), leaf, ql)
 
 
 def to_byte_storage(lm):

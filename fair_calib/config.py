@@ -477,6 +477,28 @@ def checkout_config() -> Path:
     return path
 
 
+CONFIG_SUFFIXES = (".yaml", ".yml", ".json")
+
+
+def _extra_config(path: str | Path) -> dict:
+    """One ``--configfile`` file. A file that is not a config by its name (a ``.tex`` target)
+    is almost always a target that ``--configfile`` took for a config, since it takes every word
+    up to the next option: say that, instead of asking to fix the target's YAML."""
+    try:
+        extra = load_yaml(path)
+        if not isinstance(extra, dict):
+            raise ConfigError(f"{path}: a config file holds keys at the top level")
+    except ConfigError:
+        if Path(path).suffix.lower() in CONFIG_SUFFIXES:
+            raise
+        raise ConfigError(
+            f"{path}: not a YAML config file; a target given after --configfile is read as "
+            "one (it takes every word up to the next option): put the target first "
+            "(snakemake TARGET --configfile FILE...) or end the files with -- "
+            "(snakemake --configfile FILE... -- TARGET)") from None
+    return extra
+
+
 def merged_config(files: Iterable[str | Path], base: str | Path | None = None) -> dict:
     """``base`` (default: the current checkout's config/config.yaml) with ``files`` merged
     over it (Snakemake's rule: dicts key by key)."""
@@ -487,10 +509,7 @@ def merged_config(files: Iterable[str | Path], base: str | Path | None = None) -
 
     extras = []
     for f in files:                     # the files named first: their errors name them
-        extra = load_yaml(f)
-        if not isinstance(extra, dict):
-            raise ConfigError(f"{f}: a config file holds keys at the top level")
-        extras.append(extra)
+        extras.append(_extra_config(f))
     base = base or checkout_config()
     cfg = load_yaml(base) or {}
     if not isinstance(cfg, dict):

@@ -512,6 +512,25 @@ def test_check_config_names_line_of_a_configfile_syntax_error(ws):
     assert _cli("check-config", str(REPO / "config/smoke.yaml")).returncode == 0
 
 
+def test_check_config_names_a_target_read_as_a_config_file(tmp_path):
+    """`--configfile` takes every word up to the next option, so `fair-calib check-config
+    config/smoke.yaml results/tables/main.tex` gets the table as a config: the error says so and
+    how to write the command, instead of asking to fix the table's YAML."""
+    table = tmp_path / "main.tex"
+    table.write_text("\\begin{tabular}{ll}\nA & B: C\\\\\n\\end{tabular}\n")
+    for target in (table, tmp_path / "absent.tex"):
+        with pytest.raises(C.ConfigError) as err:
+            C.merged_config([REPO / "config/smoke.yaml", target], REPO / "config/config.yaml")
+        msg = str(err.value)
+        assert msg.startswith(f"{target}: not a YAML config file; a target given after "
+                              "--configfile"), msg
+        assert "YAML syntax error" not in msg and "-- TARGET" in msg
+    bad = tmp_path / "bad.yaml"                 # a config by its name: the syntax error stays
+    bad.write_text("a: [1,\n")
+    with pytest.raises(C.ConfigError, match=r"bad\.yaml:\d+:\d+: YAML syntax error"):
+        C.merged_config([bad], REPO / "config/config.yaml")
+
+
 def test_calibration_corpus_tokenization_does_not_warn_about_length():
     """The whole calibration corpus is tokenized at once (then cut into windows): the
     tokenizer's "Token indices sequence length is longer than ..." warning must not appear."""

@@ -15,8 +15,8 @@ few kernels around the two small Kronecker matmuls: 1.6x faster calibration, and
 difference between a 1.2-1.3x and a 1.6-1.9x fake-quant forward. The compiled and eager
 versions compute the same function. Compiled code rounds a few operations differently in the
 last bit (the sigmoid of a clip, fused multiply-adds), which flips about one 4-bit grid point
-in 10^7; ``benchmarks/calibration_gpu.py --check-fused`` measures this on the GPU. The
-compiled chains take the token maximum's gradient through the arg-max (``form="gather"``, see
+in 10^7 (``benchmarks/calibration_gpu.py --check-fused`` of commit be0153a measured it on a
+GPU). The compiled chains take the token maximum's gradient through the arg-max (``form="gather"``, see
 :func:`clip_qdq`); eager mode shares it among exact ties as FlatQuant's ``amax`` does.
 
 ``FAIR_CALIB_COMPILE=0`` keeps everything eager; a compiler failure on first use (no Triton,
@@ -141,7 +141,7 @@ COMPILED_FORM = "gather"
 def compile_setting() -> str:
     """``FAIR_CALIB_COMPILE``: "1" (default; compile on CUDA), "0" (eager), "plain" (eager with
     the compiler's quantizer form, ``COMPILED_FORM``: the reference the compiled path is checked
-    against in ``benchmarks/calibration_gpu.py --check-fused``)."""
+    against by ``benchmarks/calibration_gpu.py --check-fused`` of commit be0153a)."""
     raw = os.environ.get("FAIR_CALIB_COMPILE", "1")
     v = raw.strip().lower()
     v = {"false": "0", "no": "0", "off": "0", "true": "1", "yes": "1", "on": "1"}.get(v, v)

@@ -67,8 +67,9 @@ def _gemm_kernel(a_ptr, b_ptr, as_ptr, bs_ptr, bias_ptr, c_ptr, M, N, K,
 
 
 # (BM, BN, BK, GROUP_M, STAGES, warps). The rule of :func:`config_for` is what
-# ``benchmarks/lowbit_gemm_gpu.py`` measured fastest on an H100 (2026-11-27) for LLaDA-8B's and
-# Dream-7B's linears at 16-6,144 rows (every setting gives the same output bit for bit)
+# ``benchmarks/lowbit_gemm_gpu.py`` (commit be0153a) measured fastest on an H100 (2026-11-27)
+# for LLaDA-8B's and Dream-7B's linears at 16-6,144 rows (every setting gives the same output
+# bit for bit)
 SMALL_TILES = (64, 64, 128, 8, 5, 4)       # up to 128 rows
 NARROW_TILES = (64, 64, 256, 8, 4, 4)      # outputs up to 1,024 wide (k/v), up to 1,024 rows
 DECODE_TILES = (64, 128, 128, 8, 4, 4)     # up to 512 rows (a prompt-152 decode's 408 tokens)

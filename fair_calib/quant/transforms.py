@@ -56,7 +56,7 @@ def random_orthogonal(n: int, generator: torch.Generator | None = None,
 # How A X B^T is computed for X of shape [..., n1, n2] (A: n1 x n1, B: n2 x n2). "bmm": the
 # left factor as a batched product over all rows (many tiny GEMMs); "mm": both factors as one
 # large GEMM each (the left one on the transposed view, at the price of a transposing copy).
-# Measured on an H200 (benchmarks/calibration_gpu.py): "bmm" is faster for the W4A4 forward
+# Measured on an H200 (benchmarks/calibration_gpu.py of be0153a): "bmm" is faster for the W4A4 forward
 # (1.20x vs 1.30x of bf16 at the LLaDA-8B shape) and no slower in calibration.
 KRON_MODE = "bmm"
 

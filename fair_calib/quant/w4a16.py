@@ -47,8 +47,9 @@ K_TILE = 16                           # tinygemm's k tile: the packed layout's u
 INNER_K_TILES = (8, 4, 2)             # k tiles per load, widest that divides K first
 N_MULTIPLE = {"cuda": 8, "cpu": 16}   # the packers' output-row tile
 # Rows at or below which a forward runs the kernel; above, dequantize + dense GEMM. The rows
-# up to which the kernel is no slower than fake quant (benchmarks/weight_only_gpu.py, lent
-# H100, 2026-11-27: one row 0.49-0.53x, 16 rows 1.10-1.19x, every LLaDA-8B / Dream-7B shape).
+# up to which the kernel is no slower than fake quant (benchmarks/weight_only_gpu.py of commit
+# be0153a, lent H100, 2026-11-27: one row 0.49-0.53x, 16 rows 1.10-1.19x, every LLaDA-8B /
+# Dream-7B shape).
 KERNEL_MAX_ROWS = 1
 # max |kernel - fake| / max |fake| on a probe, at attach time (auto keeps fake above it). The
 # kernel's weight differs from the fake quant's by the scale's rounding to bf16 (2^-9

@@ -2,8 +2,8 @@
 the emulation's output bit for bit (:func:`lowbit.emulate_gemm`, the integer dot product exact,
 the scales and bias in its order), at every tile setting, any row count, K not a multiple of
 the tile, W4A4 and W8A8 code ranges. (The interpreter rounds to bfloat16 by truncation, so
-outputs are compared in float32 here; on an H100 ``benchmarks/lowbit_gemm_gpu.py`` checks the
-bfloat16 outputs bit for bit.)"""
+outputs are compared in float32 here; on an H100 ``benchmarks/lowbit_gemm_gpu.py`` of commit
+be0153a checked the bfloat16 outputs bit for bit, and ``benchmarks/lowbit_rows_gpu.py`` does.)"""
 from __future__ import annotations
 
 import os
