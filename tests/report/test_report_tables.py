@@ -431,3 +431,35 @@ def test_main_table_method_bits_give_a_row_its_own_bits():
     assert "10.0" in rtn_line and "70.0" not in rtn_line
     assert {r["bits"] for r in records if r["method"] == "rtn"} == {"w3a4"}
     assert {r["bits"] for r in records if r["method"] == "fair"} == {"w4a4"}
+
+
+def test_cells_on_integer_codes_are_marked_and_the_caption_says_so():
+    """The evaluation records its arithmetic (evaluate/run.py): a quantized row computed on
+    integer codes (the real low-bit kernels) carries a dagger on every cell, the caption
+    explains it and the cells frame records it; fake quantization is unmarked, so a table
+    computed entirely by fake quantization keeps its bytes."""
+    labels = {"models": {"m1": "M1"}, "methods": {"fp": "FP", "rtn": "RTN", "fair": "FAIR"},
+              "tasks": {"t1": "T1", "t2": "T2"}}
+    df = eval_df()
+    plain = T.main_table(df, ["m1"], ["fp", "rtn", "fair"], ["t1", "t2"], labels, bits="w4a4")
+    fake = T.main_table(df.assign(arithmetic="fake"), ["m1"], ["fp", "rtn", "fair"],
+                        ["t1", "t2"], labels, bits="w4a4")
+    assert fake == plain and "dagger" not in plain
+    df = df.assign(arithmetic=["integer" if m == "rtn" else "fake" for m in df["method"]])
+    records: list = []
+    tex = T.main_table(df, ["m1"], ["fp", "rtn", "fair"], ["t1", "t2"], labels, bits="w4a4",
+                       records=records)
+    rtn_line = next(line for line in tex.splitlines() if line.startswith("& RTN"))
+    fair_line = next(line for line in tex.splitlines() if line.startswith("& FAIR"))
+    assert rtn_line.count("$^\\dagger$") == 3 and "dagger" not in fair_line
+    assert T.ARITH_NOTE in tex
+    arith = {(r["method"], r["column"]): r["arithmetic"] for r in records}
+    assert arith[("rtn", "t1")] == "integer" and arith[("fair", "avg")] == "fake"
+
+
+def test_a_row_of_two_arithmetics_is_mixed():
+    df = pd.DataFrame({"model": ["m"] * 3, "method": ["rtn"] * 3, "bits": ["w4a4"] * 3,
+                       "arithmetic": ["integer", "fake", ""]})
+    assert T.arithmetic_of_row(df, "m", "rtn", "w4a4") == "mixed"
+    assert T.arithmetic_of_row(df.iloc[[0, 2]], "m", "rtn", "w4a4") == "integer"
+    assert T.arithmetic_of_row(df.drop(columns="arithmetic"), "m", "rtn", "w4a4") == ""
