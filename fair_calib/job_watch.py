@@ -74,7 +74,8 @@ def hint(sig: int) -> str:
     if sig == signal.SIGKILL:
         return ("SIGKILL is most often the out-of-memory killer (the kernel's, or the "
                 "cluster's at the job's memory limit): give the job more memory "
-                "(resources.<rule>.mem_mb in the config) or lower its sizes")
+                "(resources.<rule>.mem_mb in the config; on one machine, fewer jobs at once) "
+                "or lower its sizes")
     if sig in (signal.SIGSEGV, signal.SIGBUS, signal.SIGILL, signal.SIGABRT, signal.SIGFPE):
         return ("a crash in native code (torch, a GPU driver, a C extension): the lines above "
                 "say how far it got; please report it with this log")
