@@ -99,11 +99,12 @@ if workflow.is_main_process:
 # aside to <name>.corrupt (a calibration cell's meta.json with it, to meta.json.incomplete), so
 # Snakemake finds it missing and reruns the job that writes it and what depends on it, instead
 # of a later job failing on it. Not while another run holds the lock: its jobs may be reading
-# these files. A dry run only says what a run would move.
+# these files. A dry run (or --summary, --dag, ...) only says what a run would move.
 if workflow.is_main_process and "--unlock" not in sys.argv and not LOCKED:
-    from fair_calib.preflight import corrupt_intermediates, move_aside_corrupt, report_line
+    from fair_calib.preflight import (corrupt_intermediates, inspecting, move_aside_corrupt,
+                                      report_line)
 
-    dry = bool(workflow.output_settings.dryrun)
+    dry = inspecting(sys.argv[1:], bool(workflow.output_settings.dryrun))
     for moved in (corrupt_intermediates if dry else move_aside_corrupt)("results"):
         print(report_line(*moved, dry_run=dry), file=sys.stderr)
 

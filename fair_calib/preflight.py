@@ -144,14 +144,27 @@ def report_line(path: Path, target: Path, why: str, dry_run: bool = False) -> st
     """The Note for one moved file (``dry_run``: one a run would move)."""
     # Snakemake regenerates a missing intermediate only where a requested output needs it (as
     # it does for temp files): a broken probe shard under an intact prior stays aside.
-    move = (f"a run (without -n) moves it aside to {target.name}; this dry run moved nothing "
-            "and its plan does not show the jobs that follow from it" if dry_run
+    move = (f"a run (without -n) moves it aside to {target.name}; this command moved nothing, "
+            "and a plan it shows leaves out the jobs that follow from it" if dry_run
             else f"moved it aside to {target.name}")
     if target.name.startswith(f"{MARKER}.incomplete"):
         return (f"Note: {path} is {why}; {move}. The cell will be recalibrated where a requested "
                 f"output needs it (naming this {MARKER} does).")
     return (f"Note: {path} is corrupt or truncated ({why}); {move}. It will be regenerated, with "
             "what depends on it, where a requested output needs it.")
+
+
+# Commands that only show the workflow (its plan, graph, summary): they move nothing aside
+INSPECTING = ("--dry-run", "--dryrun", "-n", "--summary", "-S", "--detailed-summary", "-D",
+              "--dag", "--rulegraph", "--filegraph", "--d3dag", "--list-changes", "--lc",
+              "--list-rules", "--list", "-l", "--list-target-rules", "--lt", "--lint",
+              "--unlock", "--cleanup-metadata", "--cm", "--list-untracked", "--lu")
+
+
+def inspecting(argv, dry_run: bool) -> bool:
+    """Whether this Snakemake command only inspects (``dry_run``: Snakemake's own reading of
+    ``-n``, also inside ``-np``)."""
+    return dry_run or any(a.split("=", 1)[0] in INSPECTING for a in argv)
 
 
 def lock_note(lock_dir: str, unlock: str) -> str:

@@ -413,10 +413,12 @@ def test_preflight_moves_aside_exactly_the_corrupt_intermediates(tmp_path):
 
 
 @pytest.mark.slow
-def test_truncated_prior_is_moved_aside_and_only_it_is_redone(ws):
-    """A truncated prior Parquet under an otherwise finished DAG: the next run says so in one
-    line, keeps the broken file as .corrupt, reruns the prior job alone (its probe shards and
-    the model are intact) and writes the same prior again."""
+def test_truncated_prior_and_params_are_moved_aside_and_only_their_jobs_redone(ws):
+    """A truncated prior Parquet and a truncated calibration params.safetensors under an
+    otherwise finished DAG: a dry run says what a run would move and moves nothing (issue 42);
+    the run keeps each broken file as .corrupt (the cell's completion marker as
+    meta.json.incomplete), reruns the prior job and the calibration named by its meta.json
+    alone (the probe shards and the model are intact) and writes the same files again."""
     import pandas as pd
 
     from fair_calib import io
@@ -431,33 +433,44 @@ def test_truncated_prior_is_moved_aside_and_only_it_is_redone(ws):
         # the cross-corpus probes' 16 samples are more than these 4 prompts (refused)
         "diagnostics": {"cross_corpus": []}}))
     target = "results/prior/tiny-llada/default.parquet"
+    cell = "results/calib/tiny-llada/rtn/w4a4"
     configs = ["--cores", "2", "--configfile", "config/smoke.yaml", "tiny.yaml"]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
 
     def snakemake(*extra):
-        res = subprocess.run(["snakemake", target, *configs, *extra], cwd=ws,
-                             capture_output=True, text=True, env=env)
+        res = subprocess.run(["snakemake", target, f"{cell}/meta.json", *configs, *extra],
+                             cwd=ws, capture_output=True, text=True, env=env)
         res.out = res.stdout + res.stderr
         return res
 
     first = snakemake()
     assert first.returncode == 0, first.out[-3000:]
     run_dir = ws / "runs/smoke"      # smoke.yaml's own folder (config key workdir)
-    prior = run_dir / target
+    prior, params = run_dir / target, run_dir / cell / "params.safetensors"
     before, _ = io.read_parquet(prior)
-    broken = _truncate(prior)
+    params_before = params.read_bytes()
+    broken, broken_params = _truncate(prior), _truncate(params)
     plan = snakemake("-n")
     assert plan.returncode == 0, plan.out[-3000:]
-    notes = [l for l in plan.out.splitlines() if l.startswith("Note: ") and "corrupt" in l]
-    assert len(notes) == 1 and target in notes[0] and "default.parquet.corrupt" in notes[0]
-    jobs = re.findall(r"^rule (\w+):", plan.stdout, re.M)
-    assert jobs == ["prior"], plan.stdout[-3000:]
+    notes = [l for l in plan.out.splitlines() if l.startswith("Note: ") and "moves it aside" in l]
+    assert [n.split()[1] for n in notes] == [f"{cell}/params.safetensors", f"{cell}/meta.json",
+                                             target], plan.out[-3000:]
+    assert "meta.json.incomplete" in notes[1] and "default.parquet.corrupt" in notes[2]
+    assert all("moved nothing" in n for n in notes)
+    assert prior.read_bytes() == broken and params.read_bytes() == broken_params
+    assert not list((run_dir / "results").rglob("*.corrupt*"))     # a dry run moves nothing
     rerun = snakemake()
     assert rerun.returncode == 0, rerun.out[-3000:]
+    jobs = re.findall(r"^(?:local)?rule (\w+):", rerun.out, re.M)
+    assert sorted(jobs) == ["calibrate", "prior"], rerun.out[-3000:]
     after, _ = io.read_parquet(prior)
     pd.testing.assert_frame_equal(before, after)
+    assert params.read_bytes() == params_before
     assert (run_dir / (target + ".corrupt")).read_bytes() == broken
-    assert sorted(p.name for p in (run_dir / "results").rglob("*.corrupt*")) == ["default.parquet.corrupt"]
+    assert (run_dir / cell / "params.safetensors.corrupt").read_bytes() == broken_params
+    assert sorted(p.name for p in (run_dir / "results").rglob("*.corrupt*")) == [
+        "default.parquet.corrupt", "params.safetensors.corrupt"]
+    assert (run_dir / cell / "meta.json.incomplete").is_file()
 
 
 def test_concurrent_run_is_named_as_such(ws):
