@@ -236,20 +236,16 @@ def _interrupted(stage: str, how: str) -> str:
             "(outputs are written atomically; a calibration resumes from its finished blocks)")
 
 
-_STOPPING: list[float] = []   # when a signal began ending this stage
-REPEAT_S = 2.0                 # a second signal within this is the same one, forwarded
-
-
 def _exit_quietly_on_signals(stage: str) -> None:
     """SIGTERM (a cluster's scancel, Snakemake stopping its jobs) ends the stage like Ctrl-C:
-    one line, no traceback. A second signal just after the first is ignored: Ctrl-C reaches
-    both the stage and its watcher, which forwards it (fair_calib/job_watch.py)."""
+    one line, no traceback. The first of them ends it; later ones are ignored (Ctrl-C reaches
+    both the stage and its watcher, which forwards it, fair_calib/job_watch.py; ignored, not
+    handled, so that one arriving while Python shuts down cannot kill the ending stage)."""
     import signal
 
     def stop(signum, frame):
-        if _STOPPING and time.time() - _STOPPING[0] < REPEAT_S:
-            return
-        _STOPPING[:] = [time.time()]
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, signal.SIG_IGN)
         if signum == signal.SIGINT:
             raise KeyboardInterrupt
         raise SystemExit(f"{_interrupted(stage, signal.Signals(signum).name)}")

@@ -114,11 +114,11 @@ def hold(stage: str, argv: list[str], *, mode: str | None = None,
                     f"({holder}; lock {path}); rerun when it has finished")
             _side_note(log, "refused", line)
             sys.exit(line)
+        WAITING.append(output)
         line = (f"fair-calib {stage}: waiting: {output} is being written by another job "
                 f"({holder}); this job starts when that one ends (lock {path})")
-        print(line, file=sys.stderr, flush=True)
         side = _side_note(log, "waiting", line)
-        WAITING.append(output)
+        print(line, file=sys.stderr, flush=True)
         start = time.time()
         fcntl.flock(fd, fcntl.LOCK_EX)
         WAITING.clear()

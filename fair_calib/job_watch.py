@@ -79,7 +79,10 @@ def hint(sig: int) -> str:
     if sig in (signal.SIGSEGV, signal.SIGBUS, signal.SIGILL, signal.SIGABRT, signal.SIGFPE):
         return ("a crash in native code (torch, a GPU driver, a C extension): the lines above "
                 "say how far it got; please report it with this log")
-    return "another process sent it (a person, the cluster's scheduler); rerun when that is dealt with"
+    if sig == signal.SIGINT:
+        return "Ctrl-C (or a process that sent SIGINT) stopped it; rerun to go on"
+    return ("another process sent it (a person, the cluster's scheduler at the job's time "
+            "limit); rerun when that is dealt with")
 
 
 def killed_line(stage: str, sig: int, wall_s: float, peak_mb: float) -> str:
