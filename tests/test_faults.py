@@ -479,9 +479,71 @@ def test_concurrent_run_is_named_as_such(ws):
     (ws / ".snakemake/locks").mkdir(parents=True)
     (ws / ".snakemake/locks/0.input.lock").write_text("results/x\n")
     res = _plan(ws)
-    assert "another Snakemake run holds the lock" in res.out and "--unlock" in res.out
+    assert "another Snakemake run holds the lock on this directory (.snakemake/locks/)" in res.out
+    assert "`snakemake --unlock` removes it" in res.out
     (ws / ".snakemake/locks/0.input.lock").unlink()
     assert "holds the lock" not in _plan(ws).out
+
+
+def test_unlock_advice_names_the_workdirs_lock_and_clears_it(ws):
+    """A config with its own `workdir` (smoke.yaml: runs/smoke) keeps its lock there: the Note
+    names that folder and gives the unlock command with the run's --configfile, which clears it
+    (a plain `snakemake --unlock` unlocks the default's folder instead; issue 42)."""
+    locks = ws / "runs/smoke/.snakemake/locks"
+    locks.mkdir(parents=True)
+    (locks / "0.input.lock").write_text("results/x\n")
+    res = _plan(ws, None, "--configfile", "config/smoke.yaml")
+    note = next(l for l in res.out.splitlines() if "holds the lock" in l)
+    assert "(runs/smoke/.snakemake/locks/)" in note, note
+    command = note.split("`")[1]
+    assert command == "snakemake --unlock --configfile config/smoke.yaml", note
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    subprocess.run(shlex.split(command), cwd=ws, env=env, capture_output=True, check=True)
+    assert not locks.exists() or not list(locks.iterdir())
+
+
+def test_a_corrupt_calibration_output_takes_its_cells_marker_aside(tmp_path):
+    """meta.json is the calibration's completion marker (evaluation depends on it alone): with
+    a corrupt params.safetensors of its cell it goes aside too, so naming it, or evaluating the
+    cell, recalibrates. A dry run (and --summary, --dag, ...) lists and moves nothing."""
+    import torch
+
+    from fair_calib import io, preflight
+    cell = tmp_path / "results/calib/m/rtn/w4a4"
+    io.save_tensors({"w": torch.ones(64, 64)}, cell / "params.safetensors")
+    io.write_json(cell / "meta.json", {"ok": 1})
+    _parquet(cell / "stats.parquet")
+    _truncate(cell / "params.safetensors")
+    _truncate(cell / "stats.parquet")
+    listed = preflight.corrupt_intermediates(tmp_path / "results")
+    assert [(p.name, t.name) for p, t, _ in listed] == [
+        ("params.safetensors", "params.safetensors.corrupt"),
+        ("meta.json", "meta.json.incomplete"),
+        ("stats.parquet", "stats.parquet.corrupt")]
+    assert (cell / "meta.json").is_file() and not list(cell.glob("*.corrupt"))
+    dry = preflight.report_line(*listed[1], dry_run=True)
+    assert "moves it aside to meta.json.incomplete" in dry and "moved nothing" in dry
+    assert preflight.move_aside_corrupt(tmp_path / "results") == listed
+    assert sorted(p.name for p in cell.iterdir()) == [
+        "meta.json.incomplete", "params.safetensors.corrupt", "stats.parquet.corrupt"]
+    line = preflight.report_line(*listed[1])
+    assert line.startswith(f"Note: {cell / 'meta.json'} is the completion marker of its cell, "
+                           "whose params.safetensors is corrupt; moved it aside")
+    assert "naming this meta.json does" in line and "\n" not in line
+    assert preflight.inspecting(["results/x", "--summary"], False)
+    assert preflight.inspecting(["--cores", "2"], True)          # -n, also inside -np
+    assert not preflight.inspecting(["--cores", "2", "results/x"], False)
+
+
+def test_a_dry_run_moves_nothing_aside(ws):
+    _parquet(ws / "results/prior/tiny-llada/default.parquet")
+    broken = _truncate(ws / "results/prior/tiny-llada/default.parquet")
+    res = _plan(ws)
+    assert res.returncode == 0, res.out[-3000:]
+    note = next(l for l in res.out.splitlines() if l.startswith("Note: results/prior/"))
+    assert "a run (without -n) moves it aside to default.parquet.corrupt" in note
+    assert (ws / "results/prior/tiny-llada/default.parquet").read_bytes() == broken
+    assert not list((ws / "results").rglob("*.corrupt*"))
 
 
 @pytest.mark.parametrize("source, needle", [("/nonexistent/llada-8b", "does not exist"),
