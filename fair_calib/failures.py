@@ -134,16 +134,19 @@ def _job_name(job) -> str:
 
 
 def _some(names: list[str], most: int = 4) -> str:
-    shown = ", ".join(names[:most]) + (f", and {len(names) - most} more" if len(names) > most else "")
+    shown = ", ".join(names[:most])
+    if len(names) > most:
+        shown += f", and {len(names) - most} more"
     return f"{len(names)} job{'s' * (len(names) != 1)}" + (f": {shown}" if names else "")
 
 
 def describe_stop(finished: list[str], failed: list[str], not_started: int) -> list[str]:
     """The line for a run stopped by SIGTERM (Snakemake lets its running jobs finish)."""
-    said = (f"Stopped by SIGTERM: Snakemake let the jobs it had started end and started no "
-            f"others. Finished in this run: {_some(finished)} (their outputs are kept)")
+    said = ("Stopped by SIGTERM: Snakemake let the jobs it had started end and started no "
+            "others. " + (f"Finished in this run: {_some(finished)} (their outputs are kept)"
+                          if finished else "No job finished in this run"))
     if failed:
-        said += f"; failed: {_some(failed)} (the Failed: lines say why)"
+        said += f"; failed or stopped: {_some(failed)} (the Failed: lines say how)"
     if not_started:
         return [said + f"; not started: {not_started} job{'s' * (not_started != 1)}. "
                        "Rerun the same command to go on."]

@@ -172,7 +172,7 @@ def test_at_a_terminal_the_failure_is_one_line_without_traceback(monkeypatch):
     assert "results/calib/x/meta.json" in line and "rerun Snakemake" in line and "\n" not in line
 
 
-# ------------------------------------------------------------------ issue 42: failures say what happened
+# ------------------------------------------------------------ issue 42: failures say what happened
 SNAKEMAKE_9_LOG = """[Sat Nov 28 12:43:36 2026]
 rule calibrate:
     input: resources/models/tiny-llada
@@ -301,7 +301,8 @@ def test_a_stop_by_sigterm_is_described_as_what_happened():
     (done,) = describe_stop(["a", "b", "c", "d", "e"], [], 0)
     assert "5 jobs: a, b, c, d, and 1 more" in done and "requested outputs are complete" in done
     (failed,) = describe_stop([], ["prior (model=m)"], 2)
-    assert "failed: 1 job: prior (model=m)" in failed and "not started: 2 jobs" in failed
+    assert "No job finished in this run; failed or stopped: 1 job: prior (model=m)" in failed
+    assert "not started: 2 jobs" in failed
 
 
 @pytest.mark.slow

@@ -279,7 +279,7 @@ def test_stage_cli_writes_its_log_after_the_lock(tmp_path):
     assert log.read_text().splitlines()[-1].startswith("error: fair-calib make-data --settings")
 
 
-# ------------------------------------------------------------------ a second job's own log (issue 42)
+# ------------------------------------------------------------ a second job's own log (issue 42)
 def test_the_log_name_is_taken_back_from_snakemakes_empty_file(tmp_path):
     """Snakemake creates an empty log for a failed job that wrote none (a second job that waited,
     then was stopped): the running job's exit takes the name back, so its log is whole."""
