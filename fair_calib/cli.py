@@ -9,6 +9,7 @@ import sys
 import time
 
 from .environment import check_settings_environment
+from .job_log import JOB_LINE  # the prefix of job_record's lines (benchmarks/gpu_dag.py)
 
 SUBCOMMANDS = {
     "make-data": "fair_calib.models.tiny.corpus",   # synthetic corpus and task files
@@ -291,7 +292,6 @@ def _failure_line(stage: str, err: BaseException) -> str:
 # job can be read off its logs (benchmarks/gpu_dag.py summarises them).
 JOB_STAGES = ("make-data", "train-tiny", "convert-hub", "probe", "prior", "calibrate",
               "evaluate", "trajectories", "diagnose", "report", "figures", "floor-sweep")
-from .job_log import JOB_LINE  # noqa: E402  (the record's prefix, read by benchmarks/gpu_dag.py)
 
 
 def job_card() -> str:

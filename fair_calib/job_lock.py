@@ -26,6 +26,8 @@ import sys
 import time
 from pathlib import Path
 
+from . import job_log
+
 OUTPUT_OPTIONS = ("--out", "--out-dir")
 _HELD: list[int] = []  # open descriptors of the locks this process holds (closed on exit)
 REFUSED: list = []     # non-empty once this process refused to wait (FAIR_CALIB_LOCK=refuse)
@@ -83,8 +85,6 @@ def _side_note(log: str | None, kind: str, line: str) -> Path | None:
     """``line`` in this job's own log beside ``log`` (the job's log is the holder's)."""
     if not log:
         return None
-    from . import job_log
-
     side = job_log.side_log(log, os.getpid(), kind)
     job_log.append_line(side, line)
     return side

@@ -85,8 +85,15 @@ def hint(sig: int) -> str:
             "limit); rerun when that is dealt with")
 
 
+def signal_name(sig: int) -> str:
+    try:
+        return signal.Signals(sig).name
+    except ValueError:                  # a real-time signal Python has no name for
+        return f"signal {sig}"
+
+
 def killed_line(stage: str, sig: int, wall_s: float, peak_mb: float) -> str:
-    name = signal.Signals(sig).name if sig in signal.Signals._value2member_map_ else "?"
+    name = signal_name(sig)
     return (f"error: fair-calib {stage}: killed by signal {sig} ({name}), exit code {128 + sig}, "
             f"after {wall_s:.0f} s; peak memory {peak_mb:.0f} MB; {hint(sig)}")
 
@@ -99,7 +106,7 @@ def report(stage: str, argv: list[str], log: str | None, child: int, sig: int,
 
     from . import job_lock, job_log
 
-    rec = {"stage": stage, "status": "killed", "signal": signal.Signals(sig).name,
+    rec = {"stage": stage, "status": "killed", "signal": signal_name(sig),
            "exit_code": 128 + sig, "wall_s": round(wall_s, 3), "peak_rss_mb": round(peak_mb)}
     text = job_log.JOB_LINE + json.dumps(rec) + "\n" + killed_line(stage, sig, wall_s, peak_mb)
     if not log:
