@@ -139,4 +139,6 @@ onerror:
     for line in stopped:
         print(line, file=sys.stderr)
     if status is not None:
+        logs = log if isinstance(log, (list, tuple)) else [log]
+        print(f"Complete log(s): {', '.join(map(str, logs))}", file=sys.stderr)
         sys.exit(status)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -338,4 +339,5 @@ def test_sigterm_to_snakemake_ends_as_what_happened(tmp_path):
     assert stopped and "Finished in this run: 1 job: make_data" in stopped[0], out[-3000:]
     assert "not started: 1 job" in stopped[0]
     assert "did not complete successfully" not in out and "Failed:" not in out
+    assert re.search(r"^Complete log\(s\): \S+\.snakemake\.log$", out, re.M), out[-3000:]
     assert not (ws / ".snakemake/locks").exists() or not any((ws / ".snakemake/locks").iterdir())
