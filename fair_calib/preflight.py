@@ -111,24 +111,35 @@ def aside_name(path: Path, suffix: str = ".corrupt") -> Path:
 
 
 def corrupt_intermediates(root: str | os.PathLike = "results") -> list[tuple[Path, Path, str]]:
-    """(file, where it would go, why) for every corrupt intermediate under ``root``, each
-    followed by its cell's completion marker where it has one (``meta.json`` ->
+    """(file, where it would go, why) for every corrupt intermediate under ``root``, and for
+    the completion marker of a cell with a corrupt or missing output (``meta.json`` ->
     ``meta.json.incomplete``). Moves nothing."""
-    found = []
+    found: list[tuple[Path, Path, str]] = []
     root = Path(root)
     if not root.is_dir():
         return found
     for path in intermediates(root):
         why = problem_of(path)
-        if why is None:
-            continue
-        found.append((path, aside_name(path), why))
-        marker = path.with_name(MARKER)
-        if path.name in MARKED and marker.is_file() and problem_of(marker) is None \
-                and marker not in [p for p, _, _ in found]:
-            found.append((marker, aside_name(marker, ".incomplete"),
-                          f"the completion marker of its cell, whose {path.name} is corrupt"))
+        if why is not None:
+            found.append((path, aside_name(path), why))
+        if path.name in MARKED + (MARKER,):
+            found += _stale_marker(path.with_name(MARKER), found)
     return found
+
+
+def _stale_marker(marker: Path, found: list) -> list[tuple[Path, Path, str]]:
+    """The marker of a cell whose outputs are not all there and readable (one already moved
+    aside by an earlier run included), unless it is listed already or is itself corrupt."""
+    if not marker.is_file() or any(p == marker for p, _, _ in found) or problem_of(marker):
+        return []
+    listed = {p for p, _, _ in found}
+    for name in MARKED:
+        sibling = marker.with_name(name)
+        state = "corrupt" if sibling in listed else None if sibling.is_file() else "missing"
+        if state:
+            return [(marker, aside_name(marker, ".incomplete"),
+                     f"the completion marker of its cell, whose {name} is {state}")]
+    return []
 
 
 def move_aside_corrupt(root: str | os.PathLike = "results") -> list[tuple[Path, Path, str]]:

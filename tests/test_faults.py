@@ -530,6 +530,12 @@ def test_a_corrupt_calibration_output_takes_its_cells_marker_aside(tmp_path):
     assert line.startswith(f"Note: {cell / 'meta.json'} is the completion marker of its cell, "
                            "whose params.safetensors is corrupt; moved it aside")
     assert "naming this meta.json does" in line and "\n" not in line
+    # a cell left by an earlier round's Note: params aside, its marker kept (issue 42's case)
+    (cell / "meta.json.incomplete").rename(cell / "meta.json")
+    _parquet(cell / "stats.parquet")
+    (moved,) = preflight.move_aside_corrupt(tmp_path / "results")
+    assert moved[0] == cell / "meta.json" and moved[1].name == "meta.json.incomplete"
+    assert moved[2] == "the completion marker of its cell, whose params.safetensors is missing"
     assert preflight.inspecting(["results/x", "--summary"], False)
     assert preflight.inspecting(["--cores", "2"], True)          # -n, also inside -np
     assert not preflight.inspecting(["--cores", "2", "results/x"], False)
