@@ -10,9 +10,10 @@ of work), so Snakemake finds the output missing and reruns exactly the job that 
 what depends on it, where a requested output needs it (an intermediate whose dependents are
 intact and up to date is not needed, as for a deleted one). A calibration cell's completion
 marker (``meta.json``, written last; evaluation and the diagnostics depend on it alone) is moved
-aside with a corrupt ``params.safetensors`` or ``stats.parquet`` of its cell, to
-``meta.json.incomplete``: the cell is then unfinished, so naming its ``meta.json``, or anything
-that reads the cell, recalibrates it. The Snakefile calls it at parse time, in the main process
+aside, to ``meta.json.incomplete``, with a corrupt ``params.safetensors`` or ``stats.parquet``
+of its cell, or where one is missing (moved aside by an earlier run, deleted by hand): the cell
+is then unfinished, so naming its ``meta.json``, or anything that reads the cell, recalibrates
+it. The Snakefile calls it at parse time, in the main process
 only; a dry run (``-n``) only lists what a run would move (:func:`corrupt_intermediates`).
 
 Calibration's per-block files (``blocks/<i>.safetensors``) are not outputs of any rule; the
