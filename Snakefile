@@ -55,12 +55,16 @@ os.environ.setdefault("FAIR_CALIB_GPU_JOBS_PER_CARD", str(config.get("gpu_jobs_p
 
 # Another run in this directory: say so first (Snakemake's own message about incomplete files
 # advises --rerun-incomplete, which would redo the files that run is writing).
+# The lock is in the config's `workdir` (runs/smoke/.snakemake/ for smoke.yaml): the advice names
+# that folder, and the unlock command carries this run's own config files.
 LOCKED = any(os.scandir(".snakemake/locks")) if os.path.isdir(".snakemake/locks") else False
 if workflow.is_main_process and "--unlock" not in sys.argv and LOCKED:
-    print("Note: another Snakemake run holds the lock on this directory (.snakemake/locks/). "
-          "Wait for it to finish; do not rerun with --rerun-incomplete (its jobs' outputs are "
-          "incomplete because they are being written). If no other run is active (a killed run "
-          "left the lock behind), `snakemake --unlock` removes it.", file=sys.stderr)
+    from fair_calib.preflight import lock_note, unlock_command
+
+    print(lock_note(
+        os.path.relpath(os.path.abspath(".snakemake/locks"), workflow.workdir_init) + "/",
+        unlock_command(workflow.config_settings.configfiles, workflow.config_settings.config_args,
+                       workflow.workdir_init, workflow.overwrite_workdir)), file=sys.stderr)
 
 
 # Path segments never contain "/": without this, `results/eval/{model}/{method}/{bits}/{task}.parquet`
@@ -97,14 +101,17 @@ if workflow.is_main_process:
 
 
 # A corrupt or truncated intermediate under results/ (a full disk, a partial copy) is moved
-# aside to <name>.corrupt, so Snakemake finds it missing and reruns the job that writes it and
-# what depends on it, instead of a later job failing on it. Not while another run holds the
-# lock: its jobs may be reading these files.
+# aside to <name>.corrupt (a calibration cell's meta.json with it, to meta.json.incomplete), so
+# Snakemake finds it missing and reruns the job that writes it and what depends on it, instead
+# of a later job failing on it. Not while another run holds the lock: its jobs may be reading
+# these files. A dry run (or --summary, --dag, ...) only says what a run would move.
 if workflow.is_main_process and "--unlock" not in sys.argv and not LOCKED:
-    from fair_calib.preflight import move_aside_corrupt, report_line
+    from fair_calib.preflight import (corrupt_intermediates, inspecting, move_aside_corrupt,
+                                      report_line)
 
-    for moved in move_aside_corrupt("results"):
-        print(report_line(*moved), file=sys.stderr)
+    dry = inspecting(sys.argv[1:], bool(workflow.output_settings.dryrun))
+    for moved in (corrupt_intermediates if dry else move_aside_corrupt)("results"):
+        print(report_line(*moved, dry_run=dry), file=sys.stderr)
 
 
 rule all:
@@ -125,8 +132,18 @@ onsuccess:
 
 # A failed job: one line each, what failed and what to do (the last line of its log, which the
 # stage CLI writes after the traceback; fair_calib/failures.py). The traceback stays in the log.
+# A run stopped by SIGTERM whose jobs all ended well: what finished and what did not start, and
+# its exit here (143: jobs left; 0: none), before Snakemake's "At least one job did not complete
+# successfully", which would not be true.
 onerror:
-    from fair_calib.failures import summary_lines
+    from fair_calib.failures import stop_lines, summary_lines
 
     for line in summary_lines(log):
         print(line, file=sys.stderr)
+    stopped, status = stop_lines(workflow)
+    for line in stopped:
+        print(line, file=sys.stderr)
+    if status is not None:
+        logs = log if isinstance(log, (list, tuple)) else [log]
+        print(f"Complete log(s): {', '.join(map(str, logs))}", file=sys.stderr)
+        sys.exit(status)

@@ -9,6 +9,7 @@ import sys
 import time
 
 from .environment import check_settings_environment
+from .job_log import JOB_LINE  # the prefix of job_record's lines (benchmarks/gpu_dag.py)
 
 SUBCOMMANDS = {
     "make-data": "fair_calib.models.tiny.corpus",   # synthetic corpus and task files
@@ -125,6 +126,7 @@ def _pop_runtime(stage: str, argv: list[str]) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
+    as_program = argv is None          # a process of its own (not a call from Python)
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in SUBCOMMANDS:
         names = "\n  ".join(f"{k:14s} {v}" for k, v in SUBCOMMANDS.items())
@@ -138,6 +140,11 @@ def main(argv: list[str] | None = None) -> None:
 
     # the job's log: opened by the job once it holds its output's lock (fair_calib/job_log.py)
     log = job_log.pop_log(argv)
+    if as_program and stage in JOB_STAGES:
+        from . import job_watch
+
+        # a death by signal (SIGKILL: out of memory) is reported by a watcher process
+        job_watch.watch(stage, argv[1:], log)
     # before any stage module imports torch: the same kernels, so the same bits, on every
     # x86-64 machine (fair_calib/numerics.py)
     from . import numerics
@@ -147,7 +154,7 @@ def main(argv: list[str] | None = None) -> None:
         rest = _checked_settings(stage, argv[1:])
     except SystemExit as err:    # refused before the lock: the line goes to the log too
         if isinstance(err.code, str):
-            job_log.append_line(log, err.code)
+            _note_before_lock(stage, argv[1:], log, err.code)
         raise
     _exit_quietly_on_signals(stage)
     started: list[float] = []
@@ -156,9 +163,9 @@ def main(argv: list[str] | None = None) -> None:
     except SystemExit as err:
         from . import job_lock
 
-        # ended before it opened its log (a refused lock's log is the other job's)
+        # ended before it opened its log (a refused job wrote its own, job_lock.hold)
         if not started and isinstance(err.code, str) and not job_lock.REFUSED:
-            job_log.append_line(log, err.code)
+            _note_before_lock(stage, rest, log, err.code)
         if started and stage in JOB_STAGES:
             job_record(stage, "error", started[0])
         raise
@@ -168,6 +175,18 @@ def main(argv: list[str] | None = None) -> None:
         raise
     if stage in JOB_STAGES:
         job_record(stage, "ok", started[0])
+
+
+def _note_before_lock(stage: str, argv: list[str], log: str | None, line: str) -> None:
+    """The last line of a job that ended before it opened its log: in the log if this job
+    holds the output or no job does; else in its own waiting log (the log is the holder's)."""
+    from . import job_lock, job_log
+
+    if not log:
+        return
+    if job_lock.WAITING or (not job_lock.holding() and job_lock.busy(stage, argv)):
+        log = job_log.side_log(log, os.getpid())
+    job_log.append_line(log, line)
 
 
 def _start(stage: str, log: str | None, started: list[float]) -> None:
@@ -196,7 +215,7 @@ def _run_stage(stage: str, rest: list[str], log: str | None = None,
             # (fair_calib/job_lock.py), whatever Snakemake's own lock does
             from . import job_lock
 
-            job_lock.hold(stage, rest)
+            job_lock.hold(stage, rest, log=log)
         _start(stage, log, started)
         _take_gpu_slot(rest)
         module = importlib.import_module(SUBCOMMANDS[stage])
@@ -210,19 +229,32 @@ def _run_stage(stage: str, rest: list[str], log: str | None = None,
 
 
 def _interrupted(stage: str, how: str) -> str:
+    from . import job_lock
+
+    if job_lock.WAITING:
+        return (f"fair-calib {stage}: interrupted ({how}) while waiting for the job writing "
+                f"{job_lock.WAITING[0]}; that job goes on, its output and log are its own")
     return (f"fair-calib {stage}: interrupted ({how}); nothing half-written is kept as finished "
             "(outputs are written atomically; a calibration resumes from its finished blocks)")
 
 
 def _exit_quietly_on_signals(stage: str) -> None:
     """SIGTERM (a cluster's scancel, Snakemake stopping its jobs) ends the stage like Ctrl-C:
-    one line, no traceback."""
+    one line, no traceback. The first of them ends it; later ones are ignored (Ctrl-C reaches
+    both the stage and its watcher, which forwards it, fair_calib/job_watch.py; ignored, not
+    handled, so that one arriving while Python shuts down cannot kill the ending stage)."""
     import signal
 
     def stop(signum, frame):
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, signal.SIG_IGN)
+        if signum == signal.SIGINT:
+            raise KeyboardInterrupt
         raise SystemExit(f"{_interrupted(stage, signal.Signals(signum).name)}")
 
     signal.signal(signal.SIGTERM, stop)
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        signal.signal(signal.SIGINT, stop)
 
 
 def _failure_hint(err: BaseException) -> str:
@@ -261,7 +293,6 @@ def _failure_line(stage: str, err: BaseException) -> str:
 # job can be read off its logs (benchmarks/gpu_dag.py summarises them).
 JOB_STAGES = ("make-data", "train-tiny", "convert-hub", "probe", "prior", "calibrate",
               "evaluate", "trajectories", "diagnose", "report", "figures", "floor-sweep")
-JOB_LINE = "[fair-calib] job "
 
 
 def job_card() -> str:

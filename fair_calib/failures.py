@@ -1,15 +1,29 @@
-"""One console line per failed job (the Snakefile's ``onerror``): what failed and what to do,
-read from the job's own log, whose last line the stage CLI writes as ``error: fair-calib
-<stage>: <what>; <what to do>`` after the traceback (fair_calib/cli.py). The traceback stays in
-the log; the console gets its path. No heavy imports (runs in the Snakemake process)."""
+"""What a run that did not finish says (the Snakefile's ``onerror``), one console line each:
+
+* ``Failed: <rule> (<wildcards>): <what failed and what to do> [log: <path>]`` per failed job,
+  read from the job's own log, whose last line the stage CLI writes as ``error: fair-calib
+  <stage>: <what>; <what to do>`` after the traceback (fair_calib/cli.py), or its watcher as
+  ``killed by signal ...`` (fair_calib/job_watch.py: for SIGKILL, the job's peak memory, here
+  set beside the memory its rule declared). A job that never held its output (it waited for
+  another run's job, or refused to) wrote its own log beside the rule's (fair_calib/job_log.py):
+  that one is read and named. The rule, wildcards, log and declared memory of a job are read
+  from Snakemake's log: its error block names the job's id, its start block the rest.
+* A run stopped by SIGTERM (Snakemake lets its running jobs finish, then stops) says so, with
+  what finished and what was not started, instead of a failure (:func:`stop_lines`).
+
+The traceback stays in the log; the console gets its path. No heavy imports (runs in the
+Snakemake process)."""
 from __future__ import annotations
 
 import re
+import time
 from pathlib import Path
 
 _ERROR = re.compile(r"^Error in rule (\S+?):?$")
-_LOG = re.compile(r"^\s+log: (.+?)(?: \(check log file\(s\) for error details\))?$")
-_WILDCARDS = re.compile(r"^\s+wildcards: (.+)$")
+_START = re.compile(r"^(?:local)?(?:rule|checkpoint) (\S+?):$")
+_FIELD = re.compile(r"^\s+(\w+): (.*)$")
+_LOG_TAIL = " (check log file(s) for error details)"
+_RUN_STAMP = re.compile(r"(\d{4}-\d\d-\d\dT\d{6}\.\d+)\.snakemake\.log$")
 
 
 def _last_line(path: Path) -> str | None:
@@ -21,20 +35,75 @@ def _last_line(path: Path) -> str | None:
     return (errors or lines or [None])[-1]
 
 
-def failed_jobs(snakemake_log: str | Path) -> list[tuple[str, str, list[str]]]:
-    """(rule, wildcards, log files) of each ``Error in rule`` block of a Snakemake log."""
-    found, current = [], None
-    for line in Path(snakemake_log).read_text(errors="replace").splitlines():
-        m = _ERROR.match(line.strip())
-        if m:
-            current = [m.group(1), "", []]
-            found.append(current)
-        elif current is not None and _WILDCARDS.match(line):
-            current[1] = _WILDCARDS.match(line).group(1)
-        elif current is not None and _LOG.match(line):
-            current[2] = [p.strip() for p in _LOG.match(line).group(1).split(",")]
+def _blocks(text: str) -> list[tuple[str, str, dict]]:
+    """(kind, rule, {field: value}) of each start block ("rule x:") and error block."""
+    blocks, current = [], None
+    for line in text.splitlines():
+        start, error = _START.match(line.strip()), _ERROR.match(line.strip())
+        if start or error:
+            current = ("error" if error else "start", (error or start).group(1), {})
+            blocks.append(current)
+        elif current is not None and _FIELD.match(line):
+            key, value = _FIELD.match(line).groups()
+            current[2].setdefault(key, value)
+        elif current is not None and line.strip() and not line.startswith(" "):
             current = None
-    return [tuple(f) for f in found]
+    return blocks
+
+
+def _mem_mb(resources: str) -> str | None:
+    m = re.search(r"(?:^|, )mem_mb=(\d+)", resources or "")
+    return m.group(1) if m else None
+
+
+def failed_jobs(snakemake_log: str | Path) -> list[dict]:
+    """Each failed job of a Snakemake log: ``rule``, ``wildcards``, ``logs`` and the declared
+    ``mem_mb``, from its error block and the start block of the same job id."""
+    started, found = {}, []
+    for kind, rule, fields in _blocks(Path(snakemake_log).read_text(errors="replace")):
+        if kind == "start":
+            started[fields.get("jobid")] = fields
+            continue
+        start = started.get(fields.get("jobid"), {})
+        logs = fields.get("log") or start.get("log") or ""
+        logs = logs[:-len(_LOG_TAIL)] if logs.endswith(_LOG_TAIL) else logs
+        found.append({"rule": rule,
+                      "wildcards": fields.get("wildcards") or start.get("wildcards") or "",
+                      "logs": [p.strip() for p in logs.split(",") if p.strip()],
+                      "mem_mb": _mem_mb(start.get("resources"))})
+    return found
+
+
+def run_start(snakemake_log: str | Path) -> float:
+    """When the run began: the time in its log's name (Snakemake's), else the log's mtime."""
+    m = _RUN_STAMP.search(str(snakemake_log))
+    if m:
+        try:
+            return time.mktime(time.strptime(m.group(1).split(".")[0], "%Y-%m-%dT%H%M%S"))
+        except ValueError:
+            pass
+    return Path(snakemake_log).stat().st_mtime
+
+
+def job_logs(paths: list[str], since: float) -> list[str]:
+    """The logs to read for a failed job: a waiting or refused log of this run beside a rule's
+    log (the job never held its output: the rule's log is another job's), else the rule's."""
+    from .job_log import side_logs
+
+    own = []
+    for path in paths:
+        mine = [p for p in side_logs(path) if p.stat().st_mtime >= since - 1]
+        own.append(str(mine[-1]) if mine else path)
+    return own
+
+
+def with_memory(line: str, rule: str, mem_mb: str | None) -> str:
+    """A watcher's killed line with the rule's name and its declared memory filled in."""
+    line = line.replace("resources.<rule>.mem_mb", f"resources.{rule}.mem_mb")
+    if mem_mb:
+        line = re.sub(r"(peak memory \d+ MB)", rf"\1 (its rule declares mem_mb={mem_mb})", line,
+                      count=1)
+    return line
 
 
 def summary_lines(snakemake_logs) -> list[str]:
@@ -47,9 +116,56 @@ def summary_lines(snakemake_logs) -> list[str]:
     for log in snakemake_logs:
         if not log or not Path(log).is_file():
             continue
-        for rule, wildcards, paths in failed_jobs(log):
+        since = run_start(log)
+        for job in failed_jobs(log):
+            paths = job_logs(job["logs"], since)
             said = next((s for s in (_last_line(Path(p)) for p in paths) if s), None)
-            where = f" ({wildcards})" if wildcards else ""
+            if said and "killed by signal" in said:
+                said = with_memory(said, job["rule"], job["mem_mb"])
+            where = f" ({job['wildcards']})" if job["wildcards"] else ""
             tail = f" [log: {', '.join(paths)}]" if paths else ""
-            lines.append(f"Failed: {rule}{where}: {said or 'see its log'}{tail}")
+            lines.append(f"Failed: {job['rule']}{where}: {said or 'see its log'}{tail}")
     return lines
+
+
+def _job_name(job) -> str:
+    wildcards = ", ".join(f"{k}={v}" for k, v in sorted(job.wildcards_dict.items()))
+    return f"{job.rule.name} ({wildcards})" if wildcards else job.rule.name
+
+
+def _some(names: list[str], most: int = 4) -> str:
+    shown = ", ".join(names[:most])
+    if len(names) > most:
+        shown += f", and {len(names) - most} more"
+    return f"{len(names)} job{'s' * (len(names) != 1)}" + (f": {shown}" if names else "")
+
+
+def describe_stop(finished: list[str], failed: list[str], not_started: int) -> list[str]:
+    """The line for a run stopped by SIGTERM (Snakemake lets its running jobs finish)."""
+    said = ("Stopped by SIGTERM: Snakemake let the jobs it had started end and started no "
+            "others. " + (f"Finished in this run: {_some(finished)} (their outputs are kept)"
+                          if finished else "No job finished in this run"))
+    if failed:
+        said += f"; failed or stopped: {_some(failed)} (the Failed: lines say how)"
+    if not_started:
+        return [said + f"; not started: {not_started} job{'s' * (not_started != 1)}. "
+                       "Rerun the same command to go on."]
+    return [said + ("; none was left to start." if failed else
+                    "; none was left to start: the requested outputs are complete.")]
+
+
+def stop_lines(workflow) -> tuple[list[str], int | None]:
+    """(the stop's line, the exit status it ends with) for a run Snakemake ended on SIGTERM
+    (its scheduler's graceful stop), else ([], None): 143 (128 + SIGTERM) where jobs were left
+    unstarted, 0 where every planned job finished, None where a job failed (Snakemake's own
+    end, "At least one job did not complete successfully", is then true). Reads Snakemake 9's
+    scheduler and DAG."""
+    scheduler = getattr(workflow, "scheduler", None)
+    if getattr(scheduler, "_user_kill", None) != "graceful":
+        return [], None
+    dag = workflow.dag
+    failed = sorted(_job_name(j) for j in scheduler.failed)
+    finished = sorted(_job_name(j) for j in dag.needrun_jobs(exclude_finished=False)
+                      if dag.finished(j))
+    left = len(scheduler.remaining_jobs)
+    return describe_stop(finished, failed, left), None if failed else (143 if left else 0)

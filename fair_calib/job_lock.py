@@ -6,10 +6,11 @@ plans, and starts, the jobs a first run is still computing. So every stage CLI t
 output (``--out`` / ``--out-dir``) holds an exclusive ``flock`` on a lock file beside that
 output for its whole life: the kernel releases it when the process ends, normally or killed
 (SIGKILL included), so a lock is never left behind. A second job for the same output waits for
-the first to end, saying so on its stderr (the console; its log opens after the lock,
-fair_calib/job_log.py), then computes the output itself (its run may have other
-settings; the outputs are written atomically, so readers see one job's files or the other's).
-``FAIR_CALIB_LOCK=refuse`` makes it refuse instead (exit 1, naming the output and the holder).
+the first to end, saying so on its stderr (the console) and in its own waiting log beside
+the job's log (``<log>.<pid>.waiting``, fair_calib/job_log.py: the job's log is the holder's),
+then computes the output itself (its run may have other settings; the outputs are written
+atomically, so readers see one job's files or the other's). ``FAIR_CALIB_LOCK=refuse`` makes
+it refuse instead (exit 1, naming the output and the holder; ``<log>.<pid>.refused``).
 
 The lock file is ``<folder>/.<name>.<stage>.lock`` beside the output ``<folder>/<name>``: beside
 it, so jobs started from any directory (or on any node of a shared filesystem) meet on it; the
@@ -25,10 +26,13 @@ import sys
 import time
 from pathlib import Path
 
+from . import job_log
+
 OUTPUT_OPTIONS = ("--out", "--out-dir")
 _HELD: list[int] = []  # open descriptors of the locks this process holds (closed on exit)
 REFUSED: list = []     # non-empty once this process refused to wait (FAIR_CALIB_LOCK=refuse)
 WAITED: dict = {}      # {"holder": ..., "seconds": ...} when this process waited for the lock
+WAITING: list = []     # the output, while this process waits for its lock
 
 
 def primary_output(argv: list[str]) -> str | None:
@@ -56,9 +60,41 @@ def _holder(fd: int) -> str:
     return text or "a process that has not said who it is yet"
 
 
-def hold(stage: str, argv: list[str], *, mode: str | None = None) -> Path | None:
+def busy(stage: str, argv: list[str]) -> bool:
+    """Whether another process holds the lock on the output ``argv`` names (now)."""
+    output = primary_output(argv)
+    if output is None:
+        return False
+    path = lock_path(output, stage)
+    if not path.exists():
+        return False
+    try:
+        fd = os.open(path, os.O_RDWR)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return False
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+
+
+def _side_note(log: str | None, kind: str, line: str) -> Path | None:
+    """``line`` in this job's own log beside ``log`` (the job's log is the holder's)."""
+    if not log:
+        return None
+    side = job_log.side_log(log, os.getpid(), kind)
+    job_log.append_line(side, line)
+    return side
+
+
+def hold(stage: str, argv: list[str], *, mode: str | None = None,
+         log: str | None = None) -> Path | None:
     """Take the exclusive lock on the output named in ``argv`` for this process's life.
-    Waits while another job holds it (``mode='refuse'``, or FAIR_CALIB_LOCK=refuse: exits).
+    Waits while another job holds it (``mode='refuse'``, or FAIR_CALIB_LOCK=refuse: exits),
+    saying so on stderr and in ``<log>.<pid>.waiting`` (``.refused``), removed once it holds it.
     Returns the lock file, or None when the command names no output."""
     output = primary_output(argv)
     if output is None:
@@ -74,18 +110,30 @@ def hold(stage: str, argv: list[str], *, mode: str | None = None) -> Path | None
         if mode == "refuse":
             os.close(fd)
             REFUSED.append(str(path))
-            sys.exit(f"error: fair-calib {stage}: {output} is being written by another job "
-                     f"({holder}; lock {path}); rerun when it has finished")
-        print(f"fair-calib {stage}: waiting: {output} is being written by another job "
-              f"({holder}); this job starts when that one ends (lock {path})",
-              file=sys.stderr, flush=True)
+            line = (f"error: fair-calib {stage}: {output} is being written by another job "
+                    f"({holder}; lock {path}); rerun when it has finished")
+            _side_note(log, "refused", line)
+            sys.exit(line)
+        WAITING.append(output)
+        line = (f"fair-calib {stage}: waiting: {output} is being written by another job "
+                f"({holder}); this job starts when that one ends (lock {path})")
+        side = _side_note(log, "waiting", line)
+        print(line, file=sys.stderr, flush=True)
         start = time.time()
         fcntl.flock(fd, fcntl.LOCK_EX)
+        WAITING.clear()
         print(f"fair-calib {stage}: the other job ended after {time.time() - start:.0f} s; "
               f"starting", file=sys.stderr, flush=True)
         WAITED.update(holder=holder, seconds=time.time() - start)
+        if side is not None:      # its main log says it waited (fair_calib/cli.py)
+            side.unlink(missing_ok=True)
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"fair-calib {stage}, pid {os.getpid()} on {socket.gethostname()}, since "
                   f"{time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode(), 0)
     _HELD.append(fd)
     return path
+
+
+def holding() -> bool:
+    """Whether this process holds the lock on its output."""
+    return bool(_HELD)

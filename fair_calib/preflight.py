@@ -8,8 +8,13 @@ cheaply (Parquet footer, safetensors header against the file size, JSON of ``met
 renames each broken one to ``<name>.corrupt`` (never deleted: it may be the only copy of hours
 of work), so Snakemake finds the output missing and reruns exactly the job that writes it and
 what depends on it, where a requested output needs it (an intermediate whose dependents are
-intact and up to date is not needed, as for a deleted one). The Snakefile calls it at parse
-time, in the main process only.
+intact and up to date is not needed, as for a deleted one). A calibration cell's completion
+marker (``meta.json``, written last; evaluation and the diagnostics depend on it alone) is moved
+aside, to ``meta.json.incomplete``, with a corrupt ``params.safetensors`` or ``stats.parquet``
+of its cell, or where one is missing (moved aside by an earlier run, deleted by hand): the cell
+is then unfinished, so naming its ``meta.json``, or anything that reads the cell, recalibrates
+it. The Snakefile calls it at parse time, in the main process
+only; a dry run (``-n``) only lists what a run would move (:func:`corrupt_intermediates`).
 
 Calibration's per-block files (``blocks/<i>.safetensors``) are not outputs of any rule; the
 calibration job itself discards an unreadable one and recomputes from it
@@ -24,6 +29,8 @@ from typing import Iterator
 
 CHECKED_SUFFIXES = (".parquet", ".safetensors")
 CHECKED_NAMES = ("meta.json",)   # calibration's completion marker, read by evaluation
+MARKER = "meta.json"             # a calibration cell's completion marker ...
+MARKED = ("params.safetensors", "stats.parquet")   # ... of these outputs of its job
 SKIPPED_FOLDERS = ("blocks",)    # calibration resumes from these; it checks them itself
 
 
@@ -94,37 +101,110 @@ def intermediates(root: Path) -> Iterator[Path]:
                 yield Path(folder) / name
 
 
-def aside_name(path: Path) -> Path:
+def aside_name(path: Path, suffix: str = ".corrupt") -> Path:
     """``<name>.corrupt``, or ``<name>.corrupt-2``, ... when an earlier one is kept there."""
-    target = path.with_name(path.name + ".corrupt")
+    target = path.with_name(path.name + suffix)
     k = 2
     while target.exists():
-        target = path.with_name(f"{path.name}.corrupt-{k}")
+        target = path.with_name(f"{path.name}{suffix}-{k}")
         k += 1
     return target
 
 
-def move_aside_corrupt(root: str | os.PathLike = "results") -> list[tuple[Path, Path, str]]:
-    """Rename every corrupt intermediate under ``root`` to its :func:`aside_name`; returns
-    (file, where it went, why) for each."""
-    moved = []
+def corrupt_intermediates(root: str | os.PathLike = "results") -> list[tuple[Path, Path, str]]:
+    """(file, where it would go, why) for every corrupt intermediate under ``root``, and for
+    the completion marker of a cell with a corrupt or missing output (``meta.json`` ->
+    ``meta.json.incomplete``). Moves nothing."""
+    found: list[tuple[Path, Path, str]] = []
     root = Path(root)
     if not root.is_dir():
-        return moved
+        return found
     for path in intermediates(root):
         why = problem_of(path)
         if why is not None:
-            target = aside_name(path)
-            os.replace(path, target)
-            moved.append((path, target, why))
+            found.append((path, aside_name(path), why))
+        if path.name in MARKED + (MARKER,):
+            found += _stale_marker(path.with_name(MARKER), found)
+    return found
+
+
+def _stale_marker(marker: Path, found: list) -> list[tuple[Path, Path, str]]:
+    """The marker of a cell whose outputs are not all there and readable (one already moved
+    aside by an earlier run included), unless it is listed already or is itself corrupt."""
+    if not marker.is_file() or any(p == marker for p, _, _ in found) or problem_of(marker):
+        return []
+    listed = {p for p, _, _ in found}
+    for name in MARKED:
+        sibling = marker.with_name(name)
+        state = "corrupt" if sibling in listed else None if sibling.is_file() else "missing"
+        if state:
+            return [(marker, aside_name(marker, ".incomplete"),
+                     f"the completion marker of its cell, whose {name} is {state}")]
+    return []
+
+
+def move_aside_corrupt(root: str | os.PathLike = "results") -> list[tuple[Path, Path, str]]:
+    """Rename every corrupt intermediate under ``root`` (and its cell's completion marker) as
+    :func:`corrupt_intermediates` lists them; returns that list."""
+    moved = corrupt_intermediates(root)
+    for path, target, _ in moved:
+        os.replace(path, target)
     return moved
 
 
-def report_line(path: Path, target: Path, why: str) -> str:
+def report_line(path: Path, target: Path, why: str, dry_run: bool = False) -> str:
+    """The Note for one moved file (``dry_run``: one a run would move)."""
     # Snakemake regenerates a missing intermediate only where a requested output needs it (as
     # it does for temp files): a broken probe shard under an intact prior stays aside.
-    return (f"Note: {path} is corrupt or truncated ({why}); moved it aside to {target.name}. "
-            "It will be regenerated, with what depends on it, where a requested output needs it.")
+    move = (f"a run (without -n) moves it aside to {target.name}; this command moved nothing, "
+            "and a plan it shows leaves out the jobs that follow from it" if dry_run
+            else f"moved it aside to {target.name}")
+    if target.name.startswith(f"{MARKER}.incomplete"):
+        return (f"Note: {path} is {why}; {move}. The cell will be recalibrated where a requested "
+                f"output needs it (naming this {MARKER} does).")
+    return (f"Note: {path} is corrupt or truncated ({why}); {move}. It will be regenerated, with "
+            "what depends on it, where a requested output needs it.")
+
+
+# Commands that only show the workflow (its plan, graph, summary): they move nothing aside
+INSPECTING = ("--dry-run", "--dryrun", "-n", "--summary", "-S", "--detailed-summary", "-D",
+              "--dag", "--rulegraph", "--filegraph", "--d3dag", "--list-changes", "--lc",
+              "--list-rules", "--list", "-l", "--list-target-rules", "--lt", "--lint",
+              "--unlock", "--cleanup-metadata", "--cm", "--list-untracked", "--lu")
+
+
+def inspecting(argv, dry_run: bool) -> bool:
+    """Whether this Snakemake command only inspects (``dry_run``: Snakemake's own reading of
+    ``-n``, also inside ``-np``)."""
+    return dry_run or any(a.split("=", 1)[0] in INSPECTING for a in argv)
+
+
+def lock_note(lock_dir: str, unlock: str) -> str:
+    """The Note for a directory another Snakemake run holds (or a killed one left locked)."""
+    return (f"Note: another Snakemake run holds the lock on this directory ({lock_dir}). Wait for "
+            "it to finish; do not rerun with --rerun-incomplete (its jobs' outputs are "
+            "incomplete because they are being written). If no other run is active (a killed "
+            f"run left the lock behind), `{unlock}` removes it.")
+
+
+def unlock_command(configfiles, config_args, start_dir: str, directory: str | None) -> str:
+    """``snakemake --unlock`` with the run's own config files, ``--config`` and ``--directory``:
+    the lock is in the config's ``workdir`` (``runs/smoke/.snakemake/`` for smoke.yaml), which
+    a plain ``snakemake --unlock`` (the default config) does not touch."""
+    import shlex
+
+    def shown(path):
+        rel = os.path.relpath(os.path.abspath(path), start_dir)
+        return str(path) if rel.startswith("..") else rel
+
+    words = ["snakemake", "--unlock"]
+    if directory:
+        words += ["--directory", shown(directory)]
+    if configfiles:
+        words += ["--configfile", *[shown(f) for f in configfiles]]
+    if config_args:
+        words += ["--config", *config_args]
+    return " ".join(shlex.quote(w) for w in words)
 
 
 def unknown_table_target(targets, tables) -> str | None:

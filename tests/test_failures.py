@@ -6,6 +6,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -170,3 +171,173 @@ def test_at_a_terminal_the_failure_is_one_line_without_traceback(monkeypatch):
     assert term.getvalue() == ""                     # the traceback only with FAIR_CALIB_TRACEBACK=1
     assert line.startswith("error: fair-calib lm-eval: FileNotFoundError: ")
     assert "results/calib/x/meta.json" in line and "rerun Snakemake" in line and "\n" not in line
+
+
+# ------------------------------------------------------------ issue 42: failures say what happened
+SNAKEMAKE_9_LOG = """[Sat Nov 28 12:43:36 2026]
+rule calibrate:
+    input: resources/models/tiny-llada
+    output: results/calib/tiny-llada/rtn/w4a4/params.safetensors
+    log: {log}
+    jobid: 7
+    benchmark: results/benchmarks/calibrate/tiny-llada/rtn/w4a4.tsv
+    reason: Missing output files: results/calib/tiny-llada/rtn/w4a4/meta.json
+    wildcards: model=tiny-llada, method=rtn, bits=w4a4
+    resources: tmpdir=/tmp, mem_mb=3000, mem_mib=2862, runtime=30
+[Sat Nov 28 12:44:01 2026]
+Error in rule calibrate:
+    message: None
+    jobid: 7
+    output: results/calib/tiny-llada/rtn/w4a4/params.safetensors
+    log: {log} (check log file(s) for error details)
+    shell:
+        python -m fair_calib.cli calibrate ...
+        (command exited with non-zero exit code)
+"""
+
+
+def test_failed_line_has_the_wildcards_and_the_declared_memory_of_a_killed_job(tmp_path):
+    """Snakemake 9's error block names neither wildcards nor resources: they are read from the
+    start block of the same job id. A job killed by SIGKILL (its watcher's line) gets its
+    rule's declared mem_mb beside its peak memory, and the config key to raise."""
+    from fair_calib.job_watch import killed_line
+
+    log = tmp_path / "logs/calibrate/tiny-llada/rtn/w4a4.log"
+    log.parent.mkdir(parents=True)
+    line = killed_line("calibrate", signal.SIGKILL, 41.0, 3210.4)
+    log.write_text("[calibrate] block 0 ...\n" + line + "\n")
+    smk = tmp_path / "2026-11-28T124335.000001.snakemake.log"
+    smk.write_text(SNAKEMAKE_9_LOG.format(log=log))
+    assert line.startswith("error: fair-calib calibrate: killed by signal 9 (SIGKILL), exit code "
+                           "137, after 41 s; peak memory 3210 MB; SIGKILL is most often the "
+                           "out-of-memory killer")
+    assert summary_lines(smk) == [
+        f"Failed: calibrate (model=tiny-llada, method=rtn, bits=w4a4): error: fair-calib "
+        f"calibrate: killed by signal 9 (SIGKILL), exit code 137, after 41 s; peak memory "
+        f"3210 MB (its rule declares mem_mb=3000); SIGKILL is most often the out-of-memory "
+        f"killer (the kernel's, or the cluster's at the job's memory limit): give the job more "
+        f"memory (resources.calibrate.mem_mb in the config; on one machine, fewer jobs at once) "
+        f"or lower its sizes [log: {log}]"]
+
+
+def test_failed_line_reads_a_second_jobs_own_log_of_this_run(tmp_path):
+    """A job that never held its output wrote <log>.<pid>.waiting (the rule's log is the
+    holder's): that one of this run is read and named; one of an earlier run is not."""
+    log = tmp_path / "w4a4.log"
+    log.write_text("the holder's progress line\n")
+    older = tmp_path / "w4a4.log.11.waiting"
+    older.write_text("fair-calib calibrate: interrupted (Ctrl-C) while waiting ...\n")
+    os.utime(older, (time.time() - 3600, time.time() - 3600))
+    smk = tmp_path / (time.strftime("%Y-%m-%dT%H%M%S", time.localtime(time.time() - 60))
+                      + ".123456.snakemake.log")
+    smk.write_text(SNAKEMAKE_9_LOG.format(log=log))
+    assert summary_lines(smk)[0].endswith(f"the holder's progress line [log: {log}]")
+    mine = tmp_path / "w4a4.log.12.refused"
+    mine.write_text("error: fair-calib calibrate: x is being written by another job (...)\n")
+    assert summary_lines(smk)[0].endswith(
+        f": error: fair-calib calibrate: x is being written by another job (...) [log: {mine}]")
+
+
+HELD_STAGE = '''
+import importlib, os, time
+_import = importlib.import_module
+
+def import_module(name, *args, **kwargs):
+    module = _import(name, *args, **kwargs)
+    hold = os.environ.get("FAIR_CALIB_TEST_HOLD")
+    if hold and name == "fair_calib.models.tiny.corpus" and not hasattr(module, "_held"):
+        run = module.run_cli
+
+        def held(argv):
+            print("computing", flush=True)
+            while not os.path.exists(hold):
+                time.sleep(0.05)
+            return run(argv)
+
+        module.run_cli, module._held = held, True
+    return module
+
+importlib.import_module = import_module
+'''
+
+
+def test_a_stage_killed_by_sigkill_says_so_in_its_log(tmp_path):
+    """The computing process of a stage is killed with SIGKILL (as the out-of-memory killer
+    does): its watcher writes the signal, exit code and peak memory as the log's last line
+    and exits 137, as a shell would report it."""
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(HELD_STAGE)
+    out, log = tmp_path / "data", tmp_path / "make_data.log"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fair_calib.cli", "make-data", "--settings", SETTINGS, "--out",
+         str(out), "--log", str(log)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONPATH": f"{hook}{os.pathsep}{REPO}",
+             "FAIR_CALIB_TEST_HOLD": str(tmp_path / "never")})
+    deadline = time.time() + 60
+    while not (log.exists() and "computing" in log.read_text()):
+        assert proc.poll() is None and time.time() < deadline
+        time.sleep(0.05)
+    lock = job_lock.lock_path(out, "make-data").read_text()
+    computing = int(lock.split("pid ")[1].split()[0])          # the holder: the stage itself
+    assert computing != proc.pid                               # (proc is its watcher)
+    os.kill(computing, signal.SIGKILL)
+    assert proc.wait(timeout=60) == 137
+    lines = log.read_text().splitlines()
+    record = json.loads(lines[-2][len(JOB_LINE):])
+    assert record["status"] == "killed" and record["signal"] == "SIGKILL"
+    assert record["exit_code"] == 137 and record["peak_rss_mb"] > 0
+    assert lines[-1].startswith("error: fair-calib make-data: killed by signal 9 (SIGKILL), exit "
+                                f"code 137, after ") and "peak memory " in lines[-1]
+    assert "out-of-memory killer" in lines[-1]
+    assert not list(tmp_path.glob(".make_data.log.*"))         # the log's second name dropped
+
+
+def test_a_stop_by_sigterm_is_described_as_what_happened():
+    from fair_calib.failures import describe_stop
+
+    (line,) = describe_stop(["make_data"], [], 1)
+    assert line.startswith("Stopped by SIGTERM: Snakemake let the jobs it had started end")
+    assert "Finished in this run: 1 job: make_data" in line and "not started: 1 job." in line
+    (done,) = describe_stop(["a", "b", "c", "d", "e"], [], 0)
+    assert "5 jobs: a, b, c, d, and 1 more" in done and "requested outputs are complete" in done
+    (failed,) = describe_stop([], ["prior (model=m)"], 2)
+    assert "No job finished in this run; failed or stopped: 1 job: prior (model=m)" in failed
+    assert "not started: 2 jobs" in failed
+
+
+@pytest.mark.slow
+def test_sigterm_to_snakemake_ends_as_what_happened(tmp_path):
+    """SIGTERM to Snakemake while a job runs: Snakemake lets the job finish and starts no
+    other; the run then says that (not "At least one job did not complete successfully") and
+    exits 143 (128 + SIGTERM)."""
+    ws = _workspace(tmp_path / "ws")
+    # the default's prompt and item counts (the config check compares the probes with them)
+    (ws / "small.yaml").write_text(json.dumps({"corpus": {
+        "seed": 0, "n_train_docs": 300, "n_calib_docs": 8, "n_probe": 128, "n_facts": 128,
+        "n_mc_items": 200, "n_gen_items": 200}}))
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(HELD_STAGE)
+    release = tmp_path / "release"
+    proc = subprocess.Popen(
+        ["snakemake", "resources/models/tiny-llada", "--cores", "1", "--configfile", "small.yaml"],
+        cwd=ws, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={**os.environ, "PYTHONPATH": f"{hook}{os.pathsep}{REPO}",
+             "FAIR_CALIB_TEST_HOLD": str(release)})
+    log = ws / "logs/make_data/make_data.log"
+    deadline = time.time() + 120
+    while not (log.exists() and "computing" in log.read_text()):
+        assert proc.poll() is None and time.time() < deadline
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGTERM)          # to Snakemake alone
+    time.sleep(1)
+    release.write_text("")                    # the job ends well
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 143, out[-3000:]
+    stopped = [l for l in out.splitlines() if l.startswith("Stopped by SIGTERM")]
+    assert stopped and "Finished in this run: 1 job: make_data" in stopped[0], out[-3000:]
+    assert "not started: 1 job" in stopped[0]
+    assert "did not complete successfully" not in out and "Failed:" not in out
+    assert re.search(r"^Complete log\(s\): \S+\.snakemake\.log$", out, re.M), out[-3000:]
+    assert not (ws / ".snakemake/locks").exists() or not any((ws / ".snakemake/locks").iterdir())

@@ -413,10 +413,12 @@ def test_preflight_moves_aside_exactly_the_corrupt_intermediates(tmp_path):
 
 
 @pytest.mark.slow
-def test_truncated_prior_is_moved_aside_and_only_it_is_redone(ws):
-    """A truncated prior Parquet under an otherwise finished DAG: the next run says so in one
-    line, keeps the broken file as .corrupt, reruns the prior job alone (its probe shards and
-    the model are intact) and writes the same prior again."""
+def test_truncated_prior_and_params_are_moved_aside_and_only_their_jobs_redone(ws):
+    """A truncated prior Parquet and a truncated calibration params.safetensors under an
+    otherwise finished DAG: a dry run says what a run would move and moves nothing (issue 42);
+    the run keeps each broken file as .corrupt (the cell's completion marker as
+    meta.json.incomplete), reruns the prior job and the calibration named by its meta.json
+    alone (the probe shards and the model are intact) and writes the same files again."""
     import pandas as pd
 
     from fair_calib import io
@@ -431,33 +433,44 @@ def test_truncated_prior_is_moved_aside_and_only_it_is_redone(ws):
         # the cross-corpus probes' 16 samples are more than these 4 prompts (refused)
         "diagnostics": {"cross_corpus": []}}))
     target = "results/prior/tiny-llada/default.parquet"
+    cell = "results/calib/tiny-llada/rtn/w4a4"
     configs = ["--cores", "2", "--configfile", "config/smoke.yaml", "tiny.yaml"]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
 
     def snakemake(*extra):
-        res = subprocess.run(["snakemake", target, *configs, *extra], cwd=ws,
-                             capture_output=True, text=True, env=env)
+        res = subprocess.run(["snakemake", target, f"{cell}/meta.json", *configs, *extra],
+                             cwd=ws, capture_output=True, text=True, env=env)
         res.out = res.stdout + res.stderr
         return res
 
     first = snakemake()
     assert first.returncode == 0, first.out[-3000:]
     run_dir = ws / "runs/smoke"      # smoke.yaml's own folder (config key workdir)
-    prior = run_dir / target
+    prior, params = run_dir / target, run_dir / cell / "params.safetensors"
     before, _ = io.read_parquet(prior)
-    broken = _truncate(prior)
+    params_before = params.read_bytes()
+    broken, broken_params = _truncate(prior), _truncate(params)
     plan = snakemake("-n")
     assert plan.returncode == 0, plan.out[-3000:]
-    notes = [l for l in plan.out.splitlines() if l.startswith("Note: ") and "corrupt" in l]
-    assert len(notes) == 1 and target in notes[0] and "default.parquet.corrupt" in notes[0]
-    jobs = re.findall(r"^rule (\w+):", plan.stdout, re.M)
-    assert jobs == ["prior"], plan.stdout[-3000:]
+    notes = [l for l in plan.out.splitlines() if l.startswith("Note: ") and "moves it aside" in l]
+    assert [n.split()[1] for n in notes] == [f"{cell}/params.safetensors", f"{cell}/meta.json",
+                                             target], plan.out[-3000:]
+    assert "meta.json.incomplete" in notes[1] and "default.parquet.corrupt" in notes[2]
+    assert all("moved nothing" in n for n in notes)
+    assert prior.read_bytes() == broken and params.read_bytes() == broken_params
+    assert not list((run_dir / "results").rglob("*.corrupt*"))     # a dry run moves nothing
     rerun = snakemake()
     assert rerun.returncode == 0, rerun.out[-3000:]
+    jobs = re.findall(r"^(?:local)?rule (\w+):", rerun.out, re.M)
+    assert sorted(jobs) == ["calibrate", "prior"], rerun.out[-3000:]
     after, _ = io.read_parquet(prior)
     pd.testing.assert_frame_equal(before, after)
+    assert params.read_bytes() == params_before
     assert (run_dir / (target + ".corrupt")).read_bytes() == broken
-    assert sorted(p.name for p in (run_dir / "results").rglob("*.corrupt*")) == ["default.parquet.corrupt"]
+    assert (run_dir / cell / "params.safetensors.corrupt").read_bytes() == broken_params
+    assert sorted(p.name for p in (run_dir / "results").rglob("*.corrupt*")) == [
+        "default.parquet.corrupt", "params.safetensors.corrupt"]
+    assert (run_dir / cell / "meta.json.incomplete").is_file()
 
 
 def test_concurrent_run_is_named_as_such(ws):
@@ -466,9 +479,77 @@ def test_concurrent_run_is_named_as_such(ws):
     (ws / ".snakemake/locks").mkdir(parents=True)
     (ws / ".snakemake/locks/0.input.lock").write_text("results/x\n")
     res = _plan(ws)
-    assert "another Snakemake run holds the lock" in res.out and "--unlock" in res.out
+    assert "another Snakemake run holds the lock on this directory (.snakemake/locks/)" in res.out
+    assert "`snakemake --unlock` removes it" in res.out
     (ws / ".snakemake/locks/0.input.lock").unlink()
     assert "holds the lock" not in _plan(ws).out
+
+
+def test_unlock_advice_names_the_workdirs_lock_and_clears_it(ws):
+    """A config with its own `workdir` (smoke.yaml: runs/smoke) keeps its lock there: the Note
+    names that folder and gives the unlock command with the run's --configfile, which clears it
+    (a plain `snakemake --unlock` unlocks the default's folder instead; issue 42)."""
+    locks = ws / "runs/smoke/.snakemake/locks"
+    locks.mkdir(parents=True)
+    (locks / "0.input.lock").write_text("results/x\n")
+    res = _plan(ws, None, "--configfile", "config/smoke.yaml")
+    note = next(l for l in res.out.splitlines() if "holds the lock" in l)
+    assert "(runs/smoke/.snakemake/locks/)" in note, note
+    command = note.split("`")[1]
+    assert command == "snakemake --unlock --configfile config/smoke.yaml", note
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    subprocess.run(shlex.split(command), cwd=ws, env=env, capture_output=True, check=True)
+    assert not locks.exists() or not list(locks.iterdir())
+
+
+def test_a_corrupt_calibration_output_takes_its_cells_marker_aside(tmp_path):
+    """meta.json is the calibration's completion marker (evaluation depends on it alone): with
+    a corrupt params.safetensors of its cell it goes aside too, so naming it, or evaluating the
+    cell, recalibrates. A dry run (and --summary, --dag, ...) lists and moves nothing."""
+    import torch
+
+    from fair_calib import io, preflight
+    cell = tmp_path / "results/calib/m/rtn/w4a4"
+    io.save_tensors({"w": torch.ones(64, 64)}, cell / "params.safetensors")
+    io.write_json(cell / "meta.json", {"ok": 1})
+    _parquet(cell / "stats.parquet")
+    _truncate(cell / "params.safetensors")
+    _truncate(cell / "stats.parquet")
+    listed = preflight.corrupt_intermediates(tmp_path / "results")
+    assert [(p.name, t.name) for p, t, _ in listed] == [
+        ("params.safetensors", "params.safetensors.corrupt"),
+        ("meta.json", "meta.json.incomplete"),
+        ("stats.parquet", "stats.parquet.corrupt")]
+    assert (cell / "meta.json").is_file() and not list(cell.glob("*.corrupt"))
+    dry = preflight.report_line(*listed[1], dry_run=True)
+    assert "moves it aside to meta.json.incomplete" in dry and "moved nothing" in dry
+    assert preflight.move_aside_corrupt(tmp_path / "results") == listed
+    assert sorted(p.name for p in cell.iterdir()) == [
+        "meta.json.incomplete", "params.safetensors.corrupt", "stats.parquet.corrupt"]
+    line = preflight.report_line(*listed[1])
+    assert line.startswith(f"Note: {cell / 'meta.json'} is the completion marker of its cell, "
+                           "whose params.safetensors is corrupt; moved it aside")
+    assert "naming this meta.json does" in line and "\n" not in line
+    # a cell left by an earlier round's Note: params aside, its marker kept (issue 42's case)
+    (cell / "meta.json.incomplete").rename(cell / "meta.json")
+    _parquet(cell / "stats.parquet")
+    (moved,) = preflight.move_aside_corrupt(tmp_path / "results")
+    assert moved[0] == cell / "meta.json" and moved[1].name == "meta.json.incomplete"
+    assert moved[2] == "the completion marker of its cell, whose params.safetensors is missing"
+    assert preflight.inspecting(["results/x", "--summary"], False)
+    assert preflight.inspecting(["--cores", "2"], True)          # -n, also inside -np
+    assert not preflight.inspecting(["--cores", "2", "results/x"], False)
+
+
+def test_a_dry_run_moves_nothing_aside(ws):
+    _parquet(ws / "results/prior/tiny-llada/default.parquet")
+    broken = _truncate(ws / "results/prior/tiny-llada/default.parquet")
+    res = _plan(ws)
+    assert res.returncode == 0, res.out[-3000:]
+    note = next(l for l in res.out.splitlines() if l.startswith("Note: results/prior/"))
+    assert "a run (without -n) moves it aside to default.parquet.corrupt" in note
+    assert (ws / "results/prior/tiny-llada/default.parquet").read_bytes() == broken
+    assert not list((ws / "results").rglob("*.corrupt*"))
 
 
 @pytest.mark.parametrize("source, needle", [("/nonexistent/llada-8b", "does not exist"),

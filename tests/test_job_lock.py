@@ -277,3 +277,77 @@ def test_stage_cli_writes_its_log_after_the_lock(tmp_path):
                          env=_env(), capture_output=True, text=True)
     assert bad.returncode != 0
     assert log.read_text().splitlines()[-1].startswith("error: fair-calib make-data --settings")
+
+
+# ------------------------------------------------------------ a second job's own log (issue 42)
+def test_the_log_name_is_taken_back_from_snakemakes_empty_file(tmp_path):
+    """Snakemake creates an empty log for a failed job that wrote none (a second job that waited,
+    then was stopped): the running job's exit takes the name back, so its log is whole."""
+    log = tmp_path / "job.log"
+    a = _opener(log, "A", tmp_path / "a.ready", tmp_path / "a.go")
+    _wait_for(tmp_path / "a.ready", a)
+    log.unlink()                              # a second run's Snakemake preparing the job ...
+    log.write_text("")                        # ... and creating an empty log when it failed
+    (tmp_path / "a.go").write_text("")
+    assert a.wait(timeout=60) == 0
+    assert log.read_text() == "A first\nA last\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.go", "a.ready", "job.log"]
+
+
+def test_a_foreign_file_under_the_logs_name_is_kept_beside_it(tmp_path):
+    log = tmp_path / "job.log"
+    a = _opener(log, "A", tmp_path / "a.ready", tmp_path / "a.go")
+    _wait_for(tmp_path / "a.ready", a)
+    log.unlink()
+    log.write_text("someone else's line\n")
+    (tmp_path / "a.go").write_text("")
+    assert a.wait(timeout=60) == 0
+    assert log.read_text() == "A first\nA last\n"
+    (other,) = tmp_path.glob("job.log.*.displaced")
+    assert other.read_text() == "someone else's line\n"
+
+
+def _cli_make_data(out: Path, log: Path, **env) -> subprocess.Popen:
+    settings = json.dumps({"seed": 0, "corpus": CORPUS})
+    return subprocess.Popen([sys.executable, "-m", "fair_calib.cli", "make-data", "--settings",
+                             settings, "--out", str(out), "--log", str(log)], env=_env(**env),
+                            text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def test_second_jobs_write_their_own_logs_and_leave_the_holders_alone(tmp_path):
+    """With ``--log``: a refused job writes ``<log>.<pid>.refused``, a job refused for its
+    settings while another holds the output ``<log>.<pid>.waiting``; a waiting job writes
+    ``<log>.<pid>.waiting`` while it waits, then, holding the output, its main log (saying it
+    waited) and no waiting log. The holder's log is never written by them."""
+    out, log = tmp_path / "data", tmp_path / "logs" / "make_data.log"
+    log.parent.mkdir()
+    log.write_text("the holder's line\n")
+    lock = job_lock.lock_path(out, "make-data")
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    os.pwrite(fd, b"fair-calib make-data, pid 4242 on node7\n", 0)
+    try:
+        refused = _cli_make_data(out, log, FAIR_CALIB_LOCK="refuse")
+        refused.communicate(timeout=60)
+        (own,) = log.parent.glob("make_data.log.*.refused")
+        assert "pid 4242 on node7" in own.read_text() and refused.returncode == 1
+        bad = subprocess.run([sys.executable, "-m", "fair_calib.cli", "make-data", "--settings",
+                              "{not json", "--out", str(out), "--log", str(log)], env=_env(),
+                             capture_output=True, text=True)
+        assert bad.returncode != 0
+        (own_bad,) = log.parent.glob("make_data.log.*.waiting")
+        assert "--settings" in own_bad.read_text()
+        own_bad.unlink()
+        waiting = _cli_make_data(out, log)
+        assert "waiting" in waiting.stderr.readline()
+        (own_wait,) = log.parent.glob("make_data.log.*.waiting")
+        assert "pid 4242 on node7" in own_wait.read_text()
+        assert log.read_text() == "the holder's line\n"
+    finally:
+        os.close(fd)                          # the holder ends
+    _, err = waiting.communicate(timeout=60)
+    assert waiting.returncode == 0, err
+    assert not list(log.parent.glob("make_data.log.*.waiting"))
+    first, second = log.read_text().split("a new job for this output", 1)
+    assert first.startswith("the holder's line\n---- fair-calib make-data, pid ")
+    assert "pid 4242 on node7, waited for" in second and '"status": "ok"' in second
