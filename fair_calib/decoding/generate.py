@@ -100,8 +100,8 @@ def window_logits(model: Any, ids: torch.Tensor, attn: torch.Tensor | None, lp: 
                   cfg_scale: float = 0.0) -> torch.Tensor:
     """Logits ``[B, K, V]`` of the generation window in the model's dtype, with classifier-free guidance
     when ``cfg_scale > 0`` (second forward with the prompt masked:
-    ``un + (cfg + 1) * (cond - un)``). The logits are the model's, the mask token's included
-    (the decoders never commit it). ``attn`` is None when no row is padded. The LM head runs on the window only."""
+    ``un + (cfg + 1) * (cond - un)``). The logits are the model's, the mask token's included.
+    ``attn`` is None when no row is padded. The LM head runs on the window only."""
     k = ids.shape[1] - lp
     if cfg_scale > 0:
         un = ids.clone()
