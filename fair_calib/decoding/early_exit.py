@@ -1,6 +1,8 @@
 """When a decoding row's output is final, so the decoder can stop it early (exactly).
 
-Every released commit rule only ever fills masked positions: a committed token never changes.
+Every released commit rule only ever fills masked positions: a committed token never changes
+(a committed mask token, which the authors' decoders commit where it is the argmax, leaves its
+position masked, so it is still open here).
 A caller cuts a generated window at its first stop token (EOS / pad) and then, after decoding
 to text, at the earliest stop string. So a row is final once
 

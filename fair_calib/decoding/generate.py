@@ -10,21 +10,27 @@ commit decision used (after classifier-free guidance, before temperature), the p
 at the start of the step, the positions committed during it and the window after it, and
 finally ``recorder.finish(tokens)``.
 
+The mask token: the authors' decoders commit a chosen token that is the mask token itself (an
+argmax or a sample; only an untrained model gives it weight) as it is, and so does every policy
+here but ``random_commit``: the position stays masked, is a candidate again at later steps (in
+a later block too, with LLaDA's blocks) and may still be masked at the end, in the output.
+``random_commit``, the project's Stage I policy, commits the best other token instead.
+
 Early exit: given a :class:`~fair_calib.decoding.early_exit.StopRule`, a row whose output is
 final (``early_exit``: every position before its first committed stop token is committed, or a
 complete stop string is) is stopped and dropped from the batch; positions after its stop stay
 ``mask_id``. Off the CPU (``StopRule.drop_rows``) the batch instead keeps its shape and stops
 once every row is final: a GPU's kernels, chosen by shape, may round a smaller batch
-differently, so only an unchanged shape is exact there by construction. The rows that go on compute exactly what they would have in the full batch: the
-window keeps its width and left padding, batch-wide random draws are still drawn for every row
-and the finished rows' draws discarded (per-row generators of finished rows are simply no
-longer drawn from), Dream's per-step count, a mean over the batch's masked counts, still
-counts the finished rows as the full run would (their counts follow from the schedule alone),
-and Dream's batch-wide ``torch.topk`` still runs on the full batch's shape (its choice among
-tied confidences can depend on the shape on CUDA). Token identity with the full run then needs
-only a forward pass whose rows do not depend on the batch size (true on CPU; see
-docs/fidelity.md). A recorder sees every step of every row,
-so recording turns early exit off.
+differently, so only an unchanged shape is exact there by construction. So does a batch of
+several rows decoded by Dream's count rule (``maskgit_plus``, ``topk_margin``, ``entropy``),
+on any device: its per-step count is a mean over every row's masked count, which a dropped
+row, whose later commits may be the mask token, no longer gives. The rows that go on compute
+exactly what they would have in the full batch: the window keeps its width and left padding,
+batch-wide random draws are still drawn for every row and the finished rows' draws discarded
+(per-row generators of finished rows are simply no longer drawn from). Token identity with the
+full run then needs only a forward pass whose rows do not depend on the batch size (true on
+CPU; see docs/fidelity.md). A recorder sees every step of every row, so recording turns early
+exit off.
 
 Randomness: ``generator`` is ``None`` (torch's global RNG), one ``torch.Generator`` (draws for
 the whole batch at once) or a sequence of generators, one per row; with per-row generators a
@@ -41,6 +47,9 @@ import torch
 from fair_calib.decoding.early_exit import ExitTracker, StopRule
 from fair_calib.decoding.policies import (BLOCK_POLICIES, RANDOM_COMMIT_POLICIES, DecodePolicy,
                                         block_commit_counts)
+
+# Dream's policies whose per-step count is int(mean masked count over the batch * (1 - s/t))
+COUNTED_SCHEDULE_POLICIES = ("maskgit_plus", "topk_margin", "entropy")
 
 log = logging.getLogger(__name__)
 
@@ -91,8 +100,8 @@ def window_logits(model: Any, ids: torch.Tensor, attn: torch.Tensor | None, lp: 
                   cfg_scale: float = 0.0) -> torch.Tensor:
     """Logits ``[B, K, V]`` of the generation window in the model's dtype, with classifier-free guidance
     when ``cfg_scale > 0`` (second forward with the prompt masked:
-    ``un + (cfg + 1) * (cond - un)``). The logits are the model's, the mask token's included
-    (the decoders never commit it). ``attn`` is None when no row is padded. The LM head runs on the window only."""
+    ``un + (cfg + 1) * (cond - un)``). The logits are the model's, the mask token's included.
+    ``attn`` is None when no row is padded. The LM head runs on the window only."""
     k = ids.shape[1] - lp
     if cfg_scale > 0:
         un = ids.clone()
@@ -120,18 +129,15 @@ def _select_top(conf: torch.Tensor, counts: torch.Tensor, allowed: torch.Tensor)
 
 
 def _topk_over_rows(conf: torch.Tensor, allowed: torch.Tensor, counts: Sequence[int],
-                    offset: int, length: int, per_row: bool,
-                    rows_of: tuple[int, torch.Tensor] | None = None) -> torch.Tensor:
+                    offset: int, length: int, per_row: bool) -> torch.Tensor:
     """The authors' commit choice: ``torch.topk`` over the whole sequence row (prompt and
     non-candidates at ``-inf``), in the confidences' own dtype. Ties (frequent in bfloat16, and
     exact zeros of entropy after top-p) are then broken the way their code breaks them.
     ``conf``/``allowed`` cover positions ``offset..offset+W`` of rows of ``length``; LLaDA's
     ``generate`` calls topk per row (``per_row``), Dream's ``_sample`` once for the batch (one
-    count). ``rows_of = (n_total, index)``: the rows are rows ``index`` of a batch of
-    ``n_total`` (early exit dropped the others); the batch-wide topk then runs on the full
-    batch's shape, the dropped rows at ``-inf``, because which of several tied positions CUDA's
-    topk returns can depend on the number of rows (its algorithm is chosen by shape; each row's
-    result depends only on that row's values). Returns the chosen positions ``[B, W]``."""
+    count; it runs on the whole batch, as no row leaves a batch whose count is shared: which
+    of several tied positions CUDA's topk returns can depend on the number of rows). Returns
+    the chosen positions ``[B, W]``."""
     b, width = conf.shape
     full = conf.new_full((b, length), float("-inf"))
     full[:, offset:offset + width] = conf.masked_fill(~allowed, float("-inf"))
@@ -141,14 +147,7 @@ def _topk_over_rows(conf: torch.Tensor, allowed: torch.Tensor, counts: Sequence[
             if n > 0:
                 chosen[j, torch.topk(full[j], int(n)).indices] = True
     elif counts[0] > 0:
-        if rows_of is not None and rows_of[0] != b:
-            n_total, index = rows_of
-            whole = full.new_full((n_total, length), float("-inf"))
-            whole[index] = full
-            top = torch.topk(whole, int(counts[0]), dim=-1).indices[index]
-        else:
-            top = torch.topk(full, int(counts[0]), dim=-1).indices
-        chosen.scatter_(1, top, True)
+        chosen.scatter_(1, torch.topk(full, int(counts[0]), dim=-1).indices, True)
     return chosen[:, offset:offset + width] & allowed
 
 
@@ -177,16 +176,17 @@ def _filter_top_p_top_k(logits: torch.Tensor, top_p: float | None, top_k: int | 
 
 
 def _never_the_mask(x0: torch.Tensor, scores: torch.Tensor, mask_id: int) -> torch.Tensor:
-    """Replace a predicted mask token by the best other token (by ``scores``). Only an
-    untrained model predicts the mask (the released ones give it ~0 probability), so wherever
-    the authors' code, which has no such guard, commits a real token, nothing changes."""
+    """Replace a predicted mask token by the best other token (by ``scores``): ``random_commit``
+    only, the project's Stage I policy, whose probe reads one commit step per position. The
+    authors' decoders (LLaDA's ``generate.py``, Dream's ``_sample``) commit an argmax or sample
+    that is the mask token as it is, and so do the policies that follow them."""
     top2 = torch.topk(scores, 2, dim=-1).indices
     best_other = torch.where(top2[..., 0] == mask_id, top2[..., 1], top2[..., 0])
     return torch.where(x0 == mask_id, best_other, x0)
 
 
-def _schedule_tokens(logits: torch.Tensor, policy: DecodePolicy, batch: "_ActiveRows",
-                     mask_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _schedule_tokens(logits: torch.Tensor, policy: DecodePolicy, batch: "_ActiveRows"
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
     """Tokens and confidences for the schedule policies (Dream's token step)."""
     # The model's dtype throughout, as Dream's ``sample_tokens`` computes (bfloat16 in its
     # evaluation): the confidences, and so their ties, are the authors'.
@@ -195,10 +195,10 @@ def _schedule_tokens(logits: torch.Tensor, policy: DecodePolicy, batch: "_Active
         lg = lg / policy.temperature
     lg = _filter_top_p_top_k(lg, policy.top_p, policy.top_k)
     probs = torch.softmax(lg, dim=-1)
+    # The mask token is a token like any other here, as in ``sample_tokens``: an argmax or a
+    # sample that is the mask is committed and leaves its position masked.
     if policy.temperature > 0:
-        noisy = torch.log(probs.double())
-        noisy[..., mask_id] = float("-inf")       # never sample the mask token itself
-        x0 = _gumbel_argmax(noisy, 1.0, batch)
+        x0 = _gumbel_argmax(torch.log(probs.double()), 1.0, batch)
         conf = probs.gather(-1, x0[..., None]).squeeze(-1)
     else:
         conf, x0 = probs.max(-1)
@@ -207,11 +207,6 @@ def _schedule_tokens(logits: torch.Tensor, policy: DecodePolicy, batch: "_Active
         conf = top2[..., 0] - top2[..., 1]
     elif policy.name == "entropy":
         conf = (probs * torch.log(probs + 1e-10)).sum(-1)
-    if policy.temperature == 0:
-        fixed = _never_the_mask(x0, probs, mask_id)
-        if policy.name in ("maskgit_plus", "origin"):
-            conf = torch.where(fixed != x0, probs.gather(-1, fixed[..., None]).squeeze(-1), conf)
-        x0 = fixed
     return x0, conf
 
 
@@ -263,6 +258,8 @@ def decode(model: Any, prompts: Sequence[Sequence[int]], policy: DecodePolicy,
     tracker = ExitTracker(stop, mask_id, device) if stop is not None and recorder is None else None
     drop_rows = stop is not None and (stop.drop_rows if stop.drop_rows is not None
                                       else torch.device(device).type == "cpu")
+    if b > 1 and policy.name in COUNTED_SCHEDULE_POLICIES:
+        drop_rows = False           # the count reads every row's masks (module docstring)
     batch = _ActiveRows(ids, attn, lp, generator, tracker, drop_rows)
 
     if policy.name in BLOCK_POLICIES or policy.name in RANDOM_COMMIT_POLICIES:
@@ -272,7 +269,7 @@ def decode(model: Any, prompts: Sequence[Sequence[int]], policy: DecodePolicy,
     batch.write_back()
 
     out = ids[:, lp:].clone()
-    if tracker is None and bool((out == mask_id).any()):
+    if tracker is None and policy.name in RANDOM_COMMIT_POLICIES and bool((out == mask_id).any()):
         raise RuntimeError("decoding left masked positions in the window")  # a bug, not input
     if recorder is not None:
         recorder.finish(out)
@@ -305,10 +302,6 @@ class _ActiveRows:
 
     def __len__(self) -> int:
         return len(self.rows)
-
-    def rows_of(self) -> tuple[int, torch.Tensor] | None:
-        """(full batch size, the active rows' indices on the device) once a row is dropped."""
-        return None if self._index is None else (self.n_total, self._index)
 
     def uniform(self, shape: tuple[int, ...]) -> torch.Tensor:
         """float64 uniforms ``[active rows, *shape]``, each row's from its stream in the full batch."""
@@ -391,29 +384,26 @@ def _block_tokens(span: torch.Tensor, policy: DecodePolicy, batch: "_ActiveRows"
     temperature 0 ``add_gumbel_noise`` returns ``logits`` itself, so both ids get -inf in the
     softmax the confidence is read from; at temperature > 0 ``logits_with_noise`` is a float64
     copy, so only EoT does there (EOS keeps its probability)."""
+    guard = policy.name in RANDOM_COMMIT_POLICIES       # _never_the_mask's one user
     if policy.logits_eos_inf:
         span = span.clone()
         span[..., eos_eot[0]] = float("-inf")
     if policy.temperature > 0:
         noisy_logits = span.double()
-        noisy_logits[..., mask_id] = float("-inf")   # never sample the mask token itself
+        if guard:
+            noisy_logits[..., mask_id] = float("-inf")
         x0 = _gumbel_argmax(noisy_logits, policy.temperature, batch)
     else:
-        x0 = span.argmax(-1)
+        x0 = span.argmax(-1)                 # the mask token included, as generate.py's argmax
     if uniform_conf:
-        return _never_the_mask(x0, span, mask_id), None
+        return (_never_the_mask(x0, span, mask_id) if guard else x0), None
     if policy.confidence_eos_eot_inf:
         span = span.clone()
         span[..., eos_eot[1]] = float("-inf")
         if policy.temperature == 0:
             span[..., eos_eot[0]] = float("-inf")
     probs = torch.softmax(span, dim=-1)
-    conf = probs.gather(-1, x0[..., None]).squeeze(-1)
-    if policy.temperature == 0:
-        fixed = _never_the_mask(x0, probs, mask_id)
-        conf = torch.where(fixed != x0, probs.gather(-1, fixed[..., None]).squeeze(-1), conf)
-        x0 = fixed
-    return x0, conf
+    return x0, probs.gather(-1, x0[..., None]).squeeze(-1)
 
 
 def _eos_eot_ids(model: Any, policy: DecodePolicy) -> tuple[int, int] | None:
@@ -431,7 +421,12 @@ def _eos_eot_ids(model: Any, policy: DecodePolicy) -> tuple[int, int] | None:
 
 def _decode_blocks(model, batch: _ActiveRows, policy: DecodePolicy, recorder) -> None:
     """LLaDA-style semi-autoregressive blocks; ``random_commit`` is one block with uniform
-    confidences (positions uniformly at random among masked)."""
+    confidences (positions uniformly at random among masked).
+
+    As in ``generate.py``, a step's candidates are the masked positions from the window's start
+    to the current block's end: a position of an earlier block where the mask token itself was
+    committed (an argmax that is the mask) is still masked and competes again, in any later
+    step, for that step's count, which ``generate.py`` computes from the current block alone."""
     mask_id = int(model.mask_id)
     b, k, T = len(batch), policy.gen_length, policy.steps
     bl = policy.block_len if policy.name in BLOCK_POLICIES else k
@@ -441,15 +436,15 @@ def _decode_blocks(model, batch: _ActiveRows, policy: DecodePolicy, recorder) ->
     eos_eot = _eos_eot_ids(model, policy)
     step_index = 0
     for blk in range(n_blocks):
-        lo, hi = blk * bl, (blk + 1) * bl
-        # Every block starts fully masked (earlier blocks are finished, prompts hold no mask),
-        # so the counts need no device->host copy, and every row has the same counts.
-        per_step = block_commit_counts(hi - lo, spb)
+        hi = (blk + 1) * bl
+        # Every block starts fully masked (later positions are never candidates, prompts hold
+        # no mask), so the counts need no device->host copy, and every row has the same counts.
+        per_step = block_commit_counts(bl, spb)
         counts = torch.tensor([per_step] * b, dtype=torch.long, device=batch.ids.device)  # [B, spb]
         if uniform_conf:
             # All of the block's draws at once: one host->device copy per block rather than a
             # synchronising copy per step (per-row generators live on the host).
-            block_u, block_rows = batch.uniform((spb, hi - lo)), list(batch.rows)
+            block_u, block_rows = batch.uniform((spb, hi)), list(batch.rows)
         for s in range(spb):
             t = T - step_index
             step_index += 1
@@ -458,23 +453,53 @@ def _decode_blocks(model, batch: _ActiveRows, policy: DecodePolicy, recorder) ->
                 return
             win, n = batch.win, len(batch)
             masked_before = win == mask_id
-            x0, conf = _block_tokens(logits[:, lo:hi], policy, batch, mask_id, uniform_conf,
+            x0, conf = _block_tokens(logits[:, :hi], policy, batch, mask_id, uniform_conf,
                                      eos_eot)
             if uniform_conf:
                 u = block_u if block_rows == batch.rows else block_u[
                     torch.tensor([block_rows.index(r) for r in batch.rows], device=block_u.device)]
-                chosen = _select_top(u[:, s], counts[:n, s], masked_before[:, lo:hi])
+                chosen = _select_top(u[:, s], counts[:n, s], masked_before[:, :hi])
             else:
-                chosen = _topk_over_rows(conf, masked_before[:, lo:hi], [per_step[s]] * n,
-                                         batch.lp + lo, batch.ids.shape[1], per_row=True)
+                chosen = _topk_over_rows(conf, masked_before[:, :hi], [per_step[s]] * n,
+                                         batch.lp, batch.ids.shape[1], per_row=True)
             # torch.where, not boolean indexing: no host sync, so the next forward's kernels
             # are queued while this step's run.
-            win[:, lo:hi] = torch.where(chosen, x0, win[:, lo:hi])
+            win[:, :hi] = torch.where(chosen, x0, win[:, :hi])
             batch.committed()
             if recorder is not None:
                 committed = torch.zeros_like(masked_before)
-                committed[:, lo:hi] = chosen
+                committed[:, :hi] = chosen
                 recorder.step(t, logits, masked_before, committed, win.clone())
+
+
+class _MaskedCount:
+    """The batch's masked positions after the last step, as Dream's ``_sample`` reads them
+    (``mask_index.sum()``) for its commit count. A committed mask token leaves its position
+    masked, so the count is read from the window rather than derived from the schedule. On a
+    CUDA device it is copied asynchronously and read after the next forward is queued, so
+    reading it adds no GPU idle time."""
+
+    def __init__(self, initial: int) -> None:
+        self._value = int(initial)
+        self._pending: tuple[torch.Tensor, Any] | None = None
+
+    def observe(self, window: torch.Tensor, mask_id: int) -> None:
+        total = (window == mask_id).sum()
+        if total.is_cuda:
+            host = torch.empty((), dtype=total.dtype, pin_memory=True)
+            host.copy_(total, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record()
+            self._pending = (host, event)
+        else:
+            self._value = int(total)
+
+    def value(self) -> int:
+        if self._pending is not None:
+            host, event = self._pending
+            event.synchronize()
+            self._value, self._pending = int(host), None
+        return self._value
 
 
 def _decode_schedule(model, batch: _ActiveRows, policy: DecodePolicy, recorder) -> None:
@@ -482,10 +507,9 @@ def _decode_schedule(model, batch: _ActiveRows, policy: DecodePolicy, recorder) 
     mask_id = int(model.mask_id)
     b, k, T = len(batch), policy.gen_length, policy.steps
     timesteps = torch.linspace(1, policy.eps, T + 1)
-    # Masked counts of every row of the full batch, tracked on the host: top-k commits exactly
-    # min(n, masked) per row, so no step needs a device->host copy, and a row dropped as final
-    # still counts in the batch mean as it would have in the full run (origin never reads it).
-    n_masked = [k] * b
+    # The batch's masked count, which the count rule reads (origin does not): every row's, as
+    # no row leaves such a batch of several rows (decode, drop_rows).
+    n_masked = _MaskedCount(b * k)
     for i in range(T):
         t_step = T - i
         last = i == T - 1
@@ -495,7 +519,7 @@ def _decode_schedule(model, batch: _ActiveRows, policy: DecodePolicy, recorder) 
             return
         win, n_rows = batch.win, len(batch)
         masked = win == mask_id
-        x0, conf = _schedule_tokens(logits, policy, batch, mask_id)
+        x0, conf = _schedule_tokens(logits, policy, batch)
         n = 0
         if last:
             chosen = masked.clone()
@@ -504,7 +528,7 @@ def _decode_schedule(model, batch: _ActiveRows, policy: DecodePolicy, recorder) 
             u = batch.uniform((k,))
             chosen = masked & (u < p_transfer)
         else:
-            mean_masked = torch.tensor(float(sum(n_masked)), dtype=torch.float32) / b
+            mean_masked = torch.tensor(float(n_masked.value()), dtype=torch.float32) / b
             n = int(mean_masked * (1 - s / t))
             counts = torch.full((n_rows,), n, dtype=torch.long, device=win.device)
             if n <= 0:
@@ -517,9 +541,10 @@ def _decode_schedule(model, batch: _ActiveRows, policy: DecodePolicy, recorder) 
                 chosen = _select_top(scores, counts, masked)
             else:
                 chosen = _topk_over_rows(conf, masked, [n] * n_rows, batch.lp, batch.ids.shape[1],
-                                         per_row=False, rows_of=batch.rows_of())
+                                         per_row=False)
         win.copy_(torch.where(chosen, x0, win))
         batch.committed()
-        n_masked = [0] * b if last else [m - min(max(n, 0), m) for m in n_masked]
+        if policy.name != "origin" and not last:
+            n_masked.observe(win, mask_id)
         if recorder is not None:
             recorder.step(t_step, logits, masked, chosen, win.clone())

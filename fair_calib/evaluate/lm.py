@@ -41,8 +41,10 @@ this model registered; lm-eval 0.4.13 registers models on import only).
 ``generate_until`` runs the project decoder (``fair_calib.decoding.generate``) with the family's
 default policy (adapter ``decoding``) merged with per-task overrides (``gen_length``, ``steps``,
 ``block_length``, ...). A diffusion LM decodes a fixed window, so the window length is the
-policy's ``gen_length``, not lm-eval's ``max_gen_toks``. Output is cut at the first EOS/pad token
-and then at the earliest ``until`` string; with ``escape_until`` (Dream's HumanEval) the text is
+policy's ``gen_length``, not lm-eval's ``max_gen_toks``. A prompt is never shortened (but for a
+task's ``max_prompt_len``, Dream ``eval_instruct``'s cap): one that does not fit beside the window
+in the model's context is refused, naming the task, document and lengths (:meth:`check_fits`).
+Output is cut at the first EOS/pad token and then at the earliest ``until`` string; with ``escape_until`` (Dream's HumanEval) the text is
 Dream's ``eval.py``'s, cut at the first EOS only. Instruct models get the tokenizer's chat
 template. ``early_exit`` (default on) stops a row once that cut output is final
 (``fair_calib.decoding.early_exit``; the outputs are those of the full run); ``decode_steps``
@@ -71,6 +73,24 @@ def _model_max_length(loaded: LoadedModel) -> int:
         if isinstance(val, int) and val > 0:
             return val
     return 4096
+
+
+def continue_final_message(rendered: str, final_message: Mapping[str, Any]) -> str:
+    """The chat text ``rendered`` (closed, no generation prompt) cut to continue its last
+    turn as transformers 4.46.2's ``apply_chat_template(continue_final_message=True)`` cuts it,
+    the version Dream's README pins for its evaluation: the turn's content is stripped, the
+    text ends where that stripped content last occurs, and trailing whitespace goes. Dream's
+    HumanEval ``gen_prefix`` (the prompt, then a newline) thus ends at the prompt's closing
+    docstring quotes; transformers 5 keeps the content as written, newlines included."""
+    content = final_message["content"]
+    if isinstance(content, (list, tuple)):       # a multimodal turn: its last part's text
+        content = content[-1]["text"]
+    content = content.strip()
+    end = rendered.rfind(content)
+    if end < 0:
+        raise ValueError("continue_final_message: the chat template does not render the final "
+                         "message's content, so it cannot be continued")
+    return rendered[:end + len(content)].rstrip()
 
 
 DECODING_KEYS = ("policy", "steps", "gen_length", "block_length", "temperature", "alg_temp",
@@ -395,14 +415,16 @@ class DiffusionLM(LM):
     def apply_chat_template(self, chat_history: list[dict[str, str]],
                             add_generation_prompt: bool = True) -> str:
         """lm-eval's chat hook (``apply_chat_template`` / ``fewshot_as_multiturn`` of a task):
-        the tokenizer's template over the turns, as lm-eval's HF model renders them; a history
-        ending in an assistant turn (a task's ``gen_prefix``) is continued, not closed."""
+        the tokenizer's template over the turns, as lm-eval's HF model (and the authors'
+        harnesses) render them; a history ending in an assistant turn (a task's ``gen_prefix``)
+        is continued, not closed, as transformers 4.46.2 continues it
+        (:func:`continue_final_message`), whatever transformers is installed."""
         if getattr(self.tokenizer, "chat_template", None) is None:
             raise ValueError(f"apply_chat_template: the tokenizer of this {self.loaded.adapter.name} "
                              f"model has no chat template; run the task without it")
-        return self.tokenizer.apply_chat_template(
-            chat_history, tokenize=False, add_generation_prompt=add_generation_prompt,
-            continue_final_message=not add_generation_prompt)
+        text = self.tokenizer.apply_chat_template(
+            chat_history, tokenize=False, add_generation_prompt=add_generation_prompt)
+        return text if add_generation_prompt else continue_final_message(text, chat_history[-1])
 
     def _prompt_ids(self, context: str) -> list[int]:
         """The prompt's ids: lm-eval already rendered the chat turns (``chat_by_lm_eval``; the
@@ -463,6 +485,22 @@ class DiffusionLM(LM):
         return StopRule(frozenset(self.stop_ids), [list(u) for u in untils],
                         lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True))
 
+    def check_fits(self, prompt: Sequence[int], gen_length: int, req: Any = None) -> None:
+        """Refuse a prompt that does not fit the model with its generation window. The authors'
+        generation harnesses cut nothing (OpenCompass's LLaDA model runs with ``max_seq_len``
+        None; LLaDA's ``eval_llada.py`` and Dream's ``eval.py`` pass the prompt whole: the
+        latter's cut compares the batch size, not the length), Dream ``eval_instruct`` only its
+        1024-token cap (``max_prompt_len``), so a prompt is never shortened here either."""
+        total = len(prompt) + int(gen_length)
+        if total > self.max_length:
+            where = "" if req is None else \
+                f"task {getattr(req, 'task_name', None)!r}, document {getattr(req, 'doc_id', None)}: "
+            raise ValueError(
+                f"{where}prompt of {len(prompt)} tokens + gen_length {gen_length} = {total} tokens "
+                f"exceeds the model's limit of {self.max_length} (its config's "
+                f"max_position_embeddings / max_sequence_length, or max_length=); the authors' "
+                f"harness does not cut this prompt, so it is refused rather than truncated")
+
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
         from fair_calib.decoding import decode
 
@@ -476,11 +514,8 @@ class DiffusionLM(LM):
             prompt = self._prompt_ids(context)
             if self.max_prompt_len is not None:      # eval_instruct's diffllm: ids[-1024:]
                 prompt = prompt[-self.max_prompt_len:]
-            room = self.max_length - policy.gen_length
-            if room < 1:
-                raise ValueError(f"gen_length {policy.gen_length} leaves no room for a prompt "
-                                 f"(model context {self.max_length})")
-            prompts.append(prompt[-room:])
+            self.check_fits(prompt, policy.gen_length, req)
+            prompts.append(prompt)
             untils.append(list(until))
         # Longest prompts first (less padding per batch); results go back in request order.
         order = sorted(range(len(prompts)), key=lambda i: -len(prompts[i]))

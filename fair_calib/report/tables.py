@@ -110,14 +110,20 @@ def _is_nan(x: Any) -> bool:
     return x is None or (isinstance(x, float) and math.isnan(x))
 
 
-def pick_metric(eval_df: pd.DataFrame, task: str, labels: Mapping[str, Any]) -> str | None:
-    """The metric reported for ``task``: settings ``tasks.<task>.metric``, else the only metric
-    of the task, else by ``METRIC_PREFERENCE`` on the metric name before the lm-eval filter
-    (``"acc,none"`` -> ``acc``), filter ``none`` then ``strict-match`` first. Ambiguity raises."""
+def pick_metric(eval_df: pd.DataFrame, task: str, labels: Mapping[str, Any],
+                model: str | None = None) -> str | None:
+    """The metric reported for ``task`` (of ``model``'s rows when given: one column may hold
+    models scored by different recipes, e.g. OpenCompass's ``acc`` beside lm-eval's
+    ``exact_match``): settings ``tasks.<task>.metric``, else the only metric of the task, else
+    by ``METRIC_PREFERENCE`` on the metric name before the lm-eval filter (``"acc,none"`` ->
+    ``acc``), filter ``none`` then ``strict-match`` first. Ambiguity raises."""
     entry = (labels.get("tasks") or {}).get(task)
     if isinstance(entry, Mapping) and entry.get("metric"):
         return str(entry["metric"])
-    metrics = sorted(eval_df.loc[eval_df["task"] == task, "metric"].unique())
+    sel = eval_df["task"] == task
+    if model is not None:
+        sel &= eval_df["model"] == model
+    metrics = sorted(eval_df.loc[sel, "metric"].unique())
     if not metrics:
         return None
     if len(metrics) == 1:
@@ -131,7 +137,19 @@ def pick_metric(eval_df: pd.DataFrame, task: str, labels: Mapping[str, Any]) -> 
                 return f"{pref},{flt}"
         if cands:
             break
-    raise ValueError(f"task {task!r} has metrics {metrics}; name one in settings tasks.{task}.metric")
+    raise ValueError(f"task {task!r}{'' if model is None else f' of model {model!r}'} has "
+                     f"metrics {metrics}; name one in settings tasks.{task}.metric")
+
+
+def other_filters(eval_df: pd.DataFrame, task: str, model: str, metric: str | None) -> list[str]:
+    """The metrics of ``model``'s ``task`` rows that are ``metric`` under another lm-eval filter
+    (GSM8K's ``exact_match,flexible-extract`` beside ``exact_match,strict-match``): what the
+    authors' harness computes besides the reported number."""
+    if metric is None or "," not in metric:
+        return []
+    name = metric.split(",", 1)[0]
+    rows = eval_df.loc[(eval_df["task"] == task) & (eval_df["model"] == model), "metric"]
+    return sorted(m for m in rows.unique() if m != metric and m.split(",", 1)[0] == name)
 
 
 @dataclass
@@ -171,24 +189,34 @@ def _aggregate(rows: pd.DataFrame, where: str) -> Cell:
 class _Cells:
     """Look-up of cells (value ± noise, percent) with a record of what was missing."""
 
-    def __init__(self, eval_df: pd.DataFrame, tasks: Sequence[str], labels: Mapping[str, Any]):
+    def __init__(self, eval_df: pd.DataFrame, labels: Mapping[str, Any]):
         self.df = eval_df
-        self.metric = {t: pick_metric(eval_df, t, labels) for t in tasks}
         self.labels = labels
+        self._metric: dict[tuple[str, str], str | None] = {}
         self.missing: list[str] = []
 
+    def metric(self, model: str, task: str) -> str | None:
+        """The metric reported for ``model``'s ``task`` (:func:`pick_metric` over its rows)."""
+        if (model, task) not in self._metric:
+            self._metric[model, task] = pick_metric(self.df, task, self.labels, model)
+        return self._metric[model, task]
+
     def get(self, model: str, method: str, bits: str | None, task: str,
-            fp_method: str = "fp") -> Cell:
+            fp_method: str = "fp", metric: str | None = None, note: bool = True) -> Cell:
+        """The cell of ``model``'s ``task`` (its reported metric, or ``metric``); a missing one
+        is listed under the table unless ``note`` is off."""
         d = self.df
+        metric = metric or self.metric(model, task)
         sel = (d["model"] == model) & (d["method"] == method) & (d["task"] == task)
-        if self.metric[task] is not None:
-            sel &= d["metric"] == self.metric[task]
+        if metric is not None:
+            sel &= d["metric"] == metric
         if method != fp_method and bits is not None:
             sel &= d["bits"] == bits
         rows = d.loc[sel & d["value"].notna()]
         if rows.empty:
             extra = [bits] if (method != fp_method and bits is not None) else []
-            self.note(model, method, *extra, task)
+            if note:
+                self.note(model, method, *extra, task)
             return MISSING_CELL
         return _aggregate(rows, f"{model}/{method}/{bits}/{task}")
 
@@ -319,7 +347,7 @@ def main_table(eval_df: pd.DataFrame, models: Sequence[str], methods: Sequence[s
     to W8A8 SmoothQuant and W4A4 FlatQuant).
     """
     bits_of = dict(method_bits or {})
-    cells = _Cells(eval_df, tasks, labels)
+    cells = _Cells(eval_df, labels)
     records = [] if records is None else records
     with_avg = len(tasks) > 1
     columns = list(tasks) + (["avg"] if with_avg else [])
@@ -371,10 +399,35 @@ def main_table(eval_df: pd.DataFrame, models: Sequence[str], methods: Sequence[s
             records += _records(name, model, m, bits_of.get(m, bits), columns, qvals[i], bold,
                                 arith)
     lines += ["\\bottomrule", "\\end{tabular}}"]
-    body = "\n".join(lines) + "\n" + _footnote(cells.missing)
+    also = _also_reported(cells, models, [m for m in methods if m == fp_method] + quant, tasks,
+                          labels, lambda m: bits_of.get(m, bits), fp_method)
+    body = "\n".join(lines) + "\n" + _footnote(cells.missing) + also
     full = (_with_convention(caption) + (" " + CHANCE_NOTE if show_chance else "")
             + (" " + ARITH_NOTE if marked else ""))
     return _wrap(body, full, label, env)
+
+
+def _also_reported(cells: _Cells, models: Sequence[str], methods: Sequence[str],
+                   tasks: Sequence[str], labels: Mapping[str, Any], bits_of, fp_method: str) -> str:
+    """A note under the table with the values of every metric the authors' harness computes
+    beside the reported one (:func:`other_filters`; Dream's and LLaDA-Base's GSM8K report
+    lm-eval's ``strict-match`` and compute ``flexible-extract`` too), per model and method."""
+    items = []
+    for task in tasks:
+        for model in models:
+            for metric in other_filters(cells.df, task, model, cells.metric(model, task)):
+                vals = [(m, cells.get(model, m, bits_of(m), task, fp_method, metric, note=False))
+                        for m in methods]
+                shown = ", ".join(f"{_label(labels, 'methods', m)} {_fmt_cell(c)}"
+                                  for m, c in vals if c.value is not None)
+                if shown:
+                    items.append(f"{_label(labels, 'tasks', task)}, "
+                                 f"{_label(labels, 'models', model)}, "
+                                 f"{latex_escape(metric.replace(',', ' '))}: {shown}")
+    if not items:
+        return ""
+    return ("\\par\\smallskip{\\footnotesize Also computed by the authors' harness, beside the "
+            "metric shown: " + "; ".join(items) + ".}\n")
 
 
 # ----------------------------------------------------------------------------- ablations
@@ -387,7 +440,7 @@ def average_table(eval_df: pd.DataFrame, model: str, rows: Sequence[tuple[str, s
     with the average accuracy over ``tasks`` on ``model`` (± and bold as in the module
     docstring). A method with any task missing shows ``--`` and its missing tasks go to the
     footnote."""
-    cells = _Cells(eval_df, tasks, labels)
+    cells = _Cells(eval_df, labels)
     records = [] if records is None else records
     avgs = [[_avg([cells.get(model, method, bits, t, fp_method) for t in tasks])]
             for method, _ in rows]
@@ -409,7 +462,7 @@ def flat_table(eval_df: pd.DataFrame, model: str, methods: Sequence[str], tasks:
                records: list[dict] | None = None, name: str = "flat") -> str:
     """Single-model comparison (W3A4 and QDrop-style W8A8 tables): FP row ("Real-valued") then
     ``methods`` at ``bits``; task columns and AVG; ± and bold as in the module docstring."""
-    cells = _Cells(eval_df, tasks, labels)
+    cells = _Cells(eval_df, labels)
     records = [] if records is None else records
     columns = list(tasks) + ["avg"]
     lines = ["\\setlength{\\tabcolsep}{3.5pt}", "\\small", "\\resizebox{\\linewidth}{!}{",

@@ -6,6 +6,7 @@ import torch
 
 from fair_calib.decoding import StopRule, decode, make_policy
 from fair_calib.decoding.early_exit import ExitTracker, stable_text, stop_string_final
+from fair_calib.decoding.generate import COUNTED_SCHEDULE_POLICIES
 from fair_calib.decoding.trajectory import CommitRecorder
 
 from decoding_helpers import MASK_ID, tiny_llama
@@ -80,8 +81,13 @@ def _assert_same_as_full(early, tokens, commit_t, pol, stop_ids, what):
     for r in range(tokens.shape[0]):
         want = _cut(tokens[r].tolist(), stop_ids)
         assert early.tokens[r].tolist()[:len(want)] == want, (what, r)
-    # On the CPU a row stops right after the step that makes it final.
-    assert early.steps == _expected_steps(tokens, commit_t, pol.steps, stop_ids), what
+    # On the CPU a row stops right after the step that makes it final; under Dream's count
+    # rule the batch keeps its shape and stops once its last row is final (the count is a mean
+    # over every row's masked positions).
+    want_steps = _expected_steps(tokens, commit_t, pol.steps, stop_ids)
+    if pol.name in COUNTED_SCHEDULE_POLICIES and len(want_steps) > 1:
+        want_steps = [max(want_steps)] * len(want_steps)
+    assert early.steps == want_steps, what
 
 
 PROMPTS = [[3, 7, 1, 9, 2], [4, 4], [8, 1, 6, 2, 5, 3, 1, 7], [2, 9, 9]]
@@ -134,6 +140,15 @@ def test_rows_leave_the_batch_only_on_the_cpu_by_default(monkeypatch):
     decode(model, PROMPTS, pol, stop=StopRule(frozenset({1})))
     decode(model, PROMPTS, pol, stop=StopRule(frozenset({1}), drop_rows=False))
     assert seen == [True, False]
+    # Dream's count is a mean over every row's masked positions: several rows keep the batch's
+    # shape, on the CPU too; one row alone leaves (and so ends) it
+    seen.clear()
+    dream = tiny_llama("tiny-dream")
+    for policy in ("entropy", "topk_margin", "maskgit_plus", "origin"):
+        pol = make_policy(dream, {"policy": policy, "steps": 4, "gen_length": 8})
+        decode(dream, PROMPTS, pol, stop=StopRule(frozenset({1})))
+        decode(dream, PROMPTS[:1], pol, stop=StopRule(frozenset({1})))
+    assert seen == [False, True] * 3 + [True, True]
 
 
 def test_rows_finishing_early_leave_masks_after_their_stop(llada_tiny):
@@ -204,8 +219,32 @@ def test_lagged_check_as_on_a_gpu(llada_tiny, dream_tiny, policy, extra, monkeyp
         for r in range(len(PROMPTS)):
             want = _cut(tokens[r].tolist(), stop_ids)
             assert early.tokens[r].tolist()[:len(want)] == want, (policy, r)
-        assert early.steps == [min(s + 1, pol.steps) for s in
-                               _expected_steps(tokens, commit_t, pol.steps, stop_ids)]
+        want = [min(s + 1, pol.steps) for s in _expected_steps(tokens, commit_t, pol.steps,
+                                                                stop_ids)]
+        if policy in COUNTED_SCHEDULE_POLICIES:          # the batch keeps its shape
+            want = [max(want)] * len(want)
+        assert early.steps == want
+
+
+@pytest.mark.parametrize("family,policy,extra,mask_bias", [
+    ("tiny-llada", "low_confidence", {"block_length": 4}, 1.3),
+    ("tiny-dream", "entropy", {}, 1.0),
+    ("tiny-dream", "maskgit_plus", {"temperature": 0.8}, 2.0),
+])
+def test_early_exit_with_a_model_that_predicts_the_mask(family, policy, extra, mask_bias):
+    """Mask tokens committed, as the authors' decoders commit an argmax that is the mask: such a
+    position is still open, so a row is final only once every position before its stop holds
+    a token; the cut outputs equal the full run's, masks left in them included."""
+    model = tiny_llama(family, mask_bias=mask_bias)     # the mask some positions' argmax
+    pol = make_policy(model, {"policy": policy, "steps": 8, "gen_length": 16, **extra})
+    full = decode(model, PROMPTS, pol, _generators("per_row", 3, len(PROMPTS)))
+    assert bool((full.tokens == MASK_ID).any())          # masks left in the output
+    for stop in sorted(set(full.tokens.reshape(-1).tolist()) - {MASK_ID})[:5]:
+        early = decode(model, PROMPTS, pol, _generators("per_row", 3, len(PROMPTS)),
+                       stop=StopRule(frozenset({stop})))
+        for r in range(len(PROMPTS)):
+            want = _cut(full.tokens[r].tolist(), {stop})
+            assert early.tokens[r].tolist()[:len(want)] == want, (family, policy, stop, r)
 
 
 def test_recording_turns_early_exit_off(llada_tiny):
@@ -273,19 +312,3 @@ def test_tracker_stops_on_a_settled_stop_string():
                            [0, 9, MASK_ID, 1, 1, 1]])    # stop token after a committed prefix
     tracker.observe(window, [0, 1, 2])
     assert tracker.finished() == [0, 2]
-
-
-def test_batch_topk_of_the_remaining_rows_runs_on_the_full_batchs_shape():
-    """Dream's one topk for the batch: with rows dropped, each remaining row chooses what it
-    chose in the full batch (ties included: bfloat16 confidences on a coarse grid)."""
-    import importlib
-
-    gen_module = importlib.import_module("fair_calib.decoding.generate")
-    g = torch.Generator().manual_seed(0)
-    conf = (torch.randint(0, 4, (5, 12), generator=g).float() / 4).to(torch.bfloat16)
-    allowed = torch.rand(5, 12, generator=g) < 0.8
-    whole = gen_module._topk_over_rows(conf, allowed, [3] * 5, 4, 16, per_row=False)
-    index = torch.tensor([1, 3, 4])
-    part = gen_module._topk_over_rows(conf[index], allowed[index], [3] * 3, 4, 16, per_row=False,
-                                      rows_of=(5, index))
-    assert torch.equal(part, whole[index])

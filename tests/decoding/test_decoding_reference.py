@@ -2,12 +2,14 @@
 
 ``ref_llada_generate`` follows ML-GSAI/LLaDA ``generate.py`` (temperature 0, low_confidence:
 softmax in the logits' dtype, confidence of the argmax token, ``torch.topk`` per row over the
-whole sequence with ``-inf`` outside the current block's masked positions). ``ref_dream_sample``
+whole sequence with ``-inf`` after the current block and at unmasked positions; an argmax that
+is the mask token committed as it is). ``ref_dream_sample``
 follows Dream's ``generation_utils._sample`` as ``eval/eval.py`` calls it (temperature 0,
 top-p then top-k filtering with ``finfo.min``, ``entropy`` / ``maskgit_plus`` / ``topk_margin``
 confidences in the logits' dtype, one batch-mean commit count ``int(mean * (1 - s/t))``,
 ``torch.topk`` over the batch's full rows). Run in bfloat16 and with top-p, where ties between
-confidences are common and the tie-breaking of ``torch.topk`` decides which positions commit.
+confidences are common and the tie-breaking of ``torch.topk`` decides which positions commit,
+and with heads that make the mask token the argmax at some positions.
 """
 import numpy as np
 import pytest
@@ -97,7 +99,7 @@ def ref_dream_sample(model, ids, max_new, steps, mask_id, alg="entropy", top_p=N
 
 def _never_predicts_the_mask(lm, sharpen: float = 1.0):
     """As a trained model: the mask token gets ~0 probability (a random toy head would
-    sometimes predict it, which the authors' decoders commit and ours never does).
+    sometimes predict it; the tests below with ``_predicts_the_mask`` cover that case).
     ``sharpen`` scales the head: confident predictions, one-token nuclei, tied confidences."""
     head = lm.model.lm_head
     with torch.no_grad():
@@ -168,14 +170,68 @@ def test_dream_defaults_are_what_eval_py_runs():
         ("entropy", 0.0, None, None, 0.0, 1e-3)
 
 
-def test_a_model_that_predicts_the_mask_never_commits_it(tmp_path):
-    llada_checkpoint(tmp_path / "m")
-    lm = load_model(tmp_path / "m", "llada")
+def _predicts_the_mask(lm, bias: float):
+    """A head that favours the mask token by ``bias``: at 2-3 it is the argmax of many, but not
+    all, positions, so the authors' decoders commit it there and decode on around it."""
+    head = lm.model.lm_head
     with torch.no_grad():
-        lm.model.lm_head.bias = torch.nn.Parameter(torch.zeros(96))
-        lm.model.lm_head.bias[lm.mask_id] = 1e4          # the mask is every position's argmax
+        head.bias = torch.nn.Parameter(torch.zeros(head.out_features, dtype=head.weight.dtype))
+        head.bias[lm.mask_id] = bias
+    return lm
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_llada_commits_an_argmax_that_is_the_mask_as_generate_py(dtype, tmp_path):
+    """generate.py keeps the argmax when it is the mask token: the position stays masked and,
+    in later blocks too, competes again for each step's count. Four blocks, every step's
+    window equal to the transcription's; the seeds cover outputs that end with masks left."""
+    llada_checkpoint(tmp_path / "m")
+    lm = _predicts_the_mask(load_model(tmp_path / "m", "llada", dtype=dtype), 3.0)
+    pol = make_policy(lm, policy="low_confidence", steps=8, gen_length=16, block_length=4)
+    ends_masked = 0
+    for seed in range(4):
+        prompt = _prompts(1, 6, seed)
+        with torch.no_grad():
+            want = [w.tolist() for w in ref_llada_generate(lm.model, prompt, 8, 16, 4, lm.mask_id)]
+        assert _decode_history(lm, prompt, pol) == want, seed
+        ends_masked += (torch.tensor(want[-1]) == lm.mask_id).any().item()
+    assert ends_masked >= 1          # the rule is exercised: masks left in earlier blocks
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("alg", ["entropy", "maskgit_plus", "topk_margin"])
+def test_dream_commits_an_argmax_that_is_the_mask_as_eval_py(dtype, alg, tmp_path):
+    """Dream's ``sample_tokens`` keeps the argmax when it is the mask token, and ``_sample``'s
+    next count reads the masked positions (``mask_index.sum()``), the re-masked ones included.
+    One row, as the authors' ``--batch_size 1`` (with rows whose masked counts differ, their
+    batch-wide topk picks positions at -inf and writes the mask there; see docs/fidelity.md)."""
+    dream_checkpoint(tmp_path / "m")
+    lm = _predicts_the_mask(load_model(tmp_path / "m", "dream", dtype=dtype), 2.0)
+    pol = make_policy(lm, policy=alg, steps=12, gen_length=12)
+    some_left = 0
+    for seed in range(4):
+        prompts = _prompts(1, 7, seed)
+        with torch.no_grad():
+            want = [w.tolist() for w in ref_dream_sample(lm.model, prompts, 12, 12, lm.mask_id, alg)]
+        assert _decode_history(lm, prompts, pol) == want, seed
+        some_left += 0 < int((torch.tensor(want[-1]) == lm.mask_id).sum()) < 12
+    assert some_left >= 1            # partly masked outputs: counts read, not scheduled
+
+
+def test_an_argmax_that_is_the_mask_is_committed(tmp_path):
+    """The mask every position's argmax: each step commits its count of mask tokens and the
+    window ends as it began (generate.py, sample_tokens); ``random_commit``, the project's
+    Stage I policy, commits the best other token instead."""
+    llada_checkpoint(tmp_path / "m")
+    lm = _predicts_the_mask(load_model(tmp_path / "m", "llada"), 1e4)
+    prompts = _prompts(2, 5, 0).tolist()
     for policy in ("low_confidence", "entropy", "maskgit_plus"):
         pol = make_policy(lm, policy=policy, steps=8, gen_length=8,
                           block_length=8 if policy == "low_confidence" else None)
-        out = generate(lm, _prompts(2, 5, 0).tolist(), pol)
-        assert not (out == lm.mask_id).any(), policy
+        rec = Steps()
+        out = generate(lm, prompts, pol, recorder=rec)
+        assert bool((out == lm.mask_id).all()), policy
+        assert all(bool((w == lm.mask_id).all()) for w in rec.windows), policy
+    pol = make_policy(lm, policy="random_commit", steps=8, gen_length=8)
+    out = generate(lm, prompts, pol, generator=torch.Generator().manual_seed(0))
+    assert not bool((out == lm.mask_id).any())

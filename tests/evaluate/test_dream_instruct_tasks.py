@@ -168,6 +168,63 @@ def test_lm_eval_renders_the_fork_turns(tmp_path):
     assert json.loads(inst.args[0]) == [want, False]          # the assistant turn is continued
 
 
+# Qwen2's chat template (Dream-Instruct's tokenizer has Qwen's): each turn's content verbatim
+QWEN_CHAT = ("{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+             "{{ '<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n' }}{% endif %}"
+             "{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}"
+             "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+HE_DOC = {"task_id": "HumanEval/0", "entry_point": "has_close_elements", "canonical_solution": "",
+          "test": "def check(candidate):\n    pass\n",
+          "prompt": "from typing import List\n\n\ndef has_close_elements(numbers: List[float], "
+                    "threshold: float) -> bool:\n    \"\"\" Check if in given list of numbers, are "
+                    "any two numbers closer to each other than\n    given threshold.\n    "
+                    "\"\"\"\n"}
+
+
+def transformers_4_46_2_continued(rendered: str, chat: list) -> str:
+    """transformers 4.46.2 ``apply_chat_template(..., continue_final_message=True)``: after
+    rendering, ``final_message = chat[-1]["content"].strip()`` and ``rendered_chat =
+    rendered_chat[: rendered_chat.rindex(final_message) + len(final_message)].rstrip()``."""
+    final_message = chat[-1]["content"]
+    final_message = final_message.strip()
+    return rendered[: rendered.rindex(final_message) + len(final_message)].rstrip()
+
+
+def test_dream_humaneval_prompt_is_rendered_as_transformers_4_46_2(tmp_path):
+    """Dream's README pins transformers 4.46.2, whose continue_final_message cuts the
+    gen_prefix turn at its stripped end: the prompt ends with the docstring's closing quotes,
+    not with the newlines after them, whatever transformers renders here."""
+    from lm_eval.tasks import TaskManager
+
+    from fair_calib.evaluate.lm import DiffusionLM
+    from tiny_eval_helpers import make_loaded
+
+    loaded = make_loaded("tiny-dream")
+    loaded.tokenizer.chat_template = QWEN_CHAT
+    lm = DiffusionLM(loaded, chat_by_lm_eval=True, chat_add_special_tokens=True)
+    inc = tmp_path / "t"
+    inc.mkdir()
+    shutil.copy(TASKS / "fc_task_utils.py", inc / "fc_task_utils.py")
+    (inc / "h.yaml").write_text(offline_data._render(
+        (TASKS / "dream_humaneval_instruct.yaml").read_text(),
+        offline_data._local_json(_jsonl(tmp_path / "h.jsonl", [HE_DOC]))))
+    task = TaskManager(include_path=str(inc), include_defaults=False).load(
+        ["dream_humaneval_instruct"])["tasks"]["dream_humaneval_instruct"]
+    task.set_fewshot_seed(1234)
+    task.build_all_requests(rank=0, world_size=1, apply_chat_template=True,
+                            fewshot_as_multiturn=False, chat_template=lm.apply_chat_template,
+                            tokenizer_name="dream")
+    (inst,) = task.instances
+    fork = FORK["humaneval_instruct"]
+    chat = _fork_messages("", [], fork["doc_to_text"].replace("{{prompt}}", HE_DOC["prompt"]),
+                          fork["gen_prefix"].replace("{{prompt}}", HE_DOC["prompt"]))
+    closed = loaded.tokenizer.apply_chat_template(chat, tokenize=False)
+    assert inst.args[0] == transformers_4_46_2_continued(closed, chat)
+    assert inst.args[0].endswith('threshold.\n    """')
+    assert inst.args[0].startswith("<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
+                                   "<|im_start|>user\nWrite a solution")
+
+
 class _Tok:
     """Decodes ids 0..9 to letters, 7 to the EOS text, 8 to a special token."""
     eos_token = "<|endoftext|>"

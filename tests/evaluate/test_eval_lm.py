@@ -123,3 +123,37 @@ def test_greedy_flag_and_arg_string(tiny_llada, tmp_path):
         f"model_dir={model_dir},family=tiny-llada,mc_num=4,batch_size=4,gen_length=8,steps=8")
     assert from_cli.lik.mc_num == 4 and from_cli.policy().gen_length == 8
     assert _ll(from_cli, "what is", " red")[0] == pytest.approx(b[0], abs=1e-5)
+
+
+def _gen_request(context, doc_id, task="synth"):
+    return Instance("generate_until", {}, (context, {"until": []}), doc_id,
+                    metadata=(task, doc_id, 1))
+
+
+def test_a_prompt_is_never_cut_and_one_too_long_is_refused(tiny_llada, monkeypatch):
+    """The authors' generation harnesses cut no prompt (OpenCompass runs LLaDA with
+    ``max_seq_len`` None; eval_llada.py and Dream's eval.py pass it whole): the decoder gets
+    the whole prompt, and one that does not fit the model's 128 positions beside the 8-token
+    window is refused before anything is decoded, naming the task, document and lengths.
+    Dream eval_instruct's own cap (``max_prompt_len``) still keeps a prompt's last tokens."""
+    import fair_calib.decoding as decoding
+
+    seen = []
+    real = decoding.decode
+    monkeypatch.setattr(decoding, "decode",
+                        lambda model, prompts, *a, **k: seen.append(prompts) or real(model, prompts, *a, **k))
+    lm = DiffusionLM(tiny_llada, decoding={"gen_length": 8, "steps": 8, "block_length": 8})
+    assert lm.max_length == 128                        # the config's max_position_embeddings
+    fits = " ".join(["sky"] * 120)                     # 120 + 8 = 128 tokens
+    lm.generate_until([_gen_request(fits, 0)])
+    assert [len(p) for p in seen[0]] == [120]
+    seen.clear()
+    with pytest.raises(ValueError, match=r"task 'synth', document 3: prompt of 121 tokens \+ "
+                                         r"gen_length 8 = 129 tokens exceeds the model's limit "
+                                         r"of 128"):
+        lm.generate_until([_gen_request(fits, 0), _gen_request(fits + " sky", 3)])
+    assert seen == []                                  # refused before any decoding
+    capped = DiffusionLM(tiny_llada, decoding={"gen_length": 8, "steps": 8, "block_length": 8},
+                         max_prompt_len=100)
+    capped.generate_until([_gen_request("red " + " ".join(["sky"] * 130), 0)])
+    assert seen[0] == [[tiny_llada.tokenizer.convert_tokens_to_ids("sky")] * 100]

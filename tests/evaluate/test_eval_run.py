@@ -162,7 +162,7 @@ def test_generate_until_early_exit_gives_the_full_runs_strings(family, seed, unt
     outs = {}
     for early in (False, True):
         lm = DiffusionLM(model, decoding={"gen_length": 16, "steps": 16, "block_length": 8},
-                         early_exit=early, gen_batch_size=4)
+                         early_exit=early, gen_batch_size=1)
         reqs = [Instance("generate_until", {}, (p, {"until": until}), i, metadata=("t", i, 1))
                 for i, p in enumerate(prompts)]
         outs[early] = (lm.generate_until(reqs), lm.decode_steps)
@@ -259,7 +259,8 @@ def test_fewshot_examples_are_lm_evals_default_draw(tmp_path, synthetic_dir, tin
 def test_early_exit_under_escape_until_stops_at_the_eos_token():
     """Dream's eval.py text rule (whole window decoded, split at the EOS text, no stop
     strings): a row is final once everything before its first EOS token is committed. The
-    random model's frequent word "the" is made the EOS so rows end early."""
+    random model's frequent word "the" is made the EOS so rows end early. One row a batch: a
+    batch of several under Dream's count rule runs until its last row is final."""
     from fair_calib.evaluate.lm import DiffusionLM
     from lm_eval.api.instance import Instance
 
@@ -269,7 +270,7 @@ def test_early_exit_under_escape_until_stops_at_the_eos_token():
     outs = {}
     for early in (False, True):
         lm = DiffusionLM(model, decoding={"gen_length": 16, "steps": 16}, escape_until=True,
-                         early_exit=early, gen_batch_size=4)
+                         early_exit=early, gen_batch_size=1)
         reqs = [Instance("generate_until", {}, (p, {"until": ["is"]}), i, metadata=("t", i, 1))
                 for i, p in enumerate(prompts)]
         outs[early] = (lm.generate_until(reqs), lm.decode_steps)

@@ -194,6 +194,9 @@ def test_paper_settings_run_the_recipe_end_to_end(column, offline_data_dir, repo
     from fixtures.hub_checkpoints import llada_checkpoint
 
     llada_checkpoint(tmp_path / "m")
+    # LLaDA's released context (the toy's is 128): the 4-shot GSM8K turns are never cut
+    cfg = json.loads((tmp_path / "m" / "config.json").read_text())
+    (tmp_path / "m" / "config.json").write_text(json.dumps({**cfg, "max_sequence_length": 4096}))
     tok = load_model(tmp_path / "m", "llada").tokenizer
     tok.chat_template = LLADA_CHAT
     tok.save_pretrained(tmp_path / "m")

@@ -257,6 +257,36 @@ def test_pick_metric_with_lm_eval_filters():
         T.pick_metric(amb, "k", {})
 
 
+def test_each_model_reports_its_recipes_metric_and_the_other_filter_beside_it():
+    """One column, three recipes: OpenCompass's ``acc`` (an Instruct model), lm-eval's GSM8K
+    ``exact_match`` under strict-match and flexible-extract (the others). Each model's cells
+    show its own metric (strict-match first); the flexible-extract values, which the authors'
+    harness computes too, are printed under the table per model and method."""
+    rows = [("oc", "fp", "fp", "acc,none", 0.70), ("oc", "rtn", "w4a4", "acc,none", 0.60),
+            ("lm", "fp", "fp", "exact_match,strict-match", 0.50),
+            ("lm", "fp", "fp", "exact_match,flexible-extract", 0.55),
+            ("lm", "rtn", "w4a4", "exact_match,strict-match", 0.30),
+            ("lm", "rtn", "w4a4", "exact_match,flexible-extract", 0.40)]
+    df = pd.DataFrame(rows, columns=["model", "method", "bits", "metric", "value"])
+    df["task"], df["stderr"], df["n"], df["chance"], df["settings"] = "g", 0.01, 100, 0.0, "{}"
+    labels = {"models": {"oc": "OC", "lm": "LM"}, "methods": {"fp": "FP", "rtn": "RTN"},
+              "tasks": {"g": "GSM8K"}}
+    records = []
+    tex = T.main_table(df, ["oc", "lm"], ["fp", "rtn"], ["g"], labels, bits="w4a4",
+                       chance=False, records=records)
+    L = lines_of(tex)
+    got = {(r["model"], r["method"]): r["value"] for r in records}
+    assert got == {("oc", "fp"): pytest.approx(70.0), ("oc", "rtn"): pytest.approx(60.0),
+                   ("lm", "fp"): pytest.approx(50.0), ("lm", "rtn"): pytest.approx(30.0)}
+    assert "Missing results" not in tex
+    assert ("\\par\\smallskip{\\footnotesize Also computed by the authors' harness, beside the "
+            f"metric shown: GSM8K, LM, exact\\_match flexible-extract: FP {c('55.0')}, "
+            f"RTN {c('40.0')}.}}") in L
+    # the column's metric chosen over all models at once would have been acc: LM missing
+    assert T.pick_metric(df, "g", {}) == "acc,none"
+    assert T.pick_metric(df, "g", {}, model="lm") == "exact_match,strict-match"
+
+
 def _seed_rows():
     """m1 x {rtn, fair} at w4a4 on t1, three calibration seeds each (told apart by `seed`)."""
     rows = [("rtn", 0, 0.50), ("rtn", 1, 0.52), ("rtn", 2, 0.54),

