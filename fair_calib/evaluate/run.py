@@ -106,20 +106,23 @@ def build_task_manager(settings: Mapping[str, Any], include_dir: str | os.PathLi
     task = settings["task"]
     kind = task.get("kind", "lm_eval")
     name = lm_eval_task_name(task)
+    # the census's stand-ins for splits an offline copy lacks (fair_calib.census); never a job's
+    stand_ins = bool(settings.get("census_stand_ins"))
     if kind in SYNTHETIC_KINDS:
         synth = settings.get("synthetic_dir") or "resources/data"
         offline_data.write_synthetic_tasks(synth, include_dir, [name])
         return TaskManager(include_path=str(include_dir), include_defaults=False)
     if name in offline_data.RECIPE_TASKS:  # the model authors' recipes (OpenCompass, Dream's fork)
         offline_data.write_recipe_tasks(Path(include_dir) / "tasks", [name], is_offline(settings),
-                                    settings.get("data_dir") or offline_data.default_data_dir(),
-                                    Path(include_dir) / "_cache")
+                                        settings.get("data_dir") or offline_data.default_data_dir(),
+                                        Path(include_dir) / "_cache", stand_ins)
         return TaskManager(include_path=str(Path(include_dir) / "tasks"), include_defaults=False)
     if is_offline(settings):
-        offline_data.check_offline_fewshot(name, task.get("num_fewshot"))
+        if not stand_ins:
+            offline_data.check_offline_fewshot(name, task.get("num_fewshot"))
         data_dir = settings.get("data_dir") or offline_data.default_data_dir()
         offline_data.write_offline_tasks(data_dir, Path(include_dir) / "_cache",
-                                         Path(include_dir) / "tasks", [name])
+                                         Path(include_dir) / "tasks", [name], stand_ins)
         return TaskManager(include_path=str(Path(include_dir) / "tasks"), include_defaults=False)
     return TaskManager()
 
