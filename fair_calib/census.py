@@ -184,13 +184,33 @@ def generation_forwards(contexts: Sequence[str], lm) -> Counter:
     return out
 
 
-def count_evaluation(settings: Mapping[str, Any], tokenizer: Any,
-                     max_length: int) -> tuple[dict[str, list], Counter]:
+def count_evaluation(settings: Mapping[str, Any], tokenizer: Any, max_length: int,
+                     cache: dict | None = None) -> tuple[dict[str, list], Counter]:
     """``(requests by type, forwards)`` of one evaluation with these job settings, its model's
-    tokenizer and context."""
+    tokenizer and context. ``cache``: requests already built, by :func:`request_key`."""
     lm = _recording_lm(encoding_args(settings, tokenizer, max_length))
-    requests = evaluation_requests(settings, lm)
+    key = request_key(settings, tokenizer)
+    if cache is None or key not in cache:
+        requests = evaluation_requests(settings, lm)
+        if cache is not None:
+            cache[key] = requests
+    requests = cache[key] if cache is not None else requests
     return requests, evaluation_forwards(requests, lm)
+
+
+def request_key(settings: Mapping[str, Any], tokenizer: Any) -> str:
+    """What lm-eval's requests of a job depend on (the task definition, documents, few-shot
+    draws and chat rendering), not the model's likelihood or decoding settings: jobs of equal
+    keys get the same request texts."""
+    from fair_calib.evaluate.run import chat_kwargs, lm_eval_task_name
+
+    t = settings["task"]
+    chat = chat_kwargs(t)
+    return json.dumps([lm_eval_task_name(t), t.get("kind", "lm_eval"), t.get("num_fewshot"),
+                       t.get("limit"), settings.get("seed"), chat,
+                       [getattr(tokenizer, "name_or_path", ""),
+                        getattr(tokenizer, "chat_template", None)] if chat else None],
+                      sort_keys=True, default=str)
 
 
 # ----------------------------------------------------------------------------- the grid
@@ -263,13 +283,13 @@ def grid_census(cfg: Mapping[str, Any], data_dir: Path, synthetic_dir: Path,
 
     check_countable(cfg, data_dir)
     per_pair: dict[tuple[str, str], tuple[dict, Counter]] = {}
-    used, notes, counts = {}, {}, {}
+    used, notes, counts, cache = {}, {}, {}, {}
     for model, task in lm_eval_pairs(cfg):
         s = evaluation_settings(cfg, model, task, data_dir, synthetic_dir)
         name = s["task"].get("lm_eval_task") or task
         tok, context, what = census_tokenizer(cfg, model, name, synthetic_dir, tokenizers)
         try:
-            reqs, fwd = count_evaluation(s, tok, context)
+            reqs, fwd = count_evaluation(s, tok, context, cache)
         except (ImportError, FileNotFoundError, KeyError, ValueError) as err:
             raise CensusError(f"census: task {task} ({name}) on {model}: {err}") from err
         per_pair[(model, task)] = (s, fwd)
