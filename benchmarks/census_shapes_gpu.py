@@ -8,8 +8,8 @@ QUANT_RATIOS), on random weights at the real LLaDA-8B / Dream-7B shapes, full de
 Shapes: per model, the census's heaviest (rows x tokens-bucket) shapes of its family -- those
 that carry 90% of the paper grid's forwards or of its projected GPU time, ordered by GPU time,
 at most ``--max-shapes`` -- read from ``--census`` (``fair-calib census --configfile
-config/paper.yaml --out results/census.parquet``), else ``DEFAULT_SHAPES`` (that selection
-on the paper census of 2026-11-27; tests/test_census.py checks it against the census), or
+config/paper.yaml --out results/census.parquet``, priced by fair_calib.cost.priced), else
+``DEFAULT_SHAPES`` (that selection on the paper census of 2026-11-27), or
 ``--forward-shapes`` for every model.
 
 For each shape, bf16 and each W4A4 structure (FAIR_CALIB_LOWBIT=real: ``transform``, the
@@ -100,8 +100,10 @@ def shapes_for(model: str, args) -> list[tuple]:
     if args.census:
         from fair_calib.io import read_parquet
 
+        from fair_calib.cost import priced
+
         df, _ = read_parquet(args.census)
-        return select_shapes(df.to_dict("records"), family, max_shapes=args.max_shapes)
+        return select_shapes(priced(df.to_dict("records")), family, max_shapes=args.max_shapes)
     return DEFAULT_SHAPES[family][:args.max_shapes]
 
 

@@ -294,6 +294,11 @@ def priced(records) -> list[dict]:
         for r in records]
 
 
+def hours(seconds: float) -> float:
+    """GPU-hours to three significant digits: a small config's tasks are not printed as 0."""
+    return float(f"{seconds / 3600:.3g}")
+
+
 def evaluation_projection(cfg: Mapping[str, Any], cen) -> dict[str, Any]:
     """Evaluation from the census: per task, per request class and structure, the shards'
     starts, and the longest shard (one job)."""
@@ -314,8 +319,8 @@ def evaluation_projection(cfg: Mapping[str, Any], cen) -> dict[str, Any]:
         longest = max(longest, cell / plan.task_shards(cfg, model, task) + JOB_OVERHEAD_S)
     starts = sum(plan.task_shards(cfg, m, t) * JOB_OVERHEAD_S for m, _, _, t in cen.cells)
     return {"seconds": sum(by_task.values()) + starts,
-            "by_task": {t: round(s / 3600, 1) for t, s in sorted(by_task.items())},
-            "by_class": {k: round(s / 3600, 1) for k, s in sorted(by_class.items())},
+            "by_task": {t: hours(s) for t, s in sorted(by_task.items())},
+            "by_class": {k: hours(s) for k, s in sorted(by_class.items())},
             "job_starts_gpu_hours": round(starts / 3600, 1),
             "longest_job_hours": round(longest / 3600, 1)}
 
