@@ -48,7 +48,7 @@ def test_rendered_yamls_load_every_task_with_all_docs(offline_data_dir, tmp_path
     tm = TaskManager(include_path=str(inc), include_defaults=False)
     expected = {"piqa": 1838, "boolq": 3270, "winogrande": 1267, "arc_easy": 2376,
                 "arc_challenge": 1172, "hellaswag": 10042, "truthfulqa_mc2": 817,
-                "humaneval": 164, "gsm8k_cot": 1319, "mmlu": 14042}
+                "humaneval": 164, "gsm8k_cot": 1319, "gsm8k": 1319, "mmlu": 14042}
     for name, n in expected.items():
         tasks = tm.load([name])["tasks"]
         assert sum(len(t.eval_docs) for t in tasks.values()) == n, name
@@ -58,6 +58,8 @@ def test_rendered_yamls_load_every_task_with_all_docs(offline_data_dir, tmp_path
     assert wino.doc_to_text(doc) == int(doc["answer"]) - 1 and len(wino.doc_to_choice(doc)) == 2
     gsm = tm.load(["gsm8k_cot"])["tasks"]["gsm8k_cot"]
     assert gsm.get_config("num_fewshot") == 8 and gsm.doc_to_target(gsm.eval_docs[0]) == "18"
+    plain = tm.load(["gsm8k"])["tasks"]["gsm8k"]            # lm-eval's 5-shot, train pool
+    assert plain.get_config("num_fewshot") == 5 and len(plain.fewshot_docs()) == 7473
 
 
 @pytest.mark.parametrize("name,shots", [("arc_easy", 0), ("winogrande", 0), ("truthfulqa_mc2", 0),
