@@ -25,9 +25,11 @@ from typing import Any, Iterable
 
 TEMPLATE_DIR = Path(__file__).resolve().parent / "tasks"
 
-# The ten benchmarks of the paper, under lm-eval's standard task names.
+# The ten benchmarks of the paper, and the variants the shipped configs run (gsm8k, the LLaDA
+# authors' Base recipe; humaneval_instruct, QDLM's Dream-Instruct), under lm-eval's names.
 OFFLINE_TASKS = ("piqa", "boolq", "winogrande", "arc_easy", "arc_challenge", "hellaswag",
-                 "truthfulqa_mc2", "mmlu", "humaneval", "gsm8k_cot", "gsm8k")
+                 "truthfulqa_mc2", "mmlu", "humaneval", "gsm8k_cot", "gsm8k",
+                 "humaneval_instruct")
 
 MMLU_CATEGORIES_FILE = "mmlu_subjects.json"
 
@@ -280,6 +282,9 @@ def write_offline_tasks(data_dir: str | os.PathLike, cache_dir: str | os.PathLik
     subs = prepare_offline_data(data_dir, cache_dir, tasks)
     subs.update({key: str(_lm_eval_tasks_dir() / rel) for key, rel in OFFICIAL_YAMLS.items()})
     shutil.copy(TEMPLATE_DIR / "fc_task_utils.py", include_dir / "fc_task_utils.py")
+    if "humaneval_instruct" in tasks and "humaneval" not in tasks:
+        tasks.append("humaneval")                  # humaneval_instruct.yaml includes it
+        subs.update(prepare_offline_data(data_dir, cache_dir, ["humaneval"]))
     for task in tasks:
         if task == "mmlu":
             _write_mmlu(Path(data_dir), Path(subs["MMLU"]), include_dir)
@@ -520,6 +525,7 @@ RECIPE_TASKS = {**OC_TASKS, **DREAM_TASKS}
 TASK_DATA = {"piqa": "piqa", "boolq": "boolq", "winogrande": "winogrande", "arc_easy": "arc",
              "arc_challenge": "arc", "hellaswag": "hellaswag", "truthfulqa_mc2": "truthfulqa",
              "mmlu": "mmlu", "humaneval": "humaneval", "gsm8k_cot": "gsm8k", "gsm8k": "gsm8k",
+             "humaneval_instruct": "humaneval",
              "oc_arc_c_gen": "arc", "oc_arc_e_gen": "arc", "oc_hellaswag_gen": "hellaswag",
              "oc_mmlu_gen": "mmlu", "oc_gsm8k_gen": "gsm8k", "oc_humaneval_gen": "humaneval",
              "oc_piqa_gen": "piqa", "oc_boolq_gen": "boolq", "oc_winogrande_gen": "winogrande",

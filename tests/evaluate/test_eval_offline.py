@@ -1,6 +1,7 @@
 """Offline benchmark data: every format in the data directory parses with the right row counts,
 and the rendered local YAMLs run through lm-eval on a tiny model (no network)."""
 import os
+from pathlib import Path
 
 import pytest
 
@@ -123,3 +124,34 @@ def test_pass_at_k_executes_programs(offline_data_dir, monkeypatch, tmp_path):
         utils.pass_at_k([ref], [[good]], k=[1])
     monkeypatch.setenv("HF_ALLOW_CODE_EVAL", "1")
     assert utils.pass_at_k([ref, ref], [[good], [bad]], k=[1]) == {"pass@1": 0.5}
+
+
+def test_offline_humaneval_instruct_is_lm_evals(offline_data_dir, tmp_path):
+    """Its prompt, answer opening and filter are lm-eval's humaneval_instruct.yaml's."""
+    import lm_eval.tasks
+    import yaml
+    from lm_eval.tasks import TaskManager
+
+    inc = od.write_offline_tasks(offline_data_dir, tmp_path / "cache", tmp_path / "tasks",
+                                 ["humaneval_instruct"])
+    task = TaskManager(include_path=str(inc), include_defaults=False).load(
+        ["humaneval_instruct"])["tasks"]["humaneval_instruct"]
+    loader = type("L", (yaml.SafeLoader,), {})
+    loader.add_multi_constructor("!", lambda _, suffix, node: suffix)
+    own = yaml.load((Path(lm_eval.tasks.__file__).parent / "humaneval" /
+                     "humaneval_instruct.yaml").read_text(), Loader=loader)
+    assert len(task.eval_docs) == 164 and task.config.unsafe_code
+    assert (task.config.doc_to_text, task.config.gen_prefix) == (own["doc_to_text"],
+                                                                 own["gen_prefix"])
+    doc = task.eval_docs[0]
+    pred = rendered_task_utils(inc).build_predictions_instruct([["    return 1\n```\nmore"]], [doc])
+    assert pred == [[doc["prompt"] + "    return 1\n"]]
+
+
+def rendered_task_utils(inc):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("fc_task_utils", inc / "fc_task_utils.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod

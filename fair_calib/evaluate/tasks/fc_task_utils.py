@@ -27,6 +27,13 @@ def build_predictions(resps, docs):
     return [[doc["prompt"] + r for r in resp] for resp, doc in zip(resps, docs)]
 
 
+def build_predictions_instruct(resps, docs):
+    """HumanEval-Instruct: the prompt followed by the completion up to its first ``` (as
+    lm-eval's humaneval/utils.py)."""
+    return [[doc["prompt"] + (r if r.find("```") == -1 else r[:r.find("```")]) for r in resp]
+            for resp, doc in zip(resps, docs)]
+
+
 def _run_program(program: str, timeout: float) -> bool:
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "prog.py")
