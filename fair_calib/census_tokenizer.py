@@ -12,8 +12,10 @@ benchmarks/census_token_ratio.py with the closest tokenizers a package ships: Qw
 Dream -- the same ranks --, LLaMA-3's for LLaDA -- a proxy; per-document error there: mean
 1-13%, 95th percentile 2-32%), each special token (BOS, chat headers) as one token, and renders
 the Instruct models' chat templates as the released checkpoints' ``tokenizer_config.json``
-write them (``CHAT_TEMPLATES``). Its ids are stable hashes of the text's pieces, so identical
-texts give identical ids (exact mode runs identical inputs once) and others differ. It adds no
+write them (``CHAT_TEMPLATES``). A text's ids are runs counted up from a hash of each piece
+between special tokens, so identical texts give identical ids (exact mode runs identical inputs
+once) and others differ; a context's ids are never a prefix of its context + continuation's, so
+a continuation is counted on its own, ``round(chars / ratio)`` (at least one). It adds no
 special token of its own when asked to (``add_special_tokens``), as Dream's tokenizer.
 """
 from __future__ import annotations
@@ -96,10 +98,9 @@ class StandInTokenizer:
         for piece in self._split.split(text):
             if piece in self._special:
                 ids.append(self._special[piece])
-            elif piece:
-                n = max(1, round(len(piece) / self.ratio))
-                cut = [round(i * len(piece) / n) for i in range(n + 1)]
-                ids += [zlib.crc32(piece[a:b].encode()) for a, b in zip(cut, cut[1:])]
+            elif piece:      # a run of ids from the piece's hash: equal pieces, equal ids
+                base = zlib.crc32(piece.encode()) << 20
+                ids += range(base, base + max(1, round(len(piece) / self.ratio)))
         return ids
 
     def __call__(self, text: str, add_special_tokens: bool = True) -> dict[str, list[int]]:
