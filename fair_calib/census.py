@@ -157,8 +157,8 @@ def evaluation_forwards(requests: Mapping[str, list], lm) -> Counter:
 
     unknown = sorted(set(requests) - {"loglikelihood", "generate_until"})
     if unknown:
-        raise CensusError(f"census: request types {unknown} are not counted (the configured "
-                          f"tasks send loglikelihood and generate_until)")
+        raise CensusError(f"request types {unknown} are not counted (the configured tasks "
+                          f"send loglikelihood and generate_until)")
     out: Counter = Counter()
     items = lm.likelihood_items([(a[0], a[1]) for a in requests.get("loglikelihood", [])])
     out.update(planned_forwards([(p, s) for p, s, _ in items], lm.lik))
@@ -262,16 +262,18 @@ def check_countable(cfg: Mapping[str, Any], data_dir: Path) -> None:
     (one line naming them)."""
     from fair_calib.evaluate.offline_data import census_refusal
 
-    bad = {}
+    bad: dict[str, list[str]] = {}
     for model, task in lm_eval_pairs(cfg):
         s = evaluation_settings(cfg, model, task, data_dir, Path("."))
         if s["task"].get("kind", "lm_eval") != "lm_eval":
             continue
-        why = census_refusal(s["task"].get("lm_eval_task") or task, data_dir)
-        if why:
-            bad.setdefault(f"{task} ({s['task'].get('lm_eval_task') or task})", why)
+        name = s["task"].get("lm_eval_task") or task
+        why = census_refusal(name, data_dir)
+        if why and f"{task} ({name})" not in bad.setdefault(why, []):
+            bad[why].append(f"{task} ({name})")
     if bad:
-        raise CensusError("census: cannot count " + "; ".join(f"{k}: {v}" for k, v in bad.items()))
+        raise CensusError("cannot count " + "; ".join(f"{', '.join(names)}: {why}"
+                                                      for why, names in bad.items()))
 
 
 def grid_census(cfg: Mapping[str, Any], data_dir: Path, synthetic_dir: Path,
@@ -291,7 +293,7 @@ def grid_census(cfg: Mapping[str, Any], data_dir: Path, synthetic_dir: Path,
         try:
             reqs, fwd = count_evaluation(s, tok, context, cache)
         except (ImportError, FileNotFoundError, KeyError, ValueError) as err:
-            raise CensusError(f"census: task {task} ({name}) on {model}: {err}") from err
+            raise CensusError(f"task {task} ({name}) on {model}: {err}") from err
         per_pair[(model, task)] = (s, fwd)
         used[model] = what
         counts[(model, task)] = {k: len(v) for k, v in reqs.items()}
@@ -392,7 +394,7 @@ def census(cfg: Mapping[str, Any], data_dir: str | Path | None = None,
     cannot count) or ``FileNotFoundError`` (no data folder), each one line."""
     path = data_folder(cfg, data_dir)
     if needs_data(cfg) and not path.is_dir():
-        raise FileNotFoundError(f"census: data folder {path} not found (set "
+        raise FileNotFoundError(f"data folder {path} not found (set "
                                 f"FAIR_CALIB_DATA_DIR or pass --data-dir; docs/data.md)")
     with synthetic_folder(cfg) as synth, _quiet():
         return grid_census(cfg, path, synth, tokenizers)

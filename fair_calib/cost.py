@@ -392,9 +392,12 @@ def run_cli(argv: list[str]) -> None:
     from fair_calib.config import ConfigError
     try:
         cfg = load_config(args.configfile, args.base)
-        cen = census.census(cfg, args.data_dir, census.tokenizer_args(args.tokenizer))
-    except (ConfigError, FileNotFoundError, census.CensusError) as err:
+    except ConfigError as err:
         sys.exit(f"error: fair-calib cost: {err}")
+    try:
+        cen = census.census(cfg, args.data_dir, census.tokenizer_args(args.tokenizer))
+    except (FileNotFoundError, census.CensusError) as err:
+        sys.exit(f"error: fair-calib cost: the census: {err}")
     res = project(cfg, cen)
     if args.json:
         print(json.dumps(res, indent=1))

@@ -308,8 +308,8 @@ def census_refusal(task: str, data_dir: str | os.PathLike) -> str | None:
     """Why the census (which reads the offline copies only) cannot count lm-eval task
     ``task``: no offline definition of it, or its data folder missing; None if it can."""
     if task not in OFFLINE_TASKS and task not in RECIPE_TASKS:
-        return (f"no offline definition (offline tasks: {', '.join(OFFLINE_TASKS)}, and the "
-                f"recipes {', '.join(RECIPE_TASKS)}); the census reads no hub data")
+        return (f"no offline definition; the census reads the offline copies, never the hub "
+                f"(offline: {', '.join(OFFLINE_TASKS + tuple(RECIPE_TASKS))})")
     folder = Path(data_dir) / TASK_DATA[task]
     if not folder.exists():
         return f"its offline copy {folder} is missing (docs/data.md)"
