@@ -37,7 +37,7 @@ def texts(task: str, data_dir: Path) -> tuple[list[str], list[str]]:
                 "task": {"name": task, "kind": "lm_eval", "lm_eval_task": task,
                          "num_fewshot": SHOTS.get(task, 0), "offline": True},
                 "data_dir": str(data_dir), "census_stand_ins": True}
-    lm = census._recording_lm(census.encoding_args(settings, StandInTokenizer("llada", task),
+    lm = census.recording_lm(census.encoding_args(settings, StandInTokenizer("llada", task),
                                                    4096))
     reqs = census.evaluation_requests(settings, lm)
     if task in GEN_TASKS:

@@ -60,7 +60,6 @@ DISPLAY_KEYS = ("label", "latex_label", "group")    # workflow/rules/common.smk:
 # Hadamards, per-token quantization alone. A type without one is "unmeasured".
 METHOD_STRUCTURE = {"fair_calib": "transform", "flatquant": "transform", "quarot": "hadamard",
                     "rtn": "plain"}
-Shape = tuple[str, int, int]                  # (request class, rows, tokens)
 
 
 class CensusError(ValueError):
@@ -90,7 +89,7 @@ class RequestsBuilt(Exception):
     """Raised by the recording model once lm-eval has built every request."""
 
 
-def _recording_lm(encoding_args: Mapping[str, Any]):
+def recording_lm(encoding_args: Mapping[str, Any]):
     """An lm-eval model with the evaluator's request encoding that stops lm-eval at its first
     request: the tasks' ``instances`` then hold every request lm-eval would send."""
     from lm_eval.api.model import LM
@@ -188,7 +187,7 @@ def count_evaluation(settings: Mapping[str, Any], tokenizer: Any, max_length: in
                      cache: dict | None = None) -> tuple[dict[str, list], Counter]:
     """``(requests by type, forwards)`` of one evaluation with these job settings, its model's
     tokenizer and context. ``cache``: requests already built, by :func:`request_key`."""
-    lm = _recording_lm(encoding_args(settings, tokenizer, max_length))
+    lm = recording_lm(encoding_args(settings, tokenizer, max_length))
     key = request_key(settings, tokenizer)
     if cache is None or key not in cache:
         requests = evaluation_requests(settings, lm)
@@ -307,16 +306,23 @@ def grid_census(cfg: Mapping[str, Any], data_dir: Path, synthetic_dir: Path,
 
 @contextlib.contextmanager
 def _quiet():
-    """No progress bars or per-task log lines from datasets / lm-eval while counting: one per
-    evaluation would bury the census's output."""
+    """No progress bars or per-task log lines from datasets / lm-eval while counting (one per
+    evaluation would bury the census's output), and its templates compiled once."""
     import functools
     import logging
 
     import datasets
     import lm_eval.api.task as lm_eval_task
 
+    import lm_eval.utils
+
     bar = lm_eval_task.tqdm
     lm_eval_task.tqdm = functools.partial(bar, disable=True)
+    # lm-eval compiles a task's Jinja template again for every document; the census renders
+    # every document of the grid, so it renders each template from one compiled copy
+    apply_template = lm_eval.utils.apply_template
+    compiled = functools.lru_cache(maxsize=256)(lm_eval.utils.env.from_string)
+    lm_eval.utils.apply_template = lambda template, doc: compiled(template).render(**doc)
     was = datasets.is_progress_bar_enabled()
     datasets.disable_progress_bars()
     levels = {n: logging.getLogger(n).level for n in ("lm_eval", "lm-eval")}
@@ -326,6 +332,7 @@ def _quiet():
         yield
     finally:
         lm_eval_task.tqdm = bar
+        lm_eval.utils.apply_template = apply_template
         if was:
             datasets.enable_progress_bars()
         for n, level in levels.items():

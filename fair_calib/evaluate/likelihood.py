@@ -5,6 +5,7 @@ machines without lm-eval. See ``fair_calib.evaluate.lm`` for the estimator defin
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import itertools
 import json
@@ -219,6 +220,7 @@ def maskable_positions(st: LikelihoodSettings, prefix_len: int, target_len: int)
     return list(range(target_len))
 
 
+@functools.lru_cache(maxsize=None)      # pure; exact mode asks it once per request
 def llada_count_probs(L: int, b: int) -> dict[int, float]:
     """Marginal distribution of one row's mask count: ``k`` uniform on ``1..L``, the row
     uniform among the ``b`` stratified rows."""
@@ -229,6 +231,7 @@ def llada_count_probs(L: int, b: int) -> dict[int, float]:
     return probs
 
 
+@functools.lru_cache(maxsize=None)
 def dream_pattern_weight(m: int, n: int, eps: float) -> float:
     """``E_p[p^(m-1) (1-p)^(n-m)]`` with ``p = (1-eps) t + eps``, ``t ~ U[0, 1]``: the expected
     weight ``P(pattern) / p`` of one pattern of ``m`` masked among ``n`` maskable tokens.

@@ -42,7 +42,7 @@ def _recorded_run(settings, loaded, tmp_path):
 
 
 def _census_side(settings, loaded):
-    lm = census._recording_lm(census.encoding_args(settings, loaded.tokenizer, 128))
+    lm = census.recording_lm(census.encoding_args(settings, loaded.tokenizer, 128))
     requests = census.evaluation_requests(settings, lm)
     items = [(p, s) for p, s, _ in lm.likelihood_items(
         [(a[0], a[1]) for a in requests.get("loglikelihood", [])])]
