@@ -91,6 +91,7 @@ class StandInTokenizer:
         self._split = re.compile("(" + "|".join(re.escape(t) for t in self._special) + ")")
         self.eos_token_id = self._special[self.eos_token]
         self.chat_template = CHAT_TEMPLATES[family]
+        self._template = None                   # compiled on first use
         self.name_or_path = f"stand-in-{family}"
 
     def _ids(self, text: str) -> list[int]:
@@ -112,11 +113,12 @@ class StandInTokenizer:
     def apply_chat_template(self, messages, tokenize: bool = False,
                             add_generation_prompt: bool = False,
                             continue_final_message: bool = False, **_: Any) -> str:
-        import jinja2
+        if self._template is None:
+            import jinja2
 
-        text = jinja2.Environment().from_string(self.chat_template).render(
-            messages=messages, add_generation_prompt=add_generation_prompt,
-            bos_token=self.bos_token)
+            self._template = jinja2.Environment().from_string(self.chat_template)
+        text = self._template.render(messages=messages, bos_token=self.bos_token,
+                                     add_generation_prompt=add_generation_prompt)
         if continue_final_message:      # as transformers: cut after the last turn's content
             last = messages[-1]["content"].strip()
             text = text[:text.rindex(last) + len(last)]
