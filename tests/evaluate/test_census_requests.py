@@ -56,10 +56,21 @@ def _shapes(forwards: Counter) -> Counter:
     return Counter({(rows, tokens): n for (_, rows, tokens), n in forwards.items()})
 
 
-def _check(settings, family, tmp_path):
+CHAT = ("{% for m in messages %}<{{ m['role'] }}> {{ m['content'] }} .{% endfor %}"
+        "{% if add_generation_prompt %}<assistant>{% endif %}")
+
+
+def _tiny(family, chat):
     loaded = make_loaded(family)
+    if chat:
+        loaded.tokenizer.chat_template = CHAT
+    return loaded
+
+
+def _check(settings, family, tmp_path, chat=False):
+    loaded = _tiny(family, chat)
     run = _recorded_run(settings, loaded, tmp_path)
-    items, prompts, forwards = _census_side(settings, make_loaded(family))
+    items, prompts, forwards = _census_side(settings, _tiny(family, chat))
     assert items == run["items"]                 # the same requests, the same ids
     assert sorted(prompts) == sorted(run["prompts"])
     assert _shapes(forwards) == run["forwards"]  # the same forwards, rows x tokens
@@ -79,6 +90,21 @@ def test_synthetic_mc_and_gen(family, synthetic_dir, tmp_path):
     gen["model"]["family"] = family
     fwd = _check(gen, family, tmp_path / "gen")
     assert sum(n for (cls, rows, _), n in fwd.items() if cls == "generate") == 2 * 16
+
+
+def test_chat_turns_rendered_by_lm_eval(synthetic_dir, tmp_path):
+    """A recipe's chat options (apply_chat_template, few-shot turns): lm-eval renders the turns
+    with the model's template in both."""
+    gen = base_settings({"name": "synth_gen", "kind": "synthetic_gen", "limit": 2,
+                         "num_fewshot": 1, "apply_chat_template": True,
+                         "fewshot_as_multiturn": True, "early_exit": False}, synthetic_dir)
+    _check(gen, "tiny-llada", tmp_path, chat=True)
+    tok = _tiny("tiny-llada", True).tokenizer
+    contexts = [a[0] for a in census.evaluation_requests(gen, census.recording_lm(
+        census.encoding_args(gen, tok, 128)))["generate_until"]]
+    # one exemplar turn pair, then the question's turn, then the answer opens
+    assert len(contexts) == 2 and all(c.count("<user>") == 2 and c.endswith("<assistant>")
+                                      for c in contexts)
 
 
 def test_offline_tasks_with_guidance_and_few_shots(offline_data_dir, tmp_path):
