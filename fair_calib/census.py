@@ -363,10 +363,14 @@ def _records(cfg, cells, per_pair) -> list[dict]:
 
 @contextlib.contextmanager
 def synthetic_folder(cfg: Mapping[str, Any]):
-    """The config's ``synthetic_dir`` when it holds make-data's files, else those files made
-    (the make_data rule's function and settings) in a temporary folder."""
+    """The config's ``synthetic_dir`` when it holds make-data's files or none is read (no
+    synthetic task, no tiny model), else those files made (the make_data rule's function and
+    settings) in a temporary folder."""
     given = Path(cfg.get("synthetic_dir") or "resources/data")
-    if (given / "manifest.json").is_file():
+    pairs = lm_eval_pairs(cfg)
+    needed = any(cfg["tasks"][t].get("kind", "lm_eval") != "lm_eval" for _, t in pairs) or any(
+        cfg["models"][m].get("source") in ("train", "convert") for m, _ in pairs)
+    if not needed or (given / "manifest.json").is_file():
         yield given
         return
     from fair_calib.models.tiny.corpus import make_data
