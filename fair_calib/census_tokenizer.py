@@ -165,7 +165,7 @@ def _tiny_tokenizer(cfg, model: str, synthetic_dir: Path):
         return tok, _context(str(trained), "tiny"), str(trained)
     train = cfg["models"][base].get("train") or {}
     return (build_tokenizer(Path(synthetic_dir) / "train.txt"), model_max_positions(train),
-            "train-tiny's, built from the synthetic corpus")
+            "train-tiny's (from the synthetic corpus)")
 
 
 def _folder_tokenizer(folder: str, family: str):
