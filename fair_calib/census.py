@@ -1,433 +1,223 @@
 """Census of the forwards a config's evaluations run: shapes (rows x tokens) and their counts.
 
     fair-calib census --configfile config/paper.yaml [--out results/census.parquet]
-                      [--tokenizer llada=PATH --tokenizer dream=PATH] [--data-dir DIR]
+                      [--tokenizer MODEL_OR_FAMILY=FOLDER ...] [--data-dir DIR] [--json]
 
-For every evaluation the plan holds (:mod:`fair_calib.plan`: models x method runs x tasks, seeds
-included), each document of the task's offline copy (``FAIR_CALIB_DATA_DIR``, default
-``../shared/data``) is turned into the requests lm-eval sends for it, with the settings that
-(task, model) job resolves to (``by_family`` / ``by_model``, the family adapter's defaults under
-them; ``limit``: its first documents), and each request into the forwards the evaluator runs
-(fair_calib/evaluate/likelihood.py, fair_calib/evaluate/lm.py):
+For every (model, task) evaluation of the plan (:mod:`fair_calib.plan`: models x method runs x
+tasks, seeds included) the census asks the evaluation stage itself what it would run:
 
-* ``mc``: a choice scored by the sampled estimator: ``max(mc_num // batch_size, 1)`` forwards of
-  ``batch_size`` rows (twice that with LLaDA's cfg) of context + target (+ Dream's EOS) tokens;
-* ``exact``: a target of fewer than ``exact_below`` maskable tokens: its mask patterns' inputs,
-  identical ones run once (the choices of a question with one-token targets share one), in
-  forwards of up to ``max(batch_size, 32)`` inputs of one (context, total) length;
-* ``generate``: ``steps`` forwards per batch of ``batch_size`` prompts (longest first, padded
-  to the longest), of prompt + ``gen_length`` tokens. With ``early_exit`` (the default) a row
-  stops once its output is final, which depends on the model's output: these counts are the
-  upper bound (column ``early_exit``).
+* the job's settings are those ``evaluate_shard`` receives (the task entry resolved for the
+  model: ``by_family`` / ``by_model``, the display keys left out), and its lm-eval tasks are
+  loaded as the stage loads them (:func:`fair_calib.evaluate.run.lm_eval_session`: the task
+  manager, the offline or recipe definitions, code post-processing) and handed to lm-eval as
+  the stage hands them (:func:`fair_calib.evaluate.run.run_lm_eval`: few-shot count and seed,
+  chat template options), with a model that takes lm-eval's requests and stops there;
+* the requests become token ids as the evaluator's model forms them
+  (:class:`fair_calib.evaluate.requests.RequestEncoding`: BOS, Dream's EOS, chat templates,
+  truncation to the model's context), and the ids become the forwards the evaluator runs:
+  likelihood requests through :func:`fair_calib.evaluate.likelihood.planned_forwards` (MC
+  iterations, exact mode's distinct inputs in chunks), generation in the evaluator's batches
+  (longest prompts first, ``batch_size`` a batch), ``steps`` forwards of batch x (longest
+  prompt + ``gen_length``) each -- with early exit (the default) a row stops once its output
+  is final, which depends on the model: an upper bound (column ``early_exit``).
 
-Prompts follow lm-eval's task templates (their text is read from the installed lm-eval where it
-is fixed text: TruthfulQA's QA preamble, GSM8K-CoT's exemplars). Few-shot examples drawn at
-random (GSM8K 5-shot from train, WinoGrande's 5 shots) are counted as one fixed draw of ``k``
-examples of their pool (WinoGrande's train split is not in the offline copy: its dev examples
-stand in). Instruct models' chat templates add ``CHAT_TOKENS`` tokens.
+One lm-eval run of the whole task is counted: a sharded job draws its few-shot examples per
+shard (``FEWSHOT_SEED``), a few tokens' difference. Token ids come from the model's tokenizer
+where this machine has it, else the documented stand-in (:mod:`fair_calib.census_tokenizer`).
 
-Token counts: with ``--tokenizer FAMILY=PATH`` (a ``tokenizer.json``, read with the
-``tokenizers`` library), exact. Without one -- the LLaDA and Dream tokenizers are on the hub,
-which this machine cannot reach -- ``chars / CHARS_PER_TOKEN[family][task]``: ratios measured
-by ``benchmarks/census_token_ratio.py`` on every document of the offline copies with the
-closest tokenizers a package ships (Dream: Qwen's BPE, whose ranks are Qwen2's; LLaDA: LLaMA-3's
-BPE, a proxy -- LLaDA's own 126k vocabulary differs), with the per-document error there
-(docs/benchmarks.md, "Census of the grid's forwards"). Shapes are bucketed by tokens rounded
-up to a multiple of ``BUCKET``; exact mode's grouping by equal lengths uses the estimated
-lengths. Truncation to the model's context and Dream's skipped all-unmasked iterations are
-not modelled (neither happens at these lengths / is rare); exact mode's inputs are batched over
-the whole task, where a sharded job batches within its shard (a few more partial forwards).
+Data: the offline copies under the data folder (``--data-dir``, else the config's ``data_dir``
+where it exists, else ``FAIR_CALIB_DATA_DIR`` / ``../shared/data``), whatever ``data_source``
+says: the census cannot reach the hub. Where a copy lacks a split a task reads, a stand-in
+split is counted and named in the output (``fair_calib.evaluate.offline_data.census_stand_ins``:
+a k-shot pool drawn from the evaluation split; ARC's dev split of OpenCompass's recipes counted
+on ARC's test split). A task that has no offline copy, or whose lm-eval definition does not load
+here, is refused by name before anything is counted. The synthetic tasks are read from the
+config's ``synthetic_dir``, or made (``make-data``'s function) in a temporary folder.
 
 The output has one row per (family, task, request class, rows, tokens bucket, structure) (task:
-the config's name; ``lm_eval_task`` beside it) --
-``structure`` is how the forwards are computed (``fp``, or the quantized method's structure,
-``fake`` for fake quantization) -- with its forward count over the whole grid; the printed
-summary lists the shapes that carry at least 90% of the grid's forwards and of its projected
-GPU time (:func:`fair_calib.cost.census_seconds`), heaviest first.
+the config's name; ``lm_eval_task`` beside it) -- ``structure`` is how the forwards are
+computed (``fp``; ``fake`` for fake quantization; else the method type's quantized structure,
+``METHOD_STRUCTURE``) -- with its forward count over the whole grid. Prices are
+:mod:`fair_calib.cost`'s, which prices a census.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
-import math
 import sys
+import tempfile
 from collections import Counter, defaultdict
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 from fair_calib.evaluate.task_settings import resolve_task, use_by_model
 
 BUCKET = 64                                   # tokens of a shape bucket
-EXACT_MIN_ROWS = 32                           # fair_calib/evaluate/likelihood.py
-CHAT_TOKENS = {"llada": 11, "dream": 20}      # chat template around a user turn (counted by hand)
-
-# Characters per token, per family and lm-eval task, measured on every document of the offline
-# copies with benchmarks/census_token_ratio.py (2026-11-27; Dream: qwen.tiktoken of the dashscope
-# 2.0.2 wheel, Qwen2's BPE ranks; LLaDA: LLaMA-3's tokenizer.model of llama-models 0.3.0, a
-# proxy), texts as this module builds them; "*": any other task (all these texts together).
-# Error of round(chars / ratio) per context: mean 1-13%, 95th percentile 2-32% (MMLU's 5-shot
-# contexts: 72-80 tokens mean absolute error); docs/benchmarks.md has the table.
-CHARS_PER_TOKEN: dict[str, dict[str, float]] = {
-    "llada": {
-        "piqa": 4.365, "boolq": 4.558, "winogrande": 4.887, "arc_easy": 5.063,
-        "arc_challenge": 4.956, "hellaswag": 4.655, "truthfulqa_mc2": 4.217, "mmlu": 4.41,
-        "gsm8k": 3.44, "gsm8k_cot": 3.335, "humaneval": 3.432, "humaneval_instruct": 3.58,
-        "*": 4.299},
-    "dream": {
-        "piqa": 4.343, "boolq": 4.417, "winogrande": 4.887, "arc_easy": 5.043,
-        "arc_challenge": 4.918, "hellaswag": 4.641, "truthfulqa_mc2": 4.054, "mmlu": 4.329,
-        "gsm8k": 3.032, "gsm8k_cot": 3.124, "humaneval": 3.36, "humaneval_instruct": 3.512,
-        "*": 4.174},
-}
+DISPLAY_KEYS = ("label", "latex_label", "group")    # workflow/rules/common.smk: never a setting
+# How a quantized method type computes its forwards (the QUANT_RATIOS of fair_calib.cost are
+# measured per structure): FlatQuant-style online Kronecker transforms, QuaRot's online
+# Hadamards, per-token quantization alone. A type without one is "unmeasured".
+METHOD_STRUCTURE = {"fair_calib": "transform", "flatquant": "transform", "quarot": "hadamard",
+                    "rtn": "plain"}
 
 
-# ----------------------------------------------------------------------------- token counting
-class TokenCounter:
-    """``count(text)`` per family: a tokenizer's exact count, or chars / the measured ratio."""
-
-    def __init__(self, tokenizers: Mapping[str, str] | None = None):
-        self._exact: dict[str, Callable[[str], int]] = {}
-        for family, path in (tokenizers or {}).items():
-            self._exact[family] = _load_tokenizer(path)
-
-    def exact(self, family: str) -> bool:
-        return family in self._exact
-
-    def count(self, text: str, family: str, task: str) -> int:
-        if family in self._exact:
-            return self._exact[family](text)
-        ratios = CHARS_PER_TOKEN.get(family) or CHARS_PER_TOKEN.get("*", {})
-        ratio = ratios.get(task) or ratios.get("*") or 4.0
-        return max(1, round(len(text) / ratio)) if text else 0
+class CensusError(ValueError):
+    """A task the census cannot count (named, with why)."""
 
 
-def _load_tokenizer(path: str) -> Callable[[str], int]:
-    """A ``tokenizer.json`` (HF tokenizers) or a ``.tiktoken`` rank file (Qwen's pattern, or
-    LLaMA-3's when the file name says llama)."""
-    p = Path(path)
-    if not p.is_file():
-        raise FileNotFoundError(f"tokenizer {path}: no such file")
-    if p.suffix == ".json":
-        from tokenizers import Tokenizer
-
-        tok = Tokenizer.from_file(str(p))
-        return lambda text: len(tok.encode(text, add_special_tokens=False).ids)
-    try:
-        import tiktoken
-        from tiktoken.load import load_tiktoken_bpe
-    except ImportError:
-        raise FileNotFoundError(f"tokenizer {path}: a .tiktoken rank file needs the tiktoken "
-                                "package (pip install tiktoken), or give a tokenizer.json") from None
-
-    pat = TIKTOKEN_PATTERNS["llama3" if "llama" in p.name.lower() or p.name == "tokenizer.model"
-                            else "qwen"]
-    enc = tiktoken.Encoding(p.stem, pat_str=pat, mergeable_ranks=load_tiktoken_bpe(str(p)),
-                            special_tokens={})
-    return lambda text: len(enc.encode_ordinary(text))
+# ----------------------------------------------------------------------------- one evaluation
+def evaluation_settings(cfg: Mapping[str, Any], model: str, task: str, data_dir: Path,
+                        synthetic_dir: Path) -> dict[str, Any]:
+    """The settings the ``evaluate_shard`` job of (model, task) receives
+    (workflow/rules/evaluate.smk), on the offline copies under ``data_dir``; method and bits
+    change no request."""
+    entry = {"name": model, **{k: v for k, v in cfg["models"][model].items()
+                               if k not in DISPLAY_KEYS + ("decoding",)}}
+    t = resolve_task(task, cfg["tasks"][task], model, entry["family"], by_model=use_by_model(cfg))
+    for key in DISPLAY_KEYS:
+        t.pop(key, None)
+    if t.get("kind", "lm_eval") == "lm_eval":
+        t["offline"] = True
+    return {"seed": cfg.get("seed", 0), "dtype": cfg.get("dtype"), "model": entry,
+            "method": {"name": "fp", "type": "fp"}, "bits": {"name": "fp"}, "task": t,
+            "device": "cpu", "data_source": "local", "data_dir": str(data_dir),
+            "synthetic_dir": str(synthetic_dir), "census_stand_ins": True}
 
 
-TIKTOKEN_PATTERNS = {   # the pre-tokenizers of the two rank files (Qwen: single digits)
-    "qwen": r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+""",
-    "llama3": r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+""",
-}
+class RequestsBuilt(Exception):
+    """Raised by the recording model once lm-eval has built every request."""
 
 
-# ----------------------------------------------------------------------------- request texts
-@dataclass(frozen=True)
-class McDoc:
-    """One multiple-choice document: its context and each choice's continuation."""
-    context: str
-    continuations: tuple[str, ...]
+def recording_lm(encoding_args: Mapping[str, Any]):
+    """An lm-eval model with the evaluator's request encoding that stops lm-eval at its first
+    request: the tasks' ``instances`` then hold every request lm-eval would send."""
+    from lm_eval.api.model import LM
+
+    from fair_calib.evaluate.requests import RequestEncoding
+
+    class RecordingLM(RequestEncoding, LM):
+        def __init__(self):
+            LM.__init__(self)
+            self.init_encoding(**encoding_args)
+
+        def loglikelihood(self, requests, disable_tqdm: bool = False):
+            raise RequestsBuilt
+
+        generate_until = loglikelihood_rolling = loglikelihood
+
+    return RecordingLM()
 
 
-def _lm_eval_yaml(rel: str) -> dict:
-    import yaml
-    import lm_eval.tasks
-
-    class Loader(yaml.SafeLoader):
-        pass
-
-    Loader.add_multi_constructor("!", lambda loader, suffix, node: None)
-    return yaml.load((Path(lm_eval.tasks.__file__).parent / rel).read_text(), Loader=Loader)
-
-
-def truthfulqa_preamble() -> str:
-    """lm-eval's QA prompt (truthfulqa_mc1.yaml's ``prompt_qa``)."""
-    text = _lm_eval_yaml("truthfulqa/truthfulqa_mc1.yaml")["doc_to_text"]
-    start = text.index("'") + 1
-    return text[start:text.index("'%}", start)]
-
-
-def gsm8k_cot_shots() -> list[str]:
-    return [f"Q: {s['question']}\nA: {s['target']}"
-            for s in _lm_eval_yaml("gsm8k/gsm8k-cot.yaml")["fewshot_config"]["samples"]]
-
-
-def mc_documents(task: str, data_dir: Path, shots: int, limit: int | None = None) -> list[McDoc]:
-    """The multiple-choice documents of ``task`` (lm-eval's templates); ``limit``: the first
-    ``limit`` of each (sub)task, as lm-eval's ``--limit``."""
-    if task == "mmlu":
-        return _mmlu(data_dir, shots, limit)
-    return _mc_documents(task, data_dir, shots)[:limit]
-
-
-def _mc_documents(task: str, data_dir: Path, shots: int) -> list[McDoc]:
-    from fair_calib.evaluate import offline_data as od
-
-    if task == "piqa":
-        return [McDoc(f"Question: {d['goal']}\nAnswer:", (f" {d['sol1']}", f" {d['sol2']}"))
-                for d in od.read_piqa(data_dir)]
-    if task == "boolq":
-        return [McDoc(f"{d['passage']}\nQuestion: {d['question']}?\nAnswer:", (" no", " yes"))
-                for d in od.read_boolq(data_dir)]
-    if task in ("arc_easy", "arc_challenge"):
-        return [McDoc(f"Question: {d['question']}\nAnswer:",
-                      tuple(f" {c}" for c in d["choices"]["text"]))
-                for d in od.read_arc(data_dir, task.split("_")[1])]
-    if task == "hellaswag":
-        return [McDoc(f"{d['activity_label']}: {d['ctx_a']} {d['ctx_b'].capitalize()}".strip(),
-                      tuple(f" {e}" for e in d["endings"])) for d in od.read_hellaswag(data_dir)]
-    if task == "truthfulqa_mc2":
-        pre = truthfulqa_preamble()
-        return [McDoc(f"{pre}\n\nQ: {d['question']}\nA:",
-                      tuple(f" {c}" for c in d["mc2_targets"]["choices"]))
-                for d in od.read_truthfulqa(data_dir)]
-    if task == "winogrande":
-        return _winogrande(od.read_winogrande(data_dir), shots)
-    raise KeyError(f"census: no request model for multiple-choice task {task!r}")
-
-
-def _winogrande(docs: list[dict], shots: int) -> list[McDoc]:
-    def whole(d):                  # a few-shot example: the sentence with its right option
-        opt = d["option1"] if d["answer"] == "1" else d["option2"]
-        return d["sentence"].replace("_", opt, 1)
-
-    shot = _sampled_shots([whole(d) for d in docs], shots, "\n\n")
-    out = []
-    for d in docs:
-        i = d["sentence"].index("_")
-        target = " " + d["sentence"][i + 1:].strip()
-        # choices differ in their context (partial evaluation): the longer one stands for both
-        ctx = max((d["sentence"][:i] + o for o in (d["option1"], d["option2"])), key=len)
-        out.append(McDoc(shot + ctx, (target, target)))
-    return out
-
-
-def _mmlu(data_dir: Path, shots: int, limit: int | None = None) -> list[McDoc]:
-    from fair_calib.evaluate import offline_data as od
-
-    def fmt(d, answer=True):
-        opts = "".join(f"\n{L}. {c}" for L, c in zip("ABCD", d["choices"]))
-        answer_text = f" {'ABCD'[d['answer']]}" if answer else ""
-        return f"{d['question'].strip()}{opts}\nAnswer:{answer_text}"
-
-    out = []
-    for subject in od.mmlu_subjects(data_dir):
-        head = (f"The following are multiple choice questions (with answers) about "
-                f"{subject.replace('_', ' ')}.\n\n")
-        dev = od.read_mmlu(data_dir, subject, "dev")[:shots]
-        prefix = head + "".join(fmt(d) + "\n\n" for d in dev)
-        out += [McDoc(prefix + fmt(d, answer=False), (" A", " B", " C", " D"))
-                for d in od.read_mmlu(data_dir, subject, "test")[:limit]]
-    return out
-
-
-def _sampled_shots(pool: Sequence[str], k: int, sep: str) -> str:
-    """``k`` examples drawn once from the pool (fixed seed), each followed by ``sep``: lm-eval
-    draws per document; one draw for all documents keeps their mean length."""
-    if not k or not pool:
-        return ""
-    import random
-
-    return "".join(x + sep for x in random.Random(1234).sample(list(pool), k))
-
-
-def gen_prompts(task: str, data_dir: Path, shots: int) -> list[str]:
-    """The generation prompts of ``task`` (lm-eval's templates)."""
-    from fair_calib.evaluate import offline_data as od
-
-    if task in ("gsm8k", "gsm8k_cot"):
-        docs = od.read_gsm8k(data_dir, "test")
-        if task == "gsm8k_cot":
-            fixed = gsm8k_cot_shots()[:shots]
-            prefix = "".join(s + "\n\n" for s in fixed)
-            return [f"{prefix}Q: {d['question']}\nA:" for d in docs]
-        train = [f"Question: {d['question']}\nAnswer: {d['answer']}"
-                 for d in od.read_gsm8k(data_dir, "train")]
-        prefix = _sampled_shots(train, shots, "\n\n")
-        return [f"{prefix}Question: {d['question']}\nAnswer:" for d in docs]
-    if task == "humaneval":
-        return [d["prompt"] for d in od.read_humaneval(data_dir)]
-    if task == "humaneval_instruct":
-        return [f"Write a solution to the following problem and make sure that it passes the "
-                f"tests:\n```python\n{d['prompt']}\n```\nHere is the completed function:\n"
-                f"```python\n{d['prompt']}\n" for d in od.read_humaneval(data_dir)]
-    raise KeyError(f"census: no request model for generation task {task!r}")
-
-
-GEN_TASKS = ("gsm8k", "gsm8k_cot", "humaneval", "humaneval_instruct")
-# The Instruct models' generation recipes (fair_calib/evaluate/tasks/oc_*.yaml, dream_*.yaml):
-# their documents are the base task's, and their prompts are counted as the base task's lm-eval
-# rendering (the recipes' own wording and chat turns differ by a few tokens a document; chat
-# tokens are added as for every Instruct generation): an approximation of their lengths.
-RECIPE_BASE = {"oc_arc_c_gen": "arc_challenge", "oc_arc_e_gen": "arc_easy",
-               "oc_boolq_gen": "boolq", "oc_hellaswag_gen": "hellaswag", "oc_mmlu_gen": "mmlu",
-               "oc_piqa_gen": "piqa", "oc_winogrande_gen": "winogrande",
-               "oc_gsm8k_gen": "gsm8k_cot", "oc_humaneval_gen": "humaneval",
-               "dream_humaneval_instruct": "humaneval_instruct",
-               "dream_mmlu_generative": "mmlu"}
-
-
-def recipe_prompts(task: str, data_dir: Path, shots: int) -> list[str]:
-    """Prompts of an Instruct recipe task, from its base task's documents (RECIPE_BASE)."""
-    base = RECIPE_BASE[task]
-    if base in GEN_TASKS:
-        return gen_prompts(base, data_dir, shots)
-    return [d.context for d in mc_documents(base, data_dir, shots)]
-
-
-# ----------------------------------------------------------------------------- forwards
-@dataclass(frozen=True)
-class JobSettings:
-    """What shapes one (task, model) evaluation runs with (resolved as the job resolves it)."""
-    family: str
-    lm_eval_task: str
-    kind: str                       # "mc" or "generate"
-    shots: int
-    instruct: bool
-    add_bos: bool
-    estimator: str = "llada"
-    mc_num: int = 128
-    batch_size: int = 8
-    guided: int = 1                 # 2 with cfg (conditional and unconditional rows)
-    exact_below: int = 0
-    gen_length: int = 256
-    steps: int = 256
-    block_length: int | None = None
-    early_exit: bool = True
-    limit: int | None = None        # lm-eval's limit: the first documents of each (sub)task
-
-
-def job_settings(cfg: Mapping[str, Any], model: str, task: str) -> JobSettings:
+def encoding_args(settings: Mapping[str, Any], tokenizer: Any, max_length: int) -> dict[str, Any]:
+    """The request encoding's arguments of the job's model (``DiffusionLM``'s, from the same
+    ``lm_options``)."""
+    from fair_calib.evaluate.likelihood import likelihood_settings
+    from fair_calib.evaluate.run import lm_options
     from fair_calib.models.adapters import get_adapter
 
-    family = cfg["models"][model]["family"]
-    t = resolve_task(task, cfg["tasks"][task], model, family, by_model=use_by_model(cfg))
-    adapter = get_adapter(family)
-    name = t.get("lm_eval_task") or task
-    limit = int(t["limit"]) if t.get("limit") else None
-    common = dict(family=family.removeprefix("tiny-"), lm_eval_task=name, limit=limit,
-                  instruct=bool(cfg["models"][model].get("instruct", False)),
-                  add_bos=bool(t.get("add_bos_token", False)),
-                  early_exit=bool(t.get("early_exit", True)))
-    if name in GEN_TASKS or name in RECIPE_BASE or t["kind"] == "synthetic_gen":
-        dec = {**adapter.decoding, **(t.get("decoding") or {}),
-               **{k: t[k] for k in ("gen_length", "steps", "block_length") if t.get(k) is not None}}
-        shots = t.get("num_fewshot")
-        if shots is None:           # lm-eval's defaults: gsm8k 5-shot, gsm8k-cot 8, humaneval 0
-            shots = {"gsm8k": 5, "gsm8k_cot": 8}.get(name, 0)
-        rows = int(t.get("batch_size") or adapter.likelihood["batch_size"])
-        return JobSettings(kind="generate", shots=int(shots), batch_size=rows,
-                           gen_length=int(dec["gen_length"]),
-                           steps=int(dec.get("steps", dec["gen_length"])),
-                           block_length=dec.get("block_length"), **common)
-    lik = {**adapter.likelihood, **{k: t[k] for k in ("mc_num", "batch_size", "cfg_scale",
-                                                      "exact_below") if t.get(k) is not None}}
-    return JobSettings(kind="mc", shots=int(t.get("num_fewshot") or 0),
-                       estimator=str(lik["estimator"]), mc_num=int(lik["mc_num"]),
-                       batch_size=int(lik["batch_size"]),
-                       guided=2 if float(lik.get("cfg_scale") or 0) > 0 else 1,
-                       exact_below=int(lik.get("exact_below", 0)), **common)
+    adapter = get_adapter(settings["model"]["family"])
+    opts = lm_options(settings)
+    eos = tokenizer.convert_tokens_to_ids(adapter.eos_token) if adapter.eos_token \
+        else getattr(tokenizer, "eos_token_id", None)
+    keep = ("instruct", "add_bos_token", "chat_by_lm_eval", "chat_add_special_tokens",
+            "max_prompt_len", "gen_batch_size")
+    return dict(tokenizer=tokenizer, adapter=adapter,
+                lik=likelihood_settings(adapter.likelihood, opts["likelihood"]), eos_id=eos,
+                max_length=max_length, decoding=opts["decoding"],
+                **{k: opts[k] for k in keep})
 
 
-def bucket(tokens: int) -> int:
-    return max(BUCKET, -(-int(tokens) // BUCKET) * BUCKET)
+def evaluation_requests(settings: Mapping[str, Any], lm) -> dict[str, list]:
+    """``{request type: [request args]}`` of one lm-eval run of the job's whole task (every
+    document after ``limit``), as the evaluator's model receives them."""
+    from fair_calib.evaluate.run import lm_eval_session, run_lm_eval
+
+    with lm_eval_session(settings) as session:
+        if not session.samples:
+            return {}
+        try:
+            run_lm_eval(lm, settings, session)
+        except RequestsBuilt:
+            pass
+        else:
+            raise RuntimeError("census: lm-eval ran without asking for a request")
+        out: dict[str, list] = defaultdict(list)
+        for t in sorted(session.samples):
+            for inst in session.leaf_tasks[t].instances:
+                out[inst.request_type] += [inst.args] * inst.repeats
+    return dict(out)
 
 
-Shape = tuple[str, int, int]        # (request class, rows, tokens)
+def evaluation_forwards(requests: Mapping[str, list], lm) -> Counter:
+    """``{(class, rows, tokens): forwards}`` the evaluator runs for ``requests`` (the model's
+    ``loglikelihood`` / ``generate_until``, with ``lm``'s encoding)."""
+    from fair_calib.evaluate.likelihood import planned_forwards
 
-
-def mc_forwards(docs: Sequence[tuple[int, Sequence[int]]], st: JobSettings) -> Counter:
-    """Forwards of one evaluation of a multiple-choice task: ``docs`` are (context tokens,
-    each choice's target tokens). Returns {(class, rows, tokens): count}."""
+    unknown = sorted(set(requests) - {"loglikelihood", "generate_until"})
+    if unknown:
+        raise CensusError(f"request types {unknown} are not counted (the configured tasks "
+                          f"send loglikelihood and generate_until)")
     out: Counter = Counter()
-    eos = 1 if st.estimator == "dream" else 0          # Dream appends EOS (visible, unscored)
-    exact_inputs: Counter = Counter()                  # (P, total) -> distinct inputs
-    for ctx, targets in docs:
-        shared: set[int] = set()                       # one-token targets of this question
-        for n in targets:
-            total = ctx + n + eos
-            if 0 < n < st.exact_below:
-                if n == 1:
-                    shared.add(total)
-                else:
-                    exact_inputs[(ctx, total)] += _patterns(n, st)
-                continue
-            out[("mc", st.batch_size * st.guided, total)] += max(st.mc_num // st.batch_size, 1)
-        for total in shared:
-            exact_inputs[(ctx, total)] += 1
-    step = max(st.batch_size, EXACT_MIN_ROWS)
-    for (_, total), n in exact_inputs.items():
-        full, rest = divmod(n, step)
-        if full:
-            out[("exact", step * st.guided, total)] += full
-        if rest:
-            out[("exact", rest * st.guided, total)] += 1
+    items = lm.likelihood_items([(a[0], a[1]) for a in requests.get("loglikelihood", [])])
+    out.update(planned_forwards([(p, s) for p, s, _ in items], lm.lik))
+    gen = requests.get("generate_until", [])
+    if gen:
+        out.update(generation_forwards([a[0] for a in gen], lm))
     return out
 
 
-def _patterns(n: int, st: JobSettings) -> int:
-    """Mask patterns of an n-token target in exact mode (likelihood.exact_patterns)."""
-    if st.estimator == "llada":
-        from fair_calib.evaluate.likelihood import llada_count_probs
+def generation_forwards(contexts: Sequence[str], lm) -> Counter:
+    """The decoding forwards of ``DiffusionLM.generate_until``: per batch (longest prompts
+    first), ``steps`` forwards of batch x (longest prompt + ``gen_length``) tokens, twice the
+    rows with classifier-free guidance; early exit not modelled (an upper bound)."""
+    from fair_calib.evaluate.requests import generation_batches
 
-        return sum(math.comb(n, m) for m in llada_count_probs(n, st.batch_size))
-    return 2 ** n - 1
-
-
-def gen_forwards(prompts: Sequence[int], st: JobSettings) -> Counter:
-    """Forwards of one evaluation of a generation task: ``prompts`` are prompt token counts;
-    batches of the longest first, each ``steps`` forwards of the batch's longest prompt +
-    ``gen_length`` tokens (an upper bound with early exit)."""
+    policy = lm.policy()
+    prompts = [lm.generation_prompt(c, policy.gen_length) for c in contexts]
+    guided = 2 if float(getattr(policy, "cfg_scale", 0.0) or 0.0) > 0 else 1
     out: Counter = Counter()
-    order = sorted(prompts, reverse=True)
-    for s in range(0, len(order), st.batch_size):
-        chunk = order[s:s + st.batch_size]
-        out[("generate", len(chunk), chunk[0] + st.gen_length)] += st.steps
+    for idx in generation_batches(prompts, lm.gen_batch_size):
+        longest = max(len(prompts[i]) for i in idx)
+        out[("generate", len(idx) * guided, longest + policy.gen_length)] += policy.steps
     return out
 
 
-def evaluation_forwards(st: JobSettings, data_dir: Path, counter: TokenCounter,
-                        cache: dict | None = None) -> Counter:
-    """{(class, rows, tokens): forwards} of one evaluation with settings ``st``."""
-    cache = {} if cache is None else cache
-    task, fam = st.lm_eval_task, st.family
-    chat = CHAT_TOKENS.get(fam, 0) if st.instruct and st.kind == "generate" else 0
-    extra = int(st.add_bos) + chat
-    if st.kind == "generate":
-        key = ("gen", fam, task, st.shots, st.limit)
-        if key not in cache:
-            prompts = (recipe_prompts if task in RECIPE_BASE else gen_prompts)(
-                task, data_dir, st.shots)
-            cache[key] = [counter.count(p, fam, RECIPE_BASE.get(task, task))
-                          for p in prompts[:st.limit]]
-        return gen_forwards([n + extra for n in cache[key]], st)
-    key = ("mc", fam, task, st.shots, st.limit)
-    if key not in cache:
-        cache[key] = [(counter.count(d.context, fam, task),
-                       [counter.count(c, fam, task) for c in d.continuations])
-                      for d in mc_documents(task, data_dir, st.shots, st.limit)]
-    return mc_forwards([(ctx + extra, targets) for ctx, targets in cache[key]], st)
+def count_evaluation(settings: Mapping[str, Any], tokenizer: Any, max_length: int,
+                     cache: dict | None = None) -> tuple[dict[str, list], Counter]:
+    """``(requests by type, forwards)`` of one evaluation with these job settings, its model's
+    tokenizer and context. ``cache``: requests already built, by :func:`request_key`."""
+    lm = recording_lm(encoding_args(settings, tokenizer, max_length))
+    key = request_key(settings, tokenizer)
+    if cache is None or key not in cache:
+        requests = evaluation_requests(settings, lm)
+        if cache is not None:
+            cache[key] = requests
+    requests = cache[key] if cache is not None else requests
+    return requests, evaluation_forwards(requests, lm)
+
+
+def request_key(settings: Mapping[str, Any], tokenizer: Any) -> str:
+    """What lm-eval's requests of a job depend on (the task definition, documents, few-shot
+    draws and chat rendering), not the model's likelihood or decoding settings: jobs of equal
+    keys get the same request texts."""
+    from fair_calib.evaluate.run import chat_kwargs, lm_eval_task_name
+
+    t = settings["task"]
+    chat = chat_kwargs(t)
+    return json.dumps([lm_eval_task_name(t), t.get("kind", "lm_eval"), t.get("num_fewshot"),
+                       t.get("limit"), settings.get("seed"), chat,
+                       [getattr(tokenizer, "name_or_path", ""),
+                        getattr(tokenizer, "chat_template", None)] if chat else None],
+                      sort_keys=True, default=str)
 
 
 # ----------------------------------------------------------------------------- the grid
 def structure(cfg: Mapping[str, Any], run: str, bits: str) -> str:
     """How an evaluation's forwards are computed: ``fp``; ``fake`` (fake quantization: bit
     widths ``FAIR_CALIB_LOWBIT=auto`` runs without a real low-bit GEMM, ``lowbit.kinds_for``);
-    else the method type's quantized structure (fair_calib.cost.METHOD_STRUCTURE;
-    ``unmeasured`` for a type without one)."""
-    from fair_calib.cost import METHOD_STRUCTURE
+    else the method type's quantized structure (``METHOD_STRUCTURE``; ``unmeasured`` for a
+    type without one)."""
     from fair_calib.plan import base_method
 
     mtype = cfg["methods"][base_method(run)]["type"]
@@ -441,51 +231,187 @@ def structure(cfg: Mapping[str, Any], run: str, bits: str) -> str:
     return METHOD_STRUCTURE.get(mtype, "unmeasured")
 
 
+def bucket(tokens: int) -> int:
+    return max(BUCKET, -(-int(tokens) // BUCKET) * BUCKET)
+
+
 CENSUS_COLUMNS = ("family", "task", "lm_eval_task", "request_class", "rows", "tokens",
-                  "structure", "early_exit", "forwards", "tokens_mean", "evaluations",
-                  "gpu_seconds")
+                  "structure", "early_exit", "forwards", "tokens_mean", "evaluations")
 
 
-def grid_census(cfg: Mapping[str, Any], data_dir: Path, counter: TokenCounter,
-                per_cell: dict | None = None) -> list[dict]:
-    """One record per (family, task, class, rows, tokens bucket, structure): forwards over all
-    of the plan's evaluations of lm-eval tasks (synthetic tasks run on the CPU: left out),
-    with their projected GPU seconds (fair_calib.cost.census_seconds). ``per_cell``, if given,
-    receives each evaluation's seconds under its (model, run, bits, task)."""
+class Census:
+    """A config's census: ``records`` (one per shape and structure, ``CENSUS_COLUMNS``),
+    ``cells`` ({(model, run, bits, task): {(class, rows, tokens): forwards}}, exact token
+    counts), ``tokenizers`` ({model: what counted its tokens}), ``stand_ins`` (notes)."""
+
+    def __init__(self, records, cells, tokenizers, stand_ins, requests):
+        self.records, self.cells = records, cells
+        self.tokenizers, self.stand_ins, self.requests = tokenizers, stand_ins, requests
+
+
+def lm_eval_pairs(cfg: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """The (model, task) evaluations of the plan, in plan order, each once."""
     from fair_calib import plan
-    from fair_calib.cost import census_seconds
 
-    cache: dict = {}
-    per_eval: dict[tuple[str, str], tuple[JobSettings, Counter]] = {}
-    agg: dict[tuple, list[float]] = defaultdict(lambda: [0, 0.0, 0, 0.0])
-    for model, run, bits, task in plan.eval_cells(cfg):
-        if cfg["tasks"][task]["kind"] != "lm_eval":
+    return list(dict.fromkeys((m, t) for m, _, _, t in plan.eval_cells(cfg)))
+
+
+def check_countable(cfg: Mapping[str, Any], data_dir: Path) -> None:
+    """Refuse, before anything is counted, every task that has no offline definition here
+    (one line naming them)."""
+    from fair_calib.evaluate.offline_data import census_refusal
+
+    bad: dict[str, list[str]] = {}
+    for model, task in lm_eval_pairs(cfg):
+        s = evaluation_settings(cfg, model, task, data_dir, Path("."))
+        if s["task"].get("kind", "lm_eval") != "lm_eval":
             continue
-        if (model, task) not in per_eval:
-            st = job_settings(cfg, model, task)
-            per_eval[(model, task)] = (st, evaluation_forwards(st, data_dir, counter, cache))
-        st, fwd = per_eval[(model, task)]
+        name = s["task"].get("lm_eval_task") or task
+        why = census_refusal(name, data_dir)
+        if why and f"{task} ({name})" not in bad.setdefault(why, []):
+            bad[why].append(f"{task} ({name})")
+    if bad:
+        raise CensusError("cannot count " + "; ".join(f"{', '.join(names)}: {why}"
+                                                      for why, names in bad.items()))
+
+
+def grid_census(cfg: Mapping[str, Any], data_dir: Path, synthetic_dir: Path,
+                tokenizers: Mapping[str, str] | None = None) -> Census:
+    """Count every evaluation of the plan (see the module's doc)."""
+    from fair_calib import plan
+    from fair_calib.census_tokenizer import census_tokenizer
+    from fair_calib.evaluate.offline_data import census_stand_ins
+
+    check_countable(cfg, data_dir)
+    per_pair: dict[tuple[str, str], tuple[dict, Counter]] = {}
+    used, notes, counts, cache = {}, {}, {}, {}
+    for model, task in lm_eval_pairs(cfg):
+        s = evaluation_settings(cfg, model, task, data_dir, synthetic_dir)
+        name = s["task"].get("lm_eval_task") or task
+        tok, context, what = census_tokenizer(cfg, model, name, synthetic_dir, tokenizers)
+        try:
+            reqs, fwd = count_evaluation(s, tok, context, cache)
+        except (ImportError, FileNotFoundError, KeyError, ValueError) as err:
+            raise CensusError(f"task {task} ({name}) on {model}: {err}") from err
+        per_pair[(model, task)] = (s, fwd)
+        used[model] = what
+        counts[(model, task)] = {k: len(v) for k, v in reqs.items()}
+        for note in census_stand_ins(name, s["task"].get("num_fewshot"), data_dir):
+            notes[f"{task} ({name})"] = note
+    cells = {}
+    for model, run, bits, task in plan.eval_cells(cfg):
+        cells[(model, run, bits, task)] = per_pair[(model, task)][1]
+    return Census(_records(cfg, cells, per_pair), cells, used, notes, counts)
+
+
+@contextlib.contextmanager
+def _quiet():
+    """No progress bars or per-task log lines from datasets / lm-eval while counting (one per
+    evaluation would bury the census's output), and its templates compiled once."""
+    import functools
+    import logging
+
+    import datasets
+    import lm_eval.api.task as lm_eval_task
+
+    import lm_eval.utils
+
+    bar = lm_eval_task.tqdm
+    lm_eval_task.tqdm = functools.partial(bar, disable=True)
+    # lm-eval compiles a task's Jinja template again for every document; the census renders
+    # every document of the grid, so it renders each template from one compiled copy
+    apply_template = lm_eval.utils.apply_template
+    compiled = functools.lru_cache(maxsize=256)(lm_eval.utils.env.from_string)
+    lm_eval.utils.apply_template = lambda template, doc: compiled(template).render(**doc)
+    was = datasets.is_progress_bar_enabled()
+    datasets.disable_progress_bars()
+    levels = {n: logging.getLogger(n).level for n in ("lm_eval", "lm-eval")}
+    for n in levels:
+        logging.getLogger(n).setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        lm_eval_task.tqdm = bar
+        lm_eval.utils.apply_template = apply_template
+        if was:
+            datasets.enable_progress_bars()
+        for n, level in levels.items():
+            logging.getLogger(n).setLevel(level)
+
+
+def _records(cfg, cells, per_pair) -> list[dict]:
+    agg: dict[tuple, list[float]] = defaultdict(lambda: [0, 0.0, 0])
+    for (model, run, bits, task), fwd in cells.items():
+        s = per_pair[(model, task)][0]
+        family = s["model"]["family"]
+        name = s["task"].get("lm_eval_task") or task
         struct = structure(cfg, run, bits)
+        early = bool(s["task"].get("early_exit", True))
         seen = set()
-        cell = 0.0
         for (cls, rows, tokens), n in fwd.items():
-            key = (st.family, task, st.lm_eval_task, cls, rows, bucket(tokens), struct,
-                   st.early_exit and cls == "generate")
+            key = (family, task, name, cls, rows, bucket(tokens), struct,
+                   early and cls == "generate")
             a = agg[key]
             a[0] += n
             a[1] += n * tokens
-            sec = n * census_seconds(st.family, struct, cls, rows, tokens)
-            a[3] += sec
-            cell += sec
             if key not in seen:
                 a[2] += 1
                 seen.add(key)
-        if per_cell is not None:
-            per_cell[(model, run, bits, task)] = cell
-    return [dict(zip(CENSUS_COLUMNS, (*k, int(a[0]), a[1] / a[0], int(a[2]), a[3])))
+    return [dict(zip(CENSUS_COLUMNS, (*k, int(a[0]), a[1] / a[0], int(a[2]))))
             for k, a in sorted(agg.items())]
 
 
+@contextlib.contextmanager
+def synthetic_folder(cfg: Mapping[str, Any]):
+    """The config's ``synthetic_dir`` when it holds make-data's files or none is read (no
+    synthetic task, no tiny model), else those files made (the make_data rule's function and
+    settings) in a temporary folder."""
+    given = Path(cfg.get("synthetic_dir") or "resources/data")
+    pairs = lm_eval_pairs(cfg)
+    needed = any(cfg["tasks"][t].get("kind", "lm_eval") != "lm_eval" for _, t in pairs) or any(
+        cfg["models"][m].get("source") in ("train", "convert") for m, _ in pairs)
+    if not needed or (given / "manifest.json").is_file():
+        yield given
+        return
+    from fair_calib.models.tiny.corpus import make_data
+
+    with tempfile.TemporaryDirectory(prefix="fair_calib_census_") as tmp:
+        make_data({"seed": cfg.get("seed"), "dtype": cfg.get("dtype"),
+                   "corpus": cfg.get("corpus", {})}, tmp)
+        yield Path(tmp)
+
+
+def data_folder(cfg: Mapping[str, Any], data_dir: str | Path | None) -> Path:
+    """``data_dir`` if given, else the config's ``data_dir`` where it exists, else
+    ``FAIR_CALIB_DATA_DIR`` / ``../shared/data``."""
+    from fair_calib.evaluate.offline_data import default_data_dir
+
+    if data_dir:
+        path = Path(data_dir)
+    elif cfg.get("data_dir") and Path(cfg["data_dir"]).is_dir():
+        path = Path(cfg["data_dir"])
+    else:
+        path = default_data_dir()
+    return path.resolve()
+
+
+def needs_data(cfg: Mapping[str, Any]) -> bool:
+    return any(cfg["tasks"][t].get("kind", "lm_eval") == "lm_eval" for _, t in lm_eval_pairs(cfg))
+
+
+def census(cfg: Mapping[str, Any], data_dir: str | Path | None = None,
+           tokenizers: Mapping[str, str] | None = None) -> Census:
+    """The census of ``cfg`` (see the module's doc). Raises :class:`CensusError` (a task it
+    cannot count) or ``FileNotFoundError`` (no data folder), each one line."""
+    path = data_folder(cfg, data_dir)
+    if needs_data(cfg) and not path.is_dir():
+        raise FileNotFoundError(f"data folder {path} not found (set "
+                                f"FAIR_CALIB_DATA_DIR or pass --data-dir; docs/data.md)")
+    with synthetic_folder(cfg) as synth, _quiet():
+        return grid_census(cfg, path, synth, tokenizers)
+
+
+# ----------------------------------------------------------------------------- output
 def census_schema():
     import pyarrow as pa
 
@@ -493,14 +419,14 @@ def census_schema():
                       ("request_class", pa.string()), ("rows", pa.int64()),
                       ("tokens", pa.int64()), ("structure", pa.string()),
                       ("early_exit", pa.bool_()), ("forwards", pa.int64()),
-                      ("tokens_mean", pa.float64()), ("evaluations", pa.int64()),
-                      ("gpu_seconds", pa.float64())])
+                      ("tokens_mean", pa.float64()), ("evaluations", pa.int64())])
 
 
 def heavy_shapes(records: Iterable[Mapping[str, Any]], weight: str = "forwards",
                  share: float = 0.9, family: str | None = None) -> list[dict]:
-    """The (family, class, rows, tokens bucket) shapes, heaviest first by ``weight``
-    (``forwards`` or ``gpu_seconds``), that together carry at least ``share`` of the total."""
+    """The (family, class, rows, tokens bucket) shapes, heaviest first by ``weight`` (a
+    numeric column: ``forwards``, or a price a caller added), that together carry at least
+    ``share`` of the total."""
     tot: dict[tuple, float] = defaultdict(float)
     for r in records:
         if family is None or r["family"] == family:
@@ -516,81 +442,85 @@ def heavy_shapes(records: Iterable[Mapping[str, Any]], weight: str = "forwards",
     return out
 
 
-def summary(records: Sequence[Mapping[str, Any]], share: float = 0.9) -> str:
-    lines = []
-    for weight, what in (("forwards", "forwards"), ("gpu_seconds", "projected GPU time")):
-        total = sum(r[weight] for r in records)
-        shapes = heavy_shapes(records, weight, share)
-        unit = (lambda v: f"{v:,.0f}") if weight == "forwards" else (lambda v: f"{v / 3600:,.1f} h")
-        lines.append(f"{len(shapes)} shapes carry {share:.0%} of the grid's {what} "
-                     f"({unit(total)} in all), heaviest first:")
-        lines.append("  family  class     rows x tokens   share   cumulative")
-        for s in shapes:
-            lines.append(f"  {s['family']:7s} {s['request_class']:9s} {s['rows']:4d} x "
-                         f"{s['tokens']:5d}   {s[weight] / total:6.1%}   "
-                         f"{s['cumulative_share']:6.1%}")
+def shape_lines(records: Sequence[Mapping[str, Any]], weight: str, what: str,
+                unit, share: float = 0.9) -> list[str]:
+    total = sum(r[weight] for r in records)
+    shapes = heavy_shapes(records, weight, share)
+    lines = [f"{len(shapes)} shapes carry {share:.0%} of the grid's {what} "
+             f"({unit(total)} in all), heaviest first:",
+             "  family     class     rows x tokens   share   cumulative"]
+    for s in shapes:
+        lines.append(f"  {s['family']:10s} {s['request_class']:9s} {s['rows']:4d} x "
+                     f"{s['tokens']:5d}   {s[weight] / total:6.1%}   {s['cumulative_share']:6.1%}")
+    return lines
+
+
+def summary(c: Census) -> str:
+    reqs = Counter()
+    for per in c.requests.values():
+        reqs.update(per)
+    lines = shape_lines(c.records, "forwards", "forwards", lambda v: f"{v:,.0f}")
+    lines.append("requests (one run of each (model, task)): " + ", ".join(
+        f"{k} {v:,}" for k, v in sorted(reqs.items())))
+    lines.append("tokens counted by: " + ", ".join(f"{m} {w}" for m, w in c.tokenizers.items()))
+    for task, note in c.stand_ins.items():
+        lines.append(f"stand-in: {task}: {note}")
     return "\n".join(lines)
 
 
-def census(cfg: Mapping[str, Any], data_dir: str | Path | None = None,
-           tokenizers: Mapping[str, str] | None = None, per_cell: dict | None = None) -> list[dict]:
-    from fair_calib.evaluate.offline_data import default_data_dir
-
-    data_dir = Path(data_dir) if data_dir else default_data_dir()
-    if not data_dir.is_dir():
-        raise FileNotFoundError(f"census: data folder {data_dir} not found (set "
-                                f"FAIR_CALIB_DATA_DIR or pass --data-dir; docs/data.md)")
-    return grid_census(cfg, data_dir, TokenCounter(tokenizers), per_cell)
-
-
-def write_census(records: Sequence[Mapping[str, Any]], path: str | Path,
-                 cfg: Mapping[str, Any], tokenizers: Mapping[str, str] | None) -> None:
+def write_census(c: Census, path: str | Path, cfg: Mapping[str, Any]) -> None:
     import pandas as pd
 
+    from fair_calib.census_tokenizer import CHARS_PER_TOKEN
     from fair_calib.io import provenance, write_parquet
 
-    write_parquet(pd.DataFrame(list(records), columns=list(CENSUS_COLUMNS)), path, census_schema(),
-                  provenance(cfg, token_counts={f: (tokenizers or {}).get(f, "chars/ratio")
-                                                for f in ("llada", "dream")},
-                             chars_per_token=CHARS_PER_TOKEN, bucket=BUCKET))
+    write_parquet(pd.DataFrame(list(c.records), columns=list(CENSUS_COLUMNS)), path,
+                  census_schema(), provenance(cfg, token_counts=c.tokenizers,
+                                              stand_ins=c.stand_ins,
+                                              chars_per_token=CHARS_PER_TOKEN, bucket=BUCKET))
 
 
-def _tokenizer_args(items: Sequence[str]) -> dict[str, str]:
+def tokenizer_args(items: Sequence[str]) -> dict[str, str]:
     out = {}
     for item in items:
-        family, sep, path = item.partition("=")
+        key, sep, path = item.partition("=")
         if not sep or not path:
-            sys.exit(f"error: fair-calib census --tokenizer {item!r}: give FAMILY=PATH "
-                     f"(e.g. dream=/path/to/tokenizer.json)")
-        out[family] = path
+            sys.exit(f"error: --tokenizer {item!r}: give MODEL_OR_FAMILY=FOLDER "
+                     f"(e.g. dream=/path/to/Dream-v0-Base-7B)")
+        out[key] = path
     return out
+
+
+def add_census_args(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--configfile", required=True, nargs="+", help="merged in order")
+    ap.add_argument("--base", default=None,
+                    help="merged under --configfile (default: ./config/config.yaml)")
+    ap.add_argument("--data-dir", default=None,
+                    help="offline data (default: the config's data_dir, else FAIR_CALIB_DATA_DIR)")
+    ap.add_argument("--tokenizer", action="append", default=[], metavar="MODEL_OR_FAMILY=FOLDER",
+                    help="a checkpoint folder whose tokenizer counts that model's tokens")
 
 
 def run_cli(argv: list[str]) -> None:
     ap = argparse.ArgumentParser(prog="fair-calib census", description=__doc__.split("\n")[0])
-    ap.add_argument("--configfile", required=True, nargs="+", help="merged in order")
-    ap.add_argument("--base", default=None,
-                    help="merged under --configfile (default: ./config/config.yaml)")
+    add_census_args(ap)
     ap.add_argument("--out", default=None, help="Parquet file of the census")
-    ap.add_argument("--data-dir", default=None, help="offline data (default FAIR_CALIB_DATA_DIR)")
-    ap.add_argument("--tokenizer", action="append", default=[], metavar="FAMILY=PATH",
-                    help="a tokenizer.json (or .tiktoken) for exact token counts")
     ap.add_argument("--json", action="store_true", help="print the heavy shapes as JSON")
     args = ap.parse_args(argv)
     from fair_calib.config import ConfigError
-    from fair_calib.cost import load_config
+    from fair_calib.references import load_config
 
-    tokenizers = _tokenizer_args(args.tokenizer)
     try:
         cfg = load_config(args.configfile, args.base)
-        records = census(cfg, args.data_dir, tokenizers)
-    except (ConfigError, FileNotFoundError, KeyError) as err:
+        c = census(cfg, args.data_dir, tokenizer_args(args.tokenizer))
+    except (ConfigError, FileNotFoundError, CensusError) as err:
         sys.exit(f"error: fair-calib census: {err}")
     if args.out:
-        write_census(records, args.out, cfg, tokenizers)
+        write_census(c, args.out, cfg)
     if args.json:
-        print(json.dumps({w: heavy_shapes(records, w) for w in ("forwards", "gpu_seconds")}))
+        print(json.dumps({"forwards": heavy_shapes(c.records, "forwards"),
+                          "requests": {f"{m} {t}": n for (m, t), n in c.requests.items()}}))
         return
-    print(summary(records))
+    print(summary(c))
     if args.out:
-        print(f"census: {len(records)} rows -> {args.out}")
+        print(f"census: {len(c.records)} rows -> {args.out}")

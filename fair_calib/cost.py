@@ -1,7 +1,7 @@
-"""GPU-hours of a config's DAG, per rule and in total, from measured throughputs.
+"""GPU-hours of a config's DAG, per rule and in total: the census's forwards, priced.
 
     fair-calib cost --configfile config/paper.yaml [more.yaml ...] [--base config/config.yaml]
-                    [--data-dir DIR] [--no-census] [--json]
+                    [--data-dir DIR] [--tokenizer MODEL_OR_FAMILY=FOLDER] [--json]
 
 The config is the one Snakemake runs in this checkout: ``--base`` (default
 ``./config/config.yaml`` of the current directory) with the ``--configfile`` files merged over
@@ -11,21 +11,13 @@ count against ``snakemake -n``). Every number below is a measurement on one H100
 (docs/benchmarks.md, random weights at the real shapes) or an assumption named as such; the
 projection is as good as they are and is meant for sizing an allocation, not for reporting.
 
-Evaluation is priced twice, and both are printed:
-
-* before (the old model): per request with the settings each (task, model) job runs with
-  (``by_family``/``by_model`` resolved) and task shapes assumed in ``TASK_SHAPES``: MC forwards
-  of ``batch_size`` rows (two with cfg), ``mc_num // rows`` per choice, or exact mode's shared
-  forwards; generation as ``steps`` forwards per batch; quantized forwards at one ratio per
-  structure (``REAL_QUANT_SCALE``, measured at 3,328-4,096 tokens a forward);
-* after (census): the forwards fair_calib/census.py counts from the task data, each shape
-  priced in its execution mode at the nearest measured ratio of ``QUANT_RATIOS`` (batch-1
-  generation at decode ratios, MC and exact forwards at forward ratios); needs the offline data
-  (``FAIR_CALIB_DATA_DIR``), else it says why it is not computed.
-
-A bf16 forward of ``n`` tokens in all costs ``FWD_FIXED_S + n * FWD_TOKEN_S`` (fitted to the
-LLaDA-8B measurements of issues 3, 6 and 14: 102 ms for 32 x 104 tokens, 24 ms for 8 x 54,
-47 ms for 8 x 161, 28 ms for 601).
+Evaluation is priced from the census (:mod:`fair_calib.census`: the forwards the evaluation
+stage's own lm-eval requests make, per shape): each forward at bf16 replay speed
+(``bf16_replay_s``) times the nearest measured quantized / bf16 ratio of its structure and
+execution mode (``QUANT_RATIOS``: batch-1 generation at decode ratios, MC and exact forwards at
+forward ratios), plus ``JOB_OVERHEAD_S`` a shard. The tiny families are priced as the family
+they imitate. The census needs the offline data (``FAIR_CALIB_DATA_DIR`` or ``--data-dir``);
+without it, or with a task it cannot count, the command stops saying which.
 """
 from __future__ import annotations
 
@@ -33,14 +25,12 @@ import argparse
 import json
 import math
 import sys
-from pathlib import Path
 from typing import Any, Mapping
 
-from fair_calib.evaluate.task_settings import resolve_task, use_by_model
+from fair_calib.census import METHOD_STRUCTURE
 from fair_calib.plan import base_method
+from fair_calib.references import load_config  # noqa: F401  (fair-calib cost's config)
 
-FWD_FIXED_S = 0.012            # per forward: launches, host work (LLaDA-8B, H100, bf16)
-FWD_TOKEN_S = 27e-6            # per token of the forward (same fit)
 FAMILY_SCALE = {"llada": 1.0, "dream": 0.9}    # Dream-7B forward / LLaDA-8B forward (issue 3)
 QUANT_SCALE = 1.26             # fake-quant W4A4 forward / FP forward (issue 6: 2.07 / 1.64 s)
 # Real low-bit forward / bf16 FP forward (issue 20, benchmarks/lowbit_gpu.py, full depth, H100
@@ -51,15 +41,11 @@ QUANT_SCALE = 1.26             # fake-quant W4A4 forward / FP forward (issue 6: 
 # calls 5-7 for the transforms, 1-3 for QuaRot and RTN, whose kernels did not change since).
 # "transform": FlatQuant-style online Kronecker transforms (fair_calib, flatquant);
 # "hadamard": QuaRot's online Hadamards; "plain": per-token quantization alone (rtn).
-# W8A8 was on fake quantization under auto then (cuBLAS's INT8 measured 1.5-1.8x FP); this
-# "before" projection keeps pricing it so. The census projection follows lowbit.kinds_for.
+# They are QUANT_RATIOS' "i20" entries, and price the diagnostics' quantized decodes.
 REAL_QUANT_SCALE = {
     "llada": {"transform": 0.726, "hadamard": 0.791, "plain": 0.681},
     "dream": {"transform": 0.750, "hadamard": 0.739, "plain": 0.720},
 }
-METHOD_STRUCTURE = {"fair_calib": "transform", "flatquant": "transform", "quarot": "hadamard",
-                    "rtn": "plain"}
-
 # THE ratio table of the census-based projection: quantized (W4A4, FAIR_CALIB_LOWBIT=real/auto,
 # the int8 Triton GEMM) time / bf16 time, per (family, structure), at measured shapes. An entry is
 # (mode, rows, tokens, ratio, source): mode "forward" is one forward / one bf16 forward (prices MC
@@ -223,40 +209,10 @@ PROBE_STEP_S = {"llada": 0.406, "dream": 0.376}
 # Decoding trajectories (issue 3): one step at batch 8, prompt 128 + window 256.
 DECODE_STEP_S = {"llada": 0.094, "dream": 0.088}
 
-# Request shapes of the benchmarks: documents, choices, context tokens at 0-shot, tokens per
-# few-shot example, target tokens (assumption: about 4 characters a token, from the data).
-TASK_SHAPES = {
-    "piqa": dict(docs=1838, choices=2, ctx=40, shot=60, target=25),
-    "boolq": dict(docs=3270, choices=2, ctx=150, shot=150, target=1),
-    "winogrande": dict(docs=1267, choices=2, ctx=20, shot=30, target=8),
-    "arc_easy": dict(docs=2376, choices=4, ctx=30, shot=40, target=5),
-    "arc_challenge": dict(docs=1172, choices=4, ctx=35, shot=45, target=6),
-    "hellaswag": dict(docs=10042, choices=4, ctx=50, shot=80, target=25),
-    "truthfulqa_mc2": dict(docs=817, choices=8, ctx=130, shot=0, target=12),
-    "mmlu": dict(docs=14042, choices=4, ctx=110, shot=100, target=1),
-    "gsm8k_cot": dict(docs=1319, prompt=70, shot=110, default_shots=8),
-    "gsm8k": dict(docs=1319, prompt=70, shot=110, default_shots=5),
-    "humaneval": dict(docs=164, prompt=150, shot=0, default_shots=0),
-    "humaneval_instruct": dict(docs=164, prompt=170, shot=0, default_shots=0),
-    # the Instruct models' recipes (issue 33; prompt tokens with the chat template, estimated)
-    "oc_arc_c_gen": dict(docs=295, prompt=70, shot=0, default_shots=0),
-    "oc_arc_e_gen": dict(docs=567, prompt=60, shot=0, default_shots=0),
-    "oc_piqa_gen": dict(docs=1838, prompt=60, shot=0, default_shots=0),
-    "oc_boolq_gen": dict(docs=3270, prompt=170, shot=0, default_shots=0),
-    "oc_winogrande_gen": dict(docs=1267, prompt=50, shot=0, default_shots=0),
-    "oc_hellaswag_gen": dict(docs=10042, prompt=140, shot=0, default_shots=0),
-    "oc_mmlu_gen": dict(docs=14042, prompt=140, shot=140, default_shots=5),
-    "oc_gsm8k_gen": dict(docs=1319, prompt=80, shot=260, default_shots=4),
-    "oc_humaneval_gen": dict(docs=164, prompt=170, shot=0, default_shots=0),
-    "dream_mmlu_generative": dict(docs=14042, prompt=140, shot=100, default_shots=4),
-    "dream_humaneval_instruct": dict(docs=164, prompt=330, shot=0, default_shots=0),
-}
-
-
 def quant_scale(family: str, quant: bool | str, method_type: str | None = None) -> float:
-    """Quantized forward / FP forward: ``quant`` False (FP), True (W4A4) or the bits string;
-    on the FP8 path, that of ``method_type``'s structure (None or a type without a measured
-    structure: the family's slowest)."""
+    """Quantized forward / FP forward (the diagnostics' decodes): ``quant`` False (FP), True
+    (W4A4) or the bits string; on a real low-bit path, that of ``method_type``'s structure
+    (None or a type without a measured structure: the family's slowest)."""
     if not quant:
         return 1.0
     from fair_calib.quant.lowbit import gemm_kind
@@ -270,12 +226,6 @@ def quant_scale(family: str, quant: bool | str, method_type: str | None = None) 
                                                     key=lambda v: max(v.values()))
     structure = METHOD_STRUCTURE.get(method_type or "")
     return by_structure[structure] if structure else max(by_structure.values())
-
-
-def forward_s(tokens: int, family: str, quant: bool | str, method_type: str | None = None) -> float:
-    scale = (FAMILY_SCALE.get(family.removeprefix("tiny-"), 1.0)
-             * quant_scale(family, quant, method_type))
-    return (FWD_FIXED_S + tokens * FWD_TOKEN_S) * scale
 
 
 def quant_ratio(family: str, structure: str, request_class: str, rows: int,
@@ -302,12 +252,6 @@ def quant_ratio(family: str, structure: str, request_class: str, rows: int,
     best = min(entries, key=lambda e: (abs(math.log(rows / e[1])) + abs(math.log(tokens / e[2])),
                                        -e[3]))
     return best[3], best
-
-
-def bf16_forward_s(rows: int, tokens: float, family: str) -> float:
-    """One bf16 forward of ``rows`` x ``tokens`` (the FWD_* fit, FAMILY_SCALE)."""
-    return (FWD_FIXED_S + rows * tokens * FWD_TOKEN_S) * FAMILY_SCALE.get(
-        family.removeprefix("tiny-"), 1.0)
 
 
 # A bf16 forward replayed from a CUDA graph, as the evaluation stage runs repeated forwards
@@ -338,68 +282,47 @@ def census_seconds(family: str, structure: str, request_class: str, rows: int,
     return bf16_replay_s(rows, tokens, family, request_class) * ratio
 
 
-def merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
-    """Snakemake's --configfile merge: dictionaries key by key, everything else replaced."""
-    out = dict(base)
-    for k, v in over.items():
-        out[k] = merge(base[k], v) if isinstance(v, Mapping) and isinstance(base.get(k), Mapping) else v
-    return out
 
 
 # ----------------------------------------------------------------------------- evaluation
-def mc_task_seconds(t: Mapping[str, Any], shape: Mapping[str, Any], family: str, quant: bool,
-                    adapter_lik: Mapping[str, Any], method_type: str | None = None) -> float:
-    """One likelihood task on one model: every document's forwards."""
-    lik = {**adapter_lik, **{k: t[k] for k in ("mc_num", "batch_size", "cfg_scale", "exact_below")
-                             if t.get(k) is not None}}
-    rows, mc_num = int(lik["batch_size"]), int(lik["mc_num"])
-    guided = 2 if float(lik.get("cfg_scale", 0.0)) > 0 else 1
-    dream = lik["estimator"] == "dream"
-    ctx = shape["ctx"] + shape["shot"] * int(t.get("num_fewshot") or 0)
-    tokens = ctx + shape["target"] + int(dream)                  # Dream appends EOS
-    maskable = shape["target"]
-    if 0 < maskable < int(lik.get("exact_below", 0)):
-        if maskable == 1:                                       # choices share one forward
-            return shape["docs"] * forward_s(guided * tokens, family, quant, method_type)
-        patterns = 2 ** maskable - 1
-        n_fwd = math.ceil(shape["choices"] * patterns / max(rows, 32))
-        return shape["docs"] * n_fwd * forward_s(guided * max(rows, 32) * tokens, family, quant,
-                                                 method_type)
-    per_choice = max(mc_num // rows, 1) * forward_s(guided * rows * tokens, family, quant,
-                                                     method_type)
-    return shape["docs"] * shape["choices"] * per_choice
+def priced(records) -> list[dict]:
+    """Census records (``fair_calib.census.CENSUS_COLUMNS``) with ``gpu_seconds``: their
+    forwards at ``census_seconds`` of the record's mean tokens (for ranking shapes; the
+    projection prices every forward at its own tokens)."""
+    return [{**r, "gpu_seconds": r["forwards"] * census_seconds(
+        r["family"], r["structure"], r["request_class"], int(r["rows"]), r["tokens_mean"])}
+        for r in records]
 
 
-def gen_task_seconds(t: Mapping[str, Any], shape: Mapping[str, Any], family: str, quant: bool,
-                     adapter_dec: Mapping[str, Any], method_type: str | None = None) -> float:
-    shots = t.get("num_fewshot")
-    shots = shape["default_shots"] if shots is None else int(shots)
-    gen = int(t.get("gen_length") or adapter_dec.get("gen_length", 256))
-    steps = int(t.get("steps") or adapter_dec.get("steps", gen))
-    bs = int(t.get("batch_size") or 1)
-    tokens = bs * (shape["prompt"] + shots * shape["shot"] + gen)
-    return math.ceil(shape["docs"] / bs) * steps * forward_s(tokens, family, quant, method_type)
+def hours(seconds: float) -> float:
+    """GPU-hours to three significant digits: a small config's tasks are not printed as 0."""
+    return float(f"{seconds / 3600:.3g}")
 
 
-def eval_seconds(cfg: Mapping[str, Any], model: str, method: str, task: str,
-                 bits: str = "w4a4") -> float:
-    """The old model (``TASK_SHAPES``, one ratio per structure): one evaluation's seconds."""
-    from fair_calib.models.adapters import get_adapter
+def evaluation_projection(cfg: Mapping[str, Any], cen) -> dict[str, Any]:
+    """Evaluation from the census: per task, per request class and structure, the shards'
+    starts, and the longest shard (one job)."""
+    from fair_calib import plan
+    from fair_calib.census import structure
 
-    family = cfg["models"][model]["family"]
-    t = resolve_task(task, cfg["tasks"][task], model, family, by_model=use_by_model(cfg))
-    name = t.get("lm_eval_task") or task
-    if name not in TASK_SHAPES:
-        return 0.0                                  # synthetic tasks: CPU-sized
-    mtype = cfg["methods"][base_method(method)]["type"]
-    quant = bits if mtype != "fp" else False
-    adapter = get_adapter(family)
-    shape = TASK_SHAPES[name]
-    if "ctx" in shape:
-        sec = mc_task_seconds(t, shape, family, quant, adapter.likelihood, mtype)
-    else:
-        sec = gen_task_seconds(t, shape, family, quant, adapter.decoding, mtype)
-    return sec + int(t.get("shards", 1)) * JOB_OVERHEAD_S
+    by_task: dict[str, float] = {}
+    by_class: dict[str, float] = {}
+    longest = 0.0
+    for (model, run, bits, task), fwd in cen.cells.items():
+        family, struct = cfg["models"][model]["family"], structure(cfg, run, bits)
+        cell = 0.0
+        for (cls, rows, tokens), n in fwd.items():
+            sec = n * census_seconds(family, struct, cls, rows, tokens)
+            by_class[f"{cls} {struct}"] = by_class.get(f"{cls} {struct}", 0.0) + sec
+            cell += sec
+        by_task[task] = by_task.get(task, 0.0) + cell
+        longest = max(longest, cell / plan.task_shards(cfg, model, task) + JOB_OVERHEAD_S)
+    starts = sum(plan.task_shards(cfg, m, t) * JOB_OVERHEAD_S for m, _, _, t in cen.cells)
+    return {"seconds": sum(by_task.values()) + starts,
+            "by_task": {t: hours(s) for t, s in sorted(by_task.items())},
+            "by_class": {k: hours(s) for k, s in sorted(by_class.items())},
+            "job_starts_gpu_hours": round(starts / 3600, 1),
+            "longest_job_hours": round(longest / 3600, 1)}
 
 
 # ----------------------------------------------------------------------------- other rules
@@ -434,90 +357,36 @@ def trajectory_seconds(cfg: Mapping[str, Any], model: str, method: str) -> float
 
 
 # ----------------------------------------------------------------------------- projection
-def project(cfg: Mapping[str, Any], census: list[dict] | None = None,
-            per_cell: Mapping[tuple, float] | None = None) -> dict[str, Any]:
-    """``{"rules": {rule: {"jobs", "gpu_hours"}}, "total_gpu_hours", "evaluate_by_task"}`` over
-    the plan's jobs (fair_calib.plan). Evaluation is priced by the old model (``TASK_SHAPES``,
-    one ratio per structure); with ``census`` (fair_calib.census records of this config, and
-    ``per_cell``, its seconds per evaluation) also by the census (each shape in its execution
-    mode, QUANT_RATIOS), under ``"census"``."""
+def project(cfg: Mapping[str, Any], cen) -> dict[str, Any]:
+    """``{"rules": {rule: {"jobs", "gpu_hours"}}, "total_gpu_hours", "evaluate_by_task",
+    "evaluate_by_class", ...}`` over the plan's jobs (fair_calib.plan); evaluation priced from
+    ``cen``, the config's census (:func:`fair_calib.census.census`)."""
     from fair_calib import plan
 
-    ev = plan.eval_cells(cfg)
-    by_task: dict[str, float] = {}
-    longest = 0.0                                   # the longest evaluation shard (one job)
-    for model, method, bits, task in ev:
-        sec = eval_seconds(cfg, model, method, task, bits)
-        by_task[task] = by_task.get(task, 0.0) + sec
-        longest = max(longest, sec / plan.task_shards(cfg, model, task))
+    ev = evaluation_projection(cfg, cen)
     jobs = plan.job_counts(cfg)
-    rules = {
+    seconds = {
         "probe_shard": sum(probe_seconds(cfg, m, p) for m, p in plan.probe_cells(cfg)),
         "calibrate": sum(calib_seconds(cfg, m, x) for m, x, _ in plan.calib_cells(cfg)),
-        "evaluate_shard": sum(by_task.values()),
+        "evaluate_shard": ev["seconds"],
         "trajectories": sum(trajectory_seconds(cfg, m, x)
                             for m, x, _ in plan.trajectory_cells(cfg)),
     }
-    out = {rule: {"jobs": jobs.get(rule, 0), "gpu_hours": round(sec / 3600, 1)}
-           for rule, sec in rules.items()}
-    out["evaluate_shard"]["longest_job_hours"] = round(longest / 3600, 1)
-    res = {"rules": out, "total_gpu_hours": round(sum(rules.values()) / 3600, 1),
-           "evaluate_by_task": {t: round(s / 3600, 1) for t, s in sorted(by_task.items())},
-           "cpu_jobs": {r: n for r, n in jobs.items() if r not in rules}}
-    if census is not None:
-        res["census"] = census_projection(cfg, census, rules, per_cell or {})
-    return res
-
-
-def census_projection(cfg: Mapping[str, Any], census: list[dict], rules: Mapping[str, float],
-                      per_cell: Mapping[tuple, float]) -> dict[str, Any]:
-    """Evaluation from the census (forwards priced per shape, plus each shard's start), the
-    other rules as in the old model."""
-    from fair_calib import plan
-
-    by_task: dict[str, float] = {}
-    for r in census:
-        by_task[r["task"]] = by_task.get(r["task"], 0.0) + r["gpu_seconds"]
-    by_class: dict[str, float] = {}
-    for r in census:
-        key = f"{r['request_class']} {r['structure']}"
-        by_class[key] = by_class.get(key, 0.0) + r["gpu_seconds"]
-    overhead = sum(plan.task_shards(cfg, m, t) * JOB_OVERHEAD_S
-                   for m, _, _, t in plan.eval_cells(cfg) if cfg["tasks"][t]["kind"] == "lm_eval")
-    evaluate = sum(by_task.values()) + overhead
-    longest = max((sec / plan.task_shards(cfg, m, t) + JOB_OVERHEAD_S
-                   for (m, _, _, t), sec in per_cell.items()), default=0.0)
-    other = sum(s for r, s in rules.items() if r != "evaluate_shard")
-    return {"evaluate_gpu_hours": round(evaluate / 3600, 1),
-            "total_gpu_hours": round((evaluate + other) / 3600, 1),
-            "evaluate_by_task": {t: round(s / 3600, 1) for t, s in sorted(by_task.items())},
-            "evaluate_by_class": {k: round(s / 3600, 1) for k, s in sorted(by_class.items())},
-            "job_starts_gpu_hours": round(overhead / 3600, 1),
-            "longest_job_hours": round(longest / 3600, 1)}
-
-
-def load_config(configfiles: list[str | Path], base: str | Path | None = None) -> dict[str, Any]:
-    """The config Snakemake runs: ``base`` (default: ``config/config.yaml`` of the checkout
-    this runs in, the current directory) with each of ``configfiles`` merged over it in turn,
-    checked as the Snakefile checks it before any job, the schema's defaults filled. A missing
-    or non-YAML file or an invalid config raises a one-line
-    :class:`fair_calib.config.ConfigError` naming the file or key."""
-    from fair_calib.config import merged_config
-    from fair_calib.references import validated
-
-    return validated(merged_config(configfiles, base))
+    rules = {rule: {"jobs": jobs.get(rule, 0), "gpu_hours": round(sec / 3600, 1)}
+             for rule, sec in seconds.items()}
+    rules["evaluate_shard"]["longest_job_hours"] = ev["longest_job_hours"]
+    return {"rules": rules, "total_gpu_hours": round(sum(seconds.values()) / 3600, 1),
+            "evaluate_by_task": ev["by_task"], "evaluate_by_class": ev["by_class"],
+            "job_starts_gpu_hours": ev["job_starts_gpu_hours"],
+            "cpu_jobs": {r: n for r, n in jobs.items() if r not in seconds},
+            "tokens_counted_by": dict(cen.tokenizers), "stand_ins": dict(cen.stand_ins)}
 
 
 def run_cli(argv: list[str]) -> None:
+    from fair_calib import census
+
     ap = argparse.ArgumentParser(prog="fair-calib cost", description=__doc__.split("\n")[0])
-    ap.add_argument("--configfile", required=True, nargs="+", help="merged in order")
-    ap.add_argument("--base", default=None,
-                    help="merged under --configfile (default: ./config/config.yaml, the "
-                         "checkout in the current directory)")
-    ap.add_argument("--data-dir", default=None,
-                    help="offline data for the census (default FAIR_CALIB_DATA_DIR)")
-    ap.add_argument("--no-census", action="store_true",
-                    help="the old per-task model only (no census-based projection)")
+    census.add_census_args(ap)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     from fair_calib.config import ConfigError
@@ -525,46 +394,31 @@ def run_cli(argv: list[str]) -> None:
         cfg = load_config(args.configfile, args.base)
     except ConfigError as err:
         sys.exit(f"error: fair-calib cost: {err}")
-    per_cell: dict = {}
-    records, why = ((None, "--no-census") if args.no_census
-                    else _census_or_reason(cfg, args.data_dir, per_cell))
-    res = project(cfg, records, per_cell)
+    try:
+        cen = census.census(cfg, args.data_dir, census.tokenizer_args(args.tokenizer))
+    except (FileNotFoundError, census.CensusError) as err:
+        sys.exit(f"error: fair-calib cost: the census: {err}")
+    res = project(cfg, cen)
     if args.json:
         print(json.dumps(res, indent=1))
         return
-    _print_projection(res, why)
+    print_projection(res)
 
 
-def _census_or_reason(cfg: Mapping[str, Any], data_dir: str | None, per_cell: dict):
-    from fair_calib import census
-
-    try:
-        return census.census(cfg, data_dir, per_cell=per_cell), None
-    except FileNotFoundError as err:
-        return None, str(err)
-
-
-def _print_projection(res: Mapping[str, Any], why: str | None) -> None:
+def print_projection(res: Mapping[str, Any]) -> None:
     print("| rule | jobs | GPU-hours (H100) |\n|---|---|---|")
     for rule, r in res["rules"].items():
         print(f"| {rule} | {r['jobs']} | {r['gpu_hours']} |")
     print(f"| **total** | | **{res['total_gpu_hours']}** |\n")
     print("CPU jobs: " + ", ".join(f"{r} {n}" for r, n in res["cpu_jobs"].items()))
     print(f"longest evaluation job: {res['rules']['evaluate_shard']['longest_job_hours']} h "
-          f"(compare resources.evaluate_shard.runtime)\nevaluate_shard by task (GPU-hours):")
-    cen = res.get("census")
-    print(f"  {'task':16s} {'before':>8s} {'after':>8s}")
-    for task, h in res["evaluate_by_task"].items():
-        after = cen["evaluate_by_task"].get(task, 0.0) if cen else "-"
-        print(f"  {task:16s} {h:8} {after:>8}")
-    print(f"\nbefore (one ratio per structure, TASK_SHAPES): {res['total_gpu_hours']} GPU-hours, "
-          f"evaluation {res['rules']['evaluate_shard']['gpu_hours']}")
-    if cen is None:
-        print(f"after (census, each request class at its measured ratio): not computed ({why})")
-        return
-    print(f"after (census, each request class at its measured ratio, QUANT_RATIOS): "
-          f"{cen['total_gpu_hours']} GPU-hours, evaluation {cen['evaluate_gpu_hours']} "
-          f"(job starts {cen['job_starts_gpu_hours']}); longest evaluation job "
-          f"{cen['longest_job_hours']} h")
-    print("  evaluation by request class and structure (GPU-hours): " + ", ".join(
-        f"{k} {h}" for k, h in sorted(cen["evaluate_by_class"].items(), key=lambda kv: -kv[1])))
+          f"(compare resources.evaluate_shard.runtime); evaluation's job starts: "
+          f"{res['job_starts_gpu_hours']} h")
+    print("evaluate_shard by task (GPU-hours): " + ", ".join(
+        f"{t} {h}" for t, h in res["evaluate_by_task"].items()))
+    print("evaluate_shard by request class and structure (GPU-hours): " + ", ".join(
+        f"{k} {h}" for k, h in sorted(res["evaluate_by_class"].items(), key=lambda kv: -kv[1])))
+    print("tokens counted by: " + ", ".join(
+        f"{m} {w}" for m, w in res["tokens_counted_by"].items()))
+    for task, note in res["stand_ins"].items():
+        print(f"stand-in: {task}: {note}")

@@ -236,6 +236,15 @@ def validated(cfg):
     return cfg
 
 
+def load_config(configfiles, base=None) -> dict:
+    """The config Snakemake runs: ``base`` (default: ``config/config.yaml`` of the checkout
+    this runs in, the current directory) with each of ``configfiles`` merged over it in turn,
+    checked as the Snakefile checks it before any job, the schema's defaults filled. A missing
+    or non-YAML file or an invalid config raises a one-line :class:`ConfigError` naming the
+    file or key."""
+    return validated(merged_config(configfiles, base))
+
+
 def _check_method_bits(cfg, tname, t) -> None:
     """A main table's ``method_bits`` names its own methods and defined bits; a weight-only
     method type (gptq, awq) is never asked for quantized activations."""

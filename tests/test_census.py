@@ -1,54 +1,19 @@
-"""The census of the grid's forwards: request arithmetic, a tiny synthetic task set end to end,
-the Parquet output, and the GPU benchmark's shape selection (CPU side)."""
+"""The census of the grid's forwards: the paper grid cut to two tasks over tiny copies of their
+data, refusals, the stand-in tokenizer, the Parquet output, and the GPU benchmark's shape
+selection (CPU side). tests/evaluate/test_census_requests.py holds it against evaluate runs."""
 import json
+import shutil
 import sys
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
-from fair_calib import census, cost
+from fair_calib import census
+from fair_calib.references import load_config
 
 # the benchmark scripts are not a package of the install: import them from the checkout
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-LLADA_CFG = census.JobSettings(family="llada", lm_eval_task="piqa", kind="mc", shots=0,
-                               instruct=False, add_bos=False, estimator="llada", mc_num=128,
-                               batch_size=8, guided=2, exact_below=2)
-DREAM = census.JobSettings(family="dream", lm_eval_task="mmlu", kind="mc", shots=5,
-                           instruct=False, add_bos=True, estimator="dream", mc_num=128,
-                           batch_size=32, exact_below=2)
-
-
-def test_mc_forwards_follow_the_estimators():
-    # LLaDA with cfg: 128 // 8 = 16 forwards of 2 x 8 rows per choice, context + target tokens
-    assert census.mc_forwards([(10, [3, 5])], LLADA_CFG) == Counter(
-        {("mc", 16, 13): 16, ("mc", 16, 15): 16})
-    # Dream, exact below 2: one-token choices of a question share one [ctx | MASK | EOS] input;
-    # inputs of one (context, total) length are batched (here 2 inputs in one forward); a
-    # two-token choice is sampled: 128 // 32 = 4 forwards of 32 rows, target + EOS
-    docs = [(10, [1, 1, 1, 1]), (10, [1, 1]), (12, [1, 2])]
-    assert census.mc_forwards(docs, DREAM) == Counter(
-        {("exact", 2, 12): 1, ("exact", 1, 14): 1, ("mc", 32, 15): 4})
-    # 70 one-token questions of one length: forwards of 32, 32 and 6 inputs
-    assert census.mc_forwards([(5, [1, 1])] * 70, DREAM) == Counter(
-        {("exact", 32, 7): 2, ("exact", 6, 7): 1})
-
-
-def test_gen_forwards_batch_longest_first():
-    st = census.JobSettings(family="llada", lm_eval_task="gsm8k", kind="generate", shots=5,
-                            instruct=False, add_bos=False, batch_size=2, gen_length=256, steps=128)
-    assert census.gen_forwards([100, 50, 70], st) == Counter(
-        {("generate", 2, 356): 128, ("generate", 1, 306): 128})
-
-
-def test_token_estimate_and_buckets():
-    counter = census.TokenCounter()
-    ratio = census.CHARS_PER_TOKEN["dream"]["piqa"]
-    assert counter.count("abcd" * 10, "dream", "piqa") == round(40 / ratio)
-    assert counter.count("abcd" * 10, "dream", "no-such-task") == round(
-        40 / census.CHARS_PER_TOKEN["dream"]["*"])
-    assert [census.bucket(n) for n in (1, 64, 65, 1984, 1985)] == [64, 64, 128, 1984, 2048]
 
 
 def _tiny_data(root):
@@ -69,7 +34,7 @@ def _tiny_data(root):
 @pytest.fixture
 def tiny_grid(repo_root):
     """The paper config cut to one table: two models x {FP, FAIR-Calib} x {PIQA, GSM8K}."""
-    cfg = cost.load_config([repo_root / "config" / "paper.yaml"], repo_root / "config" / "config.yaml")
+    cfg = load_config([repo_root / "config" / "paper.yaml"], repo_root / "config" / "config.yaml")
     cfg["tables"] = {"main": {"kind": "main", "models": ["llada-8b-base", "dream-7b-base"],
                               "methods": ["fp", "fair-calib"], "bits": "w4a4",
                               "tasks": ["piqa", "gsm8k_cot"]}}
@@ -79,47 +44,85 @@ def tiny_grid(repo_root):
 
 def test_grid_census_on_a_tiny_task_set(tiny_grid, tmp_path):
     data = _tiny_data(tmp_path / "data")
-    per_cell = {}
-    records = census.census(tiny_grid, data, per_cell=per_cell)
-    assert len(per_cell) == 2 * 2 * 2                   # models x methods x tasks
-    assert sum(per_cell.values()) == pytest.approx(sum(r["gpu_seconds"] for r in records))
-    proj = cost.project(tiny_grid, records, per_cell)["census"]
-    assert proj["evaluate_gpu_hours"] > 0 and "longest_job_hours" in proj
+    c = census.census(tiny_grid, data)
+    assert len(c.cells) == 2 * 2 * 2                    # models x methods x tasks
     total = Counter()
-    for r in records:
+    for r in c.records:
         total[(r["family"], r["task"], r["request_class"], r["structure"])] += r["forwards"]
     # PIQA, LLaDA (cfg 0.5, 8 rows): 3 docs x 2 choices x 16 forwards of 16 rows, per run
     assert total[("llada", "piqa", "mc", "fp")] == total[("llada", "piqa", "mc", "transform")] == 96
-    assert {r["rows"] for r in records if r["family"] == "llada" and r["task"] == "piqa"} == {16}
+    assert {r["rows"] for r in c.records if r["family"] == "llada" and r["task"] == "piqa"} == {16}
     # PIQA, Dream (32 rows, exact below 2; multi-token choices are sampled): 4 forwards a choice
     assert total[("dream", "piqa", "mc", "fp")] == 3 * 2 * 4
     # GSM8K: LLaDA-Base runs lm-eval's gsm8k 5-shot, 1024 steps; Dream gsm8k_cot 8-shot, 256
     assert total[("llada", "gsm8k_cot", "generate", "transform")] == 2 * 1024
     assert total[("dream", "gsm8k_cot", "generate", "fp")] == 2 * 256
-    gen = [r for r in records if r["request_class"] == "generate"]
+    gen = [r for r in c.records if r["request_class"] == "generate"]
     assert all(r["rows"] == 1 and r["early_exit"] for r in gen)
     llada_gen = [r for r in gen if r["family"] == "llada"]
     assert {r["lm_eval_task"] for r in llada_gen} == {"gsm8k"}
-    assert all(1024 < r["tokens_mean"] <= r["tokens"] for r in llada_gen)
-    # the quantized forwards cost more or less than FP by the table's ratio, never nothing
-    assert all(r["gpu_seconds"] > 0 for r in records)
+    # lm-eval's default 5 exemplars (~50 characters each) before the question, 1024 masks
+    assert all(1024 + 60 < r["tokens_mean"] <= r["tokens"] for r in llada_gen)
+    # one lm-eval run per (model, task): 3 x 2 choices, 2 questions
+    assert c.requests[("llada-8b-base", "piqa")] == {"loglikelihood": 6}
+    assert c.requests[("dream-7b-base", "gsm8k_cot")] == {"generate_until": 2}
+    assert c.tokenizers == {"llada-8b-base": "stand-in", "dream-7b-base": "stand-in"}
     out = tmp_path / "census.parquet"
-    census.write_census(records, out, tiny_grid, None)
+    census.write_census(c, out, tiny_grid)
     from fair_calib.io import read_parquet
 
     df, prov = read_parquet(out)
-    assert len(df) == len(records) and list(df.columns) == list(census.CENSUS_COLUMNS)
-    assert prov["token_counts"] == {"llada": "chars/ratio", "dream": "chars/ratio"}
-    text = census.summary(records)
-    assert "carry 90% of the grid's forwards" in text and "projected GPU time" in text
+    assert len(df) == len(c.records) and list(df.columns) == list(census.CENSUS_COLUMNS)
+    assert prov["token_counts"] == c.tokenizers
+    text = census.summary(c)
+    assert "carry 90% of the grid's forwards" in text and "loglikelihood 12" in text
 
 
 def test_census_honours_a_tasks_limit(tiny_grid, tmp_path):
     data = _tiny_data(tmp_path / "data")
     tiny_grid["tasks"]["piqa"]["limit"] = 2                 # lm-eval's first 2 documents
-    records = census.census(tiny_grid, data)
-    assert sum(r["forwards"] for r in records
+    c = census.census(tiny_grid, data)
+    assert sum(r["forwards"] for r in c.records
                if r["family"] == "llada" and r["task"] == "piqa") == 2 * 2 * 2 * 16
+
+
+def test_census_refuses_a_missing_data_folder(tiny_grid, tmp_path):
+    with pytest.raises(FileNotFoundError, match="FAIR_CALIB_DATA_DIR"):
+        census.census(tiny_grid, tmp_path / "absent")
+
+
+def test_census_refuses_what_it_cannot_count_by_name(tiny_grid, tmp_path):
+    """A task without an offline definition (MBPP) or copy is named before anything runs."""
+    data = _tiny_data(tmp_path / "data")
+    tiny_grid["tasks"]["mbpp"] = {"kind": "lm_eval", "lm_eval_task": "mbpp", "label": "MBPP"}
+    tiny_grid["tables"]["main"]["tasks"].append("mbpp")
+    with pytest.raises(census.CensusError, match=r"mbpp \(mbpp\): no offline definition"):
+        census.census(tiny_grid, data)
+    tiny_grid["tables"]["main"]["tasks"].remove("mbpp")
+    shutil.rmtree(data / "piqa")
+    with pytest.raises(census.CensusError, match=r"piqa \(piqa\): its offline copy"):
+        census.census(tiny_grid, data)
+
+
+def test_stand_in_tokenizer():
+    from fair_calib.census_tokenizer import StandInTokenizer, chars_per_token
+
+    tok = StandInTokenizer("llada", "oc_mmlu_gen")
+    assert tok.ratio == chars_per_token("llada", "mmlu") == 4.41
+    assert chars_per_token("dream", "oc_arc_c_gen") == 4.174          # no measured ratio: "*"
+    ids = tok("a" * 441)["input_ids"]
+    assert len(ids) == 100 and ids == tok("a" * 441)["input_ids"]
+    assert tok("b" * 441)["input_ids"] != ids
+    text = tok.apply_chat_template([{"role": "user", "content": " Hi "}],
+                                   add_generation_prompt=True)
+    assert text == ("<|startoftext|><|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>"
+                    "<|start_header_id|>assistant<|end_header_id|>\n\n")
+    # 6 specials, one each; "user", "\n\nHi", "assistant" (2), "\n\n" by characters
+    assert len(tok(text)["input_ids"]) == 6 + 1 + 1 + 2 + 1
+    dream = StandInTokenizer("dream", "gsm8k")
+    assert dream.apply_chat_template([{"role": "user", "content": "Q"}, {
+        "role": "assistant", "content": "A: x"}], continue_final_message=True).endswith("A: x")
+    assert dream.convert_tokens_to_ids("<|endoftext|>") == dream.eos_token_id
 
 
 def test_heavy_shapes_reach_the_share():
@@ -130,10 +133,6 @@ def test_heavy_shapes_reach_the_share():
     assert got[-1]["cumulative_share"] == pytest.approx(0.95)
     assert census.heavy_shapes(recs, "forwards", 0.9, family="dream") == []
 
-
-def test_census_refuses_a_missing_data_folder(tiny_grid, tmp_path):
-    with pytest.raises(FileNotFoundError, match="FAIR_CALIB_DATA_DIR"):
-        census.census(tiny_grid, tmp_path / "absent")
 
 
 # ----------------------------------------------------------------------------- the GPU benchmark
@@ -156,15 +155,6 @@ def test_benchmark_shape_selection_and_entries():
     json.dumps(rec)
     # every default shape runs on the real path (token counts multiple of 4) and is a bucket
     assert all(t % census.BUCKET == 0 for v in b.DEFAULT_SHAPES.values() for _, _, t in v)
-
-
-def test_benchmark_default_shapes_are_the_paper_census(repo_root, shared_data_dir):
-    from benchmarks import census_shapes_gpu as b
-
-    cfg = cost.load_config([repo_root / "config" / "paper.yaml"], repo_root / "config" / "config.yaml")
-    records = census.census(cfg, shared_data_dir)
-    for family, shapes in b.DEFAULT_SHAPES.items():
-        assert b.select_shapes(records, family) == shapes, family
 
 
 def test_w8a8_is_priced_as_auto_runs_it(monkeypatch):

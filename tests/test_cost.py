@@ -1,44 +1,46 @@
-"""The GPU-hour projection: per-request arithmetic, the paper grid end to end, job counts equal
-to Snakemake's plan, the current checkout's config, and the census-based pricing."""
+"""The GPU-hour projection: the census priced, job counts equal to Snakemake's plan, the
+current checkout's config, one total printed and in the JSON, and every shipped config
+costed with no task at 0."""
+import json
 import os
 import shutil
 import subprocess
+from collections import Counter
 
 import pytest
 
-from fair_calib import cost, plan
-
-SHAPE = dict(docs=10, choices=4, ctx=100, shot=50, target=1)
-LLADA = {"estimator": "llada", "mc_num": 128, "batch_size": 8}
+from fair_calib import census, cost, plan
+from fair_calib.references import load_config
 
 
-def test_mc_and_exact_costs_follow_the_forwards():
-    task = {"num_fewshot": 2, "mc_num": 128, "batch_size": 8}
-    mc = cost.mc_task_seconds(task, SHAPE, "llada", False, LLADA)
-    # 10 docs x 4 choices x 16 forwards of 8 rows x (100 + 2 x 50 + 1) tokens
-    assert mc == pytest.approx(10 * 4 * 16 * (cost.FWD_FIXED_S + 8 * 201 * cost.FWD_TOKEN_S))
-    exact = cost.mc_task_seconds({**task, "exact_below": 2}, SHAPE, "llada", False, LLADA)
-    assert exact == pytest.approx(10 * (cost.FWD_FIXED_S + 201 * cost.FWD_TOKEN_S))  # shared
-    guided = cost.mc_task_seconds({**task, "cfg_scale": 0.5}, SHAPE, "llada", True, LLADA,
-                                  "fair_calib")
-    assert guided == pytest.approx(10 * 4 * 16 * (cost.FWD_FIXED_S + 16 * 201 * cost.FWD_TOKEN_S)
-                                   * cost.REAL_QUANT_SCALE["llada"]["transform"])
-    # the "before" projection prices W8A8 as fake quantization, as auto ran it then
-    assert cost.quant_scale("dream", "w8a8", "fair_calib") == cost.QUANT_SCALE
-    assert cost.quant_scale("dream", "w3a4", "rtn") == cost.REAL_QUANT_SCALE["dream"]["plain"]
-    assert cost.quant_scale("dream", "w4a4", "quarot") == cost.REAL_QUANT_SCALE["dream"]["hadamard"]
-    # a type without a measured structure: the family's slowest
-    assert cost.quant_scale("llada", True, "qdrop") == max(cost.REAL_QUANT_SCALE["llada"].values())
+def no_forwards(cfg) -> census.Census:
+    """A census of the plan's evaluations that run no forward (for the other rules)."""
+    return census.Census([], {cell: Counter() for cell in plan.eval_cells(cfg)}, {}, {}, {})
 
 
-def test_paper_grid_projection(repo_root):
-    cfg = cost.load_config([repo_root / "config" / "paper.yaml"], repo_root / "config" / "config.yaml")
-    res = cost.project(cfg)
-    assert set(res["rules"]) == {"probe_shard", "calibrate", "evaluate_shard", "trajectories"}
-    assert all(r["gpu_hours"] > 0 and r["jobs"] > 0 for r in res["rules"].values())
-    assert res["total_gpu_hours"] == pytest.approx(sum(r["gpu_hours"] for r in res["rules"].values()),
-                                                   abs=0.3)
-    assert set(res["evaluate_by_task"]) == set(cfg["tables"]["main"]["tasks"])
+def test_evaluation_is_the_census_priced(repo_root):
+    cfg = load_config([repo_root / "config" / "paper.yaml"], repo_root / "config" / "config.yaml")
+    cells = list(plan.eval_cells(cfg))
+    fp = next(c for c in cells if c[0] == "llada-8b-base" and c[1] == "fp" and c[3] == "piqa")
+    rtn = next(c for c in cells if c[0] == "dream-7b-base" and c[1] == "rtn" and c[3] == "mmlu")
+    cen = no_forwards(cfg)
+    cen.cells[fp] = Counter({("mc", 16, 100): 10, ("generate", 1, 600): 3})
+    cen.cells[rtn] = Counter({("exact", 32, 700): 5})
+    res = cost.project(cfg, cen)
+    sec_fp = 10 * cost.census_seconds("llada", "fp", "mc", 16, 100) + \
+        3 * cost.census_seconds("llada", "fp", "generate", 1, 600)
+    sec_rtn = 5 * cost.census_seconds("dream", "plain", "exact", 32, 700)
+    assert sec_fp == pytest.approx(10 * cost.bf16_replay_s(16, 100, "llada", "mc")
+                                   + 3 * cost.bf16_replay_s(1, 600, "llada", "generate"))
+    assert res["evaluate_by_task"]["piqa"] == cost.hours(sec_fp) > 0
+    starts = sum(plan.task_shards(cfg, m, t) for m, _, _, t in cells) * cost.JOB_OVERHEAD_S
+    assert res["job_starts_gpu_hours"] == round(starts / 3600, 1)
+    assert res["rules"]["evaluate_shard"]["gpu_hours"] == round((sec_fp + sec_rtn + starts) / 3600, 1)
+    assert res["evaluate_by_class"]["exact plain"] == cost.hours(sec_rtn)
+    assert res["rules"]["evaluate_shard"]["longest_job_hours"] == round(
+        (sec_fp / plan.task_shards(cfg, "llada-8b-base", "piqa") + cost.JOB_OVERHEAD_S) / 3600, 1)
+    assert res["total_gpu_hours"] == pytest.approx(
+        sum(r["gpu_hours"] for r in res["rules"].values()), abs=0.3)
 
 
 # ----------------------------------------------------------------------------- cost is the plan
@@ -63,9 +65,9 @@ def _snakemake_counts(repo_root, tmp_path, configs):
 def test_job_counts_are_snakemakes_plan(repo_root, tmp_path, extra):
     configs = ["config/paper.yaml", *extra]
     want = _snakemake_counts(repo_root, tmp_path, configs)
-    cfg = cost.load_config([tmp_path / c for c in configs], tmp_path / "config" / "config.yaml")
+    cfg = load_config([tmp_path / c for c in configs], tmp_path / "config" / "config.yaml")
     assert plan.job_counts(cfg) == want
-    res = cost.project(cfg)
+    res = cost.project(cfg, no_forwards(cfg))
     assert {r: v["jobs"] for r, v in res["rules"].items()} == {
         r: want.get(r, 0) for r in res["rules"]}
 
@@ -73,13 +75,14 @@ def test_job_counts_are_snakemakes_plan(repo_root, tmp_path, extra):
 def test_seeds_cost_more_and_shards_count(repo_root, tmp_path):
     paper = repo_root / "config" / "paper.yaml"
     (tmp_path / "seeds.yaml").write_text(SEEDS)
-    one = cost.project(cost.load_config([paper], repo_root / "config" / "config.yaml"))
-    three = cost.project(cost.load_config([paper, tmp_path / "seeds.yaml"],
-                                          repo_root / "config" / "config.yaml"))
+    one_cfg = load_config([paper], repo_root / "config" / "config.yaml")
+    three_cfg = load_config([paper, tmp_path / "seeds.yaml"], repo_root / "config" / "config.yaml")
+    one = cost.project(one_cfg, no_forwards(one_cfg))
+    three = cost.project(three_cfg, no_forwards(three_cfg))
     assert three["total_gpu_hours"] > one["total_gpu_hours"]
     assert three["rules"]["calibrate"]["jobs"] > one["rules"]["calibrate"]["jobs"]
     # a task's shards hold under a by_family / by_model override that does not name them
-    cfg = cost.load_config([paper], repo_root / "config" / "config.yaml")
+    cfg = load_config([paper], repo_root / "config" / "config.yaml")
     assert plan.task_shards(cfg, "dream-7b-base", "piqa") == 2
     assert plan.task_shards(cfg, "llada-8b-instruct", "gsm8k_cot") == 16
 
@@ -96,7 +99,7 @@ def test_check_config_and_cost_read_the_current_checkout(repo_root, tmp_path, mo
         references.run_cli([])
     assert "seed" in str(err.value) and "zero" in str(err.value)
     with pytest.raises(SystemExit) as err:
-        cost.run_cli(["--configfile", str(repo_root / "config" / "paper.yaml"), "--no-census"])
+        cost.run_cli(["--configfile", str(repo_root / "config" / "paper.yaml")])
     assert "seed" in str(err.value)
     monkeypatch.chdir(tmp_path / "config")               # no config/config.yaml here
     with pytest.raises(SystemExit) as err:
@@ -127,11 +130,58 @@ def test_quant_ratios_price_each_request_in_its_mode():
     assert cost.bf16_replay_s(1, 1000, "dream", "generate") == pytest.approx(
         (cost.REPLAY_FIXED_S + 1000 * cost.REPLAY_TOKEN_S) * 0.9 + 0.001)
 
-def test_cost_prints_before_and_after(repo_root, tmp_path, capsys, monkeypatch):
+def test_cost_prints_one_total_its_json_total(repo_root, tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(repo_root)
-    cost.run_cli(["--configfile", "config/paper.yaml", "--no-census"])
+    cost.run_cli(["--configfile", "config/smoke.yaml"])
     out = capsys.readouterr().out
-    assert "before (one ratio per structure" in out and "after (census" in out
-    assert "not computed (--no-census)" in out
-    cost.run_cli(["--configfile", "config/paper.yaml", "--data-dir", str(tmp_path / "none")])
-    assert "not computed (census: data folder" in capsys.readouterr().out
+    totals = [line for line in out.splitlines() if "total" in line.lower()]
+    assert len(totals) == 1 and "before" not in out and "after" not in out
+    cost.run_cli(["--configfile", "config/smoke.yaml", "--json"])
+    res = json.loads(capsys.readouterr().out)
+    assert totals[0] == f"| **total** | | **{res['total_gpu_hours']}** |"
+    assert all(h > 0 for h in res["evaluate_by_task"].values())
+    with pytest.raises(SystemExit, match="data folder"):
+        cost.run_cli(["--configfile", "config/paper.yaml", "--data-dir", str(tmp_path / "none")])
+
+
+# Every shipped config (merged over config/config.yaml as its header says), with every lm-eval
+# task cut to its first documents (the whole grid's census takes minutes: `fair-calib cost`).
+SHIPPED = {"config": [], "smoke": ["smoke.yaml"], "hub_layout": ["smoke.yaml", "hub_layout.yaml"],
+           "paper": ["paper.yaml"], "qdlm": ["qdlm.yaml"],
+           "qdlm_tiny": ["smoke.yaml", "qdlm_tiny.yaml"], "gpu_dag": ["gpu_dag.yaml"],
+           "gpu_dag_cpu": ["gpu_dag.yaml", "gpu_dag_cpu.yaml"]}
+FIRST_DOCS = 2
+NO_OFFLINE_COPY = ("mbpp", "minerva_math")      # config/qdlm.yaml's: no offline definition
+
+
+def test_the_shipped_configs_are_all_listed(repo_root):
+    named = {f for files in SHIPPED.values() for f in files} | {"config.yaml"}
+    assert named == {p.name for p in (repo_root / "config").glob("*.yaml")}
+
+
+@pytest.mark.parametrize("name", sorted(SHIPPED))
+def test_every_shipped_config_is_costed(name, repo_root, shared_data_dir, capsys):
+    cfg = load_config([repo_root / "config" / f for f in SHIPPED[name]],
+                      repo_root / "config" / "config.yaml")
+    for entry in cfg["tasks"].values():
+        if entry.get("kind", "lm_eval") == "lm_eval":
+            entry["limit"] = FIRST_DOCS
+    if name == "qdlm":      # refused by name before anything runs; the other tasks costed
+        with pytest.raises(census.CensusError) as err:
+            census.census(cfg, shared_data_dir)
+        assert [t for t in NO_OFFLINE_COPY if f"{t} ({t})" in str(err.value)] == \
+            list(NO_OFFLINE_COPY), err.value
+        for table in cfg["tables"].values():
+            table["tasks"] = [t for t in table.get("tasks", []) if t not in NO_OFFLINE_COPY]
+    cen = census.census(cfg, shared_data_dir)
+    res = cost.project(cfg, cen)
+    tasks = {t for _, _, _, t in plan.eval_cells(cfg)}
+    assert set(res["evaluate_by_task"]) == tasks
+    for (model, run, bits, task), fwd in cen.cells.items():          # no evaluation at 0
+        family, struct = cfg["models"][model]["family"], census.structure(cfg, run, bits)
+        assert sum(n * cost.census_seconds(family, struct, *shape)
+                   for shape, n in fwd.items()) > 0, (model, run, bits, task)
+    assert res["total_gpu_hours"] == pytest.approx(
+        sum(r["gpu_hours"] for r in res["rules"].values()), abs=0.3)
+    cost.print_projection(res)
+    assert f"**{res['total_gpu_hours']}**" in capsys.readouterr().out

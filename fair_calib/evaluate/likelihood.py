@@ -5,10 +5,12 @@ machines without lm-eval. See ``fair_calib.evaluate.lm`` for the estimator defin
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import itertools
 import json
 import math
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
@@ -218,6 +220,7 @@ def maskable_positions(st: LikelihoodSettings, prefix_len: int, target_len: int)
     return list(range(target_len))
 
 
+@functools.lru_cache(maxsize=None)      # pure; exact mode asks it once per request
 def llada_count_probs(L: int, b: int) -> dict[int, float]:
     """Marginal distribution of one row's mask count: ``k`` uniform on ``1..L``, the row
     uniform among the ``b`` stratified rows."""
@@ -228,6 +231,7 @@ def llada_count_probs(L: int, b: int) -> dict[int, float]:
     return probs
 
 
+@functools.lru_cache(maxsize=None)
 def dream_pattern_weight(m: int, n: int, eps: float) -> float:
     """``E_p[p^(m-1) (1-p)^(n-m)]`` with ``p = (1-eps) t + eps``, ``t ~ U[0, 1]``: the expected
     weight ``P(pattern) / p`` of one pattern of ``m`` masked among ``n`` maskable tokens.
@@ -261,27 +265,47 @@ def use_exact(st: LikelihoodSettings, prefix_len: int, target_len: int) -> bool:
     return 0 < n < st.exact_below
 
 
-@torch.no_grad()
-def exact_loglikelihoods(loaded: LoadedModel, items: Sequence[tuple[Sequence[int], Sequence[int]]],
-                         st: LikelihoodSettings) -> list[float]:
-    """Exact expectation of the estimator for each ``(prefix, target)``, zero variance.
-
-    Identical noisy inputs are run once: the choices of a question with single-token targets
-    (MMLU's letters, BoolQ's yes/no) all read the same ``[context | MASK (| EOS)]`` forward.
-    Forwards group inputs of the same context and target lengths."""
+def exact_inputs(items: Sequence[tuple[Sequence[int], Sequence[int]]], st: LikelihoodSettings,
+                 mask_id: int) -> tuple[list[tuple[int, list[int]]], list[list[tuple[int, int, int, float]]]]:
+    """The distinct noisy inputs of exact mode, ``(prefix length, ids)``, and per item what
+    it reads of them, ``(input, position, token, weight)``: identical inputs appear once, so
+    the choices of a question with single-token targets (MMLU's letters, BoolQ's yes/no) all
+    read the same ``[context | MASK (| EOS)]`` input."""
     unique: dict[tuple[int, tuple[int, ...]], int] = {}
-    inputs: list[tuple[int, list[int]]] = []                 # (prefix length, noisy ids)
-    needs: list[list[tuple[int, int, int, float]]] = []      # per item: (input, pos, token, w)
+    inputs: list[tuple[int, list[int]]] = []
+    needs: list[list[tuple[int, int, int, float]]] = []
     for prefix, target in items:
         P, req = len(prefix), []
         for S, w in exact_patterns(st, P, len(target)):
-            noisy = list(prefix) + [loaded.mask_id if j in S else t for j, t in enumerate(target)]
+            noisy = list(prefix) + [mask_id if j in S else t for j, t in enumerate(target)]
             key = (P, tuple(noisy))
             if key not in unique:
                 unique[key] = len(inputs)
                 inputs.append((P, noisy))
             req += [(unique[key], j, int(target[j]), w) for j in S]
         needs.append(req)
+    return inputs, needs
+
+
+def exact_forward_chunks(inputs: Sequence[tuple[int, list[int]]],
+                         st: LikelihoodSettings) -> list[tuple[int, list[int]]]:
+    """The forwards of exact mode: ``(prefix length, input indices)``, inputs of one context
+    and total length together, at least ``EXACT_MIN_ROWS`` a forward (the row count changes
+    no value here: the pattern weights already hold ``st.rows``)."""
+    groups: dict[tuple[int, int], list[int]] = {}
+    for i, (P, ids) in enumerate(inputs):
+        groups.setdefault((P, len(ids)), []).append(i)
+    step = max(st.rows, EXACT_MIN_ROWS)
+    return [(P, idx[s:s + step]) for (P, _), idx in groups.items()
+            for s in range(0, len(idx), step)]
+
+
+@torch.no_grad()
+def exact_loglikelihoods(loaded: LoadedModel, items: Sequence[tuple[Sequence[int], Sequence[int]]],
+                         st: LikelihoodSettings) -> list[float]:
+    """Exact expectation of the estimator for each ``(prefix, target)``, zero variance, from
+    the distinct noisy inputs (:func:`exact_inputs`) in :func:`exact_forward_chunks`."""
+    inputs, needs = exact_inputs(items, st, loaded.mask_id)
     wanted: dict[int, set[tuple[int, int]]] = {}
     for req in needs:
         for i, j, tok, _ in req:
@@ -293,25 +317,17 @@ def exact_loglikelihoods(loaded: LoadedModel, items: Sequence[tuple[Sequence[int
 def _target_logprobs(loaded: LoadedModel, inputs: Sequence[tuple[int, list[int]]],
                      wanted: Mapping[int, set[tuple[int, int]]],
                      st: LikelihoodSettings) -> dict[tuple[int, int, int], float]:
-    """``log p(token at target position j | input i)`` for every wanted ``(i, j, token)``,
-    from forwards of inputs of equal shape; only those values leave the device. The forward's
-    row count changes no value here (the pattern weights already hold ``st.rows``), so it is
-    at least ``EXACT_MIN_ROWS`` for throughput."""
-    groups: dict[tuple[int, int], list[int]] = {}
-    for i, (P, ids) in enumerate(inputs):
-        groups.setdefault((P, len(ids)), []).append(i)
+    """``log p(token at target position j | input i)`` for every wanted ``(i, j, token)``;
+    only those values leave the device."""
     out: dict[tuple[int, int, int], float] = {}
-    for (P, _), idx in groups.items():
-        step = max(st.rows, EXACT_MIN_ROWS)
-        for s in range(0, len(idx), step):
-            chunk = idx[s:s + step]
-            ids = torch.tensor([inputs[i][1] for i in chunk], dtype=torch.long, device=loaded.device)
-            logp = torch.log_softmax(_logits(loaded, ids, P, st.cfg_scale).float(), dim=-1)
-            keys = [(r, j, tok) for r, i in enumerate(chunk) for j, tok in sorted(wanted[i])]
-            r_, j_, t_ = (torch.tensor(v, device=logp.device) for v in zip(*keys))
-            vals = logp[r_, j_, t_].double().tolist()
-            for (r, j, tok), v in zip(keys, vals):
-                out[(chunk[r], j, tok)] = v
+    for P, chunk in exact_forward_chunks(inputs, st):
+        ids = torch.tensor([inputs[i][1] for i in chunk], dtype=torch.long, device=loaded.device)
+        logp = torch.log_softmax(_logits(loaded, ids, P, st.cfg_scale).float(), dim=-1)
+        keys = [(r, j, tok) for r, i in enumerate(chunk) for j, tok in sorted(wanted[i])]
+        r_, j_, t_ = (torch.tensor(v, device=logp.device) for v in zip(*keys))
+        vals = logp[r_, j_, t_].double().tolist()
+        for (r, j, tok), v in zip(keys, vals):
+            out[(chunk[r], j, tok)] = v
     return out
 
 
@@ -338,6 +354,29 @@ def score_requests(loaded: LoadedModel, items: Sequence[tuple[Sequence[int], Seq
             gen = request_generator(seed, list(prefix), list(target))
             values[i] = mc_loglikelihood(loaded, prefix, target, st, gen)[0]
     return [float(values[i]) for i in range(len(items))]
+
+
+MASK_STAND_IN = -1      # a mask id no tokenizer gives: the inputs' identity without a model
+
+
+def planned_forwards(items: Sequence[tuple[Sequence[int], Sequence[int]]],
+                     st: LikelihoodSettings) -> Counter:
+    """The forwards :func:`score_requests` runs for these ``(prefix, scored target)`` items,
+    ``{(request class, rows, tokens): count}``: exact mode's chunks of distinct inputs
+    (``exact``; twice the rows with classifier-free guidance), and ``iterations`` forwards
+    of ``rows`` (LLaDA with guidance: twice) per sampled item (``mc``; Dream's iterations
+    whose draw masks nothing are skipped there, which depends on the draws: counted)."""
+    out: Counter = Counter()
+    guided = 2 if st.cfg_scale > 0 else 1
+    exact = [(p, t) for p, t in items if use_exact(st, len(p), len(t))]
+    inputs, _ = exact_inputs(exact, st, MASK_STAND_IN)
+    for _, chunk in exact_forward_chunks(inputs, st):
+        out[("exact", len(chunk) * guided, len(inputs[chunk[0]][1]))] += 1
+    mc_rows = st.rows * (guided if st.estimator == "llada" else 1)
+    for p, t in items:
+        if len(t) and not use_exact(st, len(p), len(t)):
+            out[("mc", mc_rows, len(p) + len(t))] += st.iterations
+    return out
 
 
 @torch.no_grad()

@@ -58,6 +58,8 @@ import torch
 from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 
+from fair_calib.evaluate.requests import (  # noqa: F401  (re-exported)
+    RequestEncoding, continue_final_message, decoding_policy, generation_batches)
 from fair_calib.models.adapters import LoadedModel
 
 from fair_calib.evaluate.likelihood import (  # noqa: F401  (re-exported)
@@ -73,24 +75,6 @@ def _model_max_length(loaded: LoadedModel) -> int:
         if isinstance(val, int) and val > 0:
             return val
     return 4096
-
-
-def continue_final_message(rendered: str, final_message: Mapping[str, Any]) -> str:
-    """The chat text ``rendered`` (closed, no generation prompt) cut to continue its last
-    turn as transformers 4.46.2's ``apply_chat_template(continue_final_message=True)`` cuts it,
-    the version Dream's README pins for its evaluation: the turn's content is stripped, the
-    text ends where that stripped content last occurs, and trailing whitespace goes. Dream's
-    HumanEval ``gen_prefix`` (the prompt, then a newline) thus ends at the prompt's closing
-    docstring quotes; transformers 5 keeps the content as written, newlines included."""
-    content = final_message["content"]
-    if isinstance(content, (list, tuple)):       # a multimodal turn: its last part's text
-        content = content[-1]["text"]
-    content = content.strip()
-    end = rendered.rfind(content)
-    if end < 0:
-        raise ValueError("continue_final_message: the chat template does not render the final "
-                         "message's content, so it cannot be continued")
-    return rendered[:end + len(content)].rstrip()
 
 
 DECODING_KEYS = ("policy", "steps", "gen_length", "block_length", "temperature", "alg_temp",
@@ -132,23 +116,6 @@ def infer_family(source: str, calib_dir: str | None = None) -> str:
         return model_type.lower()
     raise ValueError(f"cannot tell the model family of {source!r}; pass family=<one of "
                      f"{sorted(ADAPTERS)}> in --model_args")
-
-
-def decoding_policy(adapter, overrides: Mapping[str, Any] | None = None):
-    """The policy ``generate_until`` decodes with: the family adapter's default ``decoding``
-    with ``overrides`` over it (None values left out). Validated here, so a caller can refuse
-    bad settings before the model loads."""
-    from fair_calib.decoding import make_policy  # lazy: decoding is only for generation
-    from fair_calib.decoding.policies import BLOCK_POLICIES
-
-    overrides = {k: v for k, v in dict(overrides or {}).items() if v is not None}
-    name = overrides.get("policy", overrides.get("name", adapter.decoding.get("policy")))
-    # A task's block_length is for families that decode in blocks (LLaDA); one task entry
-    # serves every family, so a whole-window policy (Dream's) ignores it unless the task
-    # also names that policy explicitly.
-    if name not in BLOCK_POLICIES and "policy" not in overrides and "name" not in overrides:
-        overrides.pop("block_length", None)
-    return make_policy(adapter.decoding, overrides)
 
 
 class CalibrationMismatchError(ValueError):
@@ -225,7 +192,7 @@ def _rows(batch_size: Any) -> int | None:
 
 
 @register_model("fair_calib_dlm")
-class DiffusionLM(LM):
+class DiffusionLM(RequestEncoding, LM):
     """lm-eval wrapper of a :class:`LoadedModel` (FP, or fake-quantized via ``calib_dir``).
 
     Build it from a loaded model (``DiffusionLM(loaded, ...)``) or from keyword arguments as
@@ -268,20 +235,18 @@ class DiffusionLM(LM):
             loaded = load_quantized(loaded, calib_dir)
         self.loaded = loaded
         loaded.replay_graphs()        # the model is final: repeated forwards replay on CUDA
-        self.tokenizer = loaded.tokenizer
-        self.instruct = _bool(instruct)
-        self.add_bos_token = _bool(add_bos_token)
+        self.init_encoding(loaded.tokenizer, loaded.adapter,
+                           likelihood_settings(loaded.adapter.likelihood, likelihood),
+                           loaded.eos_id, int(max_length or _model_max_length(loaded)),
+                           instruct=instruct, add_bos_token=add_bos_token,
+                           chat_by_lm_eval=chat_by_lm_eval,
+                           chat_add_special_tokens=chat_add_special_tokens,
+                           max_prompt_len=max_prompt_len, decoding=decoding,
+                           gen_batch_size=gen_batch_size)
         self.escape_until = _bool(escape_until)
         self.whole_window = _bool(whole_window)
-        self.chat_by_lm_eval = _bool(chat_by_lm_eval)
-        self.chat_add_special_tokens = _bool(chat_add_special_tokens)
         self.eos_split_until = _bool(eos_split_until)
-        self.max_prompt_len = None if max_prompt_len in (None, "") else int(max_prompt_len)
         self.seed = int(seed)
-        self.lik = likelihood_settings(loaded.adapter.likelihood, likelihood)
-        self.decoding_overrides = {k: v for k, v in dict(decoding or {}).items() if v is not None}
-        self.gen_batch_size = int(gen_batch_size or self.lik.batch_size)
-        self.max_length = int(max_length or _model_max_length(loaded))
         # is_greedy costs one extra forward per request; multiple-choice tasks never read it.
         self.compute_greedy = _bool(compute_greedy)
         self.early_exit = _bool(early_exit)
@@ -325,41 +290,6 @@ class DiffusionLM(LM):
             loaded = load_quantized(loaded, calib_dir)
         return loaded
 
-    # ------------------------------------------------------------------ tokenization
-    def _enc(self, text: str, special: bool) -> list[int]:
-        return list(self.tokenizer(text, add_special_tokens=special)["input_ids"])
-
-    def _bos(self, context: str) -> str:
-        """``add_bos_token`` (Dream's scripts): the BOS text goes in front of the context."""
-        bos = getattr(self.tokenizer, "bos_token", None)
-        return bos + context if self.add_bos_token and bos else context
-
-    def encode_pair(self, context: str, continuation: str) -> tuple[list[int], list[int]]:
-        """Context (with the tokenizer's special prefix) and continuation ids; trailing
-        whitespace of the context moves to the continuation (as lm-eval's HF model does)."""
-        context = self._bos(context)
-        n_spaces = len(context) - len(context.rstrip())
-        if n_spaces > 0:
-            continuation = context[-n_spaces:] + continuation
-            context = context[:-n_spaces]
-        whole = self._enc(context + continuation, special=True)
-        ctx = self._enc(context, special=True)
-        if whole[:len(ctx)] == ctx and len(whole) > len(ctx):
-            return ctx, whole[len(ctx):]
-        return ctx, self._enc(continuation, special=False)
-
-    def _fit(self, prefix: list[int], target: list[int]) -> tuple[list[int], list[int]]:
-        room = self.max_length - len(target)
-        if room < 0:   # target alone too long: keep its tail, drop the context
-            return [], target[-self.max_length:]
-        return prefix[-room:] if room else [], target
-
-    def _scored(self, target: list[int]) -> list[int]:
-        """Dream's harness appends EOS to every continuation (visible, never scored)."""
-        if self.lik.estimator == "dream" and self.lik.append_eos and self.loaded.eos_id is not None:
-            return list(target) + [int(self.loaded.eos_id)]
-        return list(target)
-
     def _greedy(self, prefix: list[int], scored: list[int], n_target: int) -> bool:
         return self.compute_greedy and greedy_match(self.loaded, prefix, scored[:n_target],
                                                     self.lik.cfg_scale)
@@ -396,51 +326,6 @@ class DiffusionLM(LM):
                 total += ll
             out.append(total)
         return out
-
-    # ------------------------------------------------------------------ chat (lm-eval's API)
-    @property
-    def tokenizer_name(self) -> str:
-        """lm-eval fingerprints its request cache with it when it applies a chat template."""
-        return str(getattr(self.tokenizer, "name_or_path", "") or "").replace("/", "__")
-
-    def chat_template(self, chat_template: bool | str = False) -> str | None:
-        """The tokenizer's chat template (what lm-eval records of the run); None when off."""
-        if chat_template is False or chat_template is None:
-            return None
-        template = getattr(self.tokenizer, "chat_template", None)
-        if isinstance(template, dict):
-            template = template.get(chat_template if isinstance(chat_template, str) else "default")
-        return template
-
-    def apply_chat_template(self, chat_history: list[dict[str, str]],
-                            add_generation_prompt: bool = True) -> str:
-        """lm-eval's chat hook (``apply_chat_template`` / ``fewshot_as_multiturn`` of a task):
-        the tokenizer's template over the turns, as lm-eval's HF model (and the authors'
-        harnesses) render them; a history ending in an assistant turn (a task's ``gen_prefix``)
-        is continued, not closed, as transformers 4.46.2 continues it
-        (:func:`continue_final_message`), whatever transformers is installed."""
-        if getattr(self.tokenizer, "chat_template", None) is None:
-            raise ValueError(f"apply_chat_template: the tokenizer of this {self.loaded.adapter.name} "
-                             f"model has no chat template; run the task without it")
-        text = self.tokenizer.apply_chat_template(
-            chat_history, tokenize=False, add_generation_prompt=add_generation_prompt)
-        return text if add_generation_prompt else continue_final_message(text, chat_history[-1])
-
-    def _prompt_ids(self, context: str) -> list[int]:
-        """The prompt's ids: lm-eval already rendered the chat turns (``chat_by_lm_eval``; the
-        text is then tokenized with the tokenizer's special prefix only where
-        ``chat_add_special_tokens``, as OpenCompass's LLaDA model does), or an Instruct model's
-        template over one user turn, or the plain text."""
-        if self.chat_by_lm_eval:
-            return self._enc(context, special=self.chat_add_special_tokens)
-        if self.instruct and self.loaded.adapter.chat_template:
-            text = self.tokenizer.apply_chat_template([{"role": "user", "content": context}],
-                                                      add_generation_prompt=True, tokenize=False)
-            return self._enc(text, special=False)
-        return self._enc(self._bos(context), special=True)
-
-    def policy(self):
-        return decoding_policy(self.loaded.adapter, self.decoding_overrides)
 
     def postprocess(self, ids: Sequence[int], until: Sequence[str]) -> str:
         """Cut at the first EOS/pad token, decode, then cut at the earliest ``until`` string.
@@ -485,22 +370,6 @@ class DiffusionLM(LM):
         return StopRule(frozenset(self.stop_ids), [list(u) for u in untils],
                         lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True))
 
-    def check_fits(self, prompt: Sequence[int], gen_length: int, req: Any = None) -> None:
-        """Refuse a prompt that does not fit the model with its generation window. The authors'
-        generation harnesses cut nothing (OpenCompass's LLaDA model runs with ``max_seq_len``
-        None; LLaDA's ``eval_llada.py`` and Dream's ``eval.py`` pass the prompt whole: the
-        latter's cut compares the batch size, not the length), Dream ``eval_instruct`` only its
-        1024-token cap (``max_prompt_len``), so a prompt is never shortened here either."""
-        total = len(prompt) + int(gen_length)
-        if total > self.max_length:
-            where = "" if req is None else \
-                f"task {getattr(req, 'task_name', None)!r}, document {getattr(req, 'doc_id', None)}: "
-            raise ValueError(
-                f"{where}prompt of {len(prompt)} tokens + gen_length {gen_length} = {total} tokens "
-                f"exceeds the model's limit of {self.max_length} (its config's "
-                f"max_position_embeddings / max_sequence_length, or max_length=); the authors' "
-                f"harness does not cut this prompt, so it is refused rather than truncated")
-
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
         from fair_calib.decoding import decode
 
@@ -511,17 +380,10 @@ class DiffusionLM(LM):
             until = gen_kwargs.get("until") or []
             if isinstance(until, str):
                 until = [until]
-            prompt = self._prompt_ids(context)
-            if self.max_prompt_len is not None:      # eval_instruct's diffllm: ids[-1024:]
-                prompt = prompt[-self.max_prompt_len:]
-            self.check_fits(prompt, policy.gen_length, req)
-            prompts.append(prompt)
+            prompts.append(self.generation_prompt(context, policy.gen_length, req))
             untils.append(list(until))
-        # Longest prompts first (less padding per batch); results go back in request order.
-        order = sorted(range(len(prompts)), key=lambda i: -len(prompts[i]))
         results: list[str] = [""] * len(prompts)
-        for s in range(0, len(order), self.gen_batch_size):
-            idx = order[s:s + self.gen_batch_size]
+        for idx in generation_batches(prompts, self.gen_batch_size):
             gens = [request_generator(self.seed, "gen", prompts[i]) for i in idx]
             if self.loaded.device.type != "cpu":   # generate() draws on the model's device
                 gens = [torch.Generator(device=self.loaded.device).manual_seed(g.initial_seed())

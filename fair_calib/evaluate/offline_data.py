@@ -25,15 +25,17 @@ from typing import Any, Iterable
 
 TEMPLATE_DIR = Path(__file__).resolve().parent / "tasks"
 
-# The ten benchmarks of the paper, under lm-eval's standard task names.
+# The ten benchmarks of the paper, and the variants the shipped configs run (gsm8k, the LLaDA
+# authors' Base recipe; humaneval_instruct, QDLM's Dream-Instruct), under lm-eval's names.
 OFFLINE_TASKS = ("piqa", "boolq", "winogrande", "arc_easy", "arc_challenge", "hellaswag",
-                 "truthfulqa_mc2", "mmlu", "humaneval", "gsm8k_cot")
+                 "truthfulqa_mc2", "mmlu", "humaneval", "gsm8k_cot", "gsm8k",
+                 "humaneval_instruct")
 
 MMLU_CATEGORIES_FILE = "mmlu_subjects.json"
 
 # lm-eval's own task files (inside the installed package) that the offline YAMLs include, so
 # prompts, choices, targets and document processing are lm-eval's, not copies of them.
-OFFICIAL_YAMLS = {"GSM8K_COT_YAML": "gsm8k/gsm8k-cot.yaml", "BOOLQ_YAML": "super_glue/boolq/default.yaml",
+OFFICIAL_YAMLS = {"GSM8K_COT_YAML": "gsm8k/gsm8k-cot.yaml", "GSM8K_YAML": "gsm8k/gsm8k.yaml", "BOOLQ_YAML": "super_glue/boolq/default.yaml",
                   "HELLASWAG_YAML": "hellaswag/hellaswag.yaml", "PIQA_YAML": "piqa/piqa.yaml",
                   "ARC_EASY_YAML": "arc/arc_easy.yaml", "ARC_CHALLENGE_YAML": "arc/arc_challenge.yaml",
                   "WINOGRANDE_YAML": "winogrande/default.yaml"}
@@ -267,8 +269,10 @@ def _render(template: str, subs: dict[str, str]) -> str:
 
 def write_offline_tasks(data_dir: str | os.PathLike, cache_dir: str | os.PathLike,
                         include_dir: str | os.PathLike,
-                        tasks: Iterable[str] = OFFLINE_TASKS) -> Path:
-    """Render offline YAMLs for ``tasks`` (standard lm-eval names) into ``include_dir``."""
+                        tasks: Iterable[str] = OFFLINE_TASKS, stand_ins: bool = False) -> Path:
+    """Render offline YAMLs for ``tasks`` (standard lm-eval names) into ``include_dir``;
+    ``stand_ins`` (the census only): a copy without the few-shot pool draws its examples from
+    its evaluation split (:func:`census_stand_ins`)."""
     tasks = list(tasks)
     unknown = [t for t in tasks if t not in OFFLINE_TASKS]
     if unknown:
@@ -278,13 +282,49 @@ def write_offline_tasks(data_dir: str | os.PathLike, cache_dir: str | os.PathLik
     subs = prepare_offline_data(data_dir, cache_dir, tasks)
     subs.update({key: str(_lm_eval_tasks_dir() / rel) for key, rel in OFFICIAL_YAMLS.items()})
     shutil.copy(TEMPLATE_DIR / "fc_task_utils.py", include_dir / "fc_task_utils.py")
+    if "humaneval_instruct" in tasks and "humaneval" not in tasks:
+        tasks.append("humaneval")                  # humaneval_instruct.yaml includes it
+        subs.update(prepare_offline_data(data_dir, cache_dir, ["humaneval"]))
     for task in tasks:
         if task == "mmlu":
             _write_mmlu(Path(data_dir), Path(subs["MMLU"]), include_dir)
             continue
-        text = (TEMPLATE_DIR / f"{task}.yaml").read_text()
-        (include_dir / f"{task}.yaml").write_text(_render(text, subs))
+        text = _render((TEMPLATE_DIR / f"{task}.yaml").read_text(), subs)
+        if stand_ins and task in NO_OFFLINE_FEWSHOT_POOL:
+            text = _eval_split_shots(text)
+        (include_dir / f"{task}.yaml").write_text(text)
     return include_dir
+
+
+def _eval_split_shots(text: str) -> str:
+    """A rendered offline YAML whose few-shot examples come from its evaluation split."""
+    split = re.search(r"^(?:validation|test)_split: (\w+)$", text, re.M).group(1)
+    return text.replace("fewshot_config:\n  sampler: !function fc_task_utils.NoFewshotPool",
+                        f"fewshot_split: {split}\nfewshot_config:\n  sampler: default")
+
+
+# ----------------------------------------------------------------------------- the census
+def census_refusal(task: str, data_dir: str | os.PathLike) -> str | None:
+    """Why the census (which reads the offline copies only) cannot count lm-eval task
+    ``task``: no offline definition of it, or its data folder missing; None if it can."""
+    if task not in OFFLINE_TASKS and task not in RECIPE_TASKS:
+        return (f"no offline definition; the census reads the offline copies, never the hub "
+                f"(offline: {', '.join(OFFLINE_TASKS + tuple(RECIPE_TASKS))})")
+    folder = Path(data_dir) / TASK_DATA[task]
+    if not folder.exists():
+        return f"its offline copy {folder} is missing (docs/data.md)"
+    return None
+
+
+def census_stand_ins(task: str, num_fewshot: int | None, data_dir: str | os.PathLike) -> list[str]:
+    """The stand-ins the census counts ``task`` on where the offline copies lack a split."""
+    out = []
+    if num_fewshot and task in NO_OFFLINE_FEWSHOT_POOL:
+        out.append(f"{num_fewshot}-shot examples drawn from the evaluation split (the copy has "
+                   f"no train split)")
+    if task in ARC_DEV_FILES and not (Path(data_dir) / ARC_DEV_FILES[task]).is_file():
+        out.append(f"ARC's test split counted for its dev split ({ARC_DEV_FILES[task]} missing)")
+    return out
 
 
 def _write_mmlu(data_dir: Path, mmlu_cache: Path, include_dir: Path) -> None:
@@ -386,15 +426,20 @@ def _local_json(path: str | Path, split: str = "test") -> dict[str, Any]:
 
 
 def oc_task_sources(name: str, offline: bool, data_dir: str | os.PathLike | None,
-                    cache_dir: str | os.PathLike) -> dict[str, Any]:
+                    cache_dir: str | os.PathLike, stand_ins: bool = False) -> dict[str, Any]:
     """The dataset lines of an OpenCompass task's YAML: the hub's rows, or local copies
-    converted to them (the task's ``process_docs`` then gives OpenCompass's columns)."""
+    converted to them (the task's ``process_docs`` then gives OpenCompass's columns);
+    ``stand_ins`` (the census only): ARC's test split where its dev split is missing."""
     path, config, split = OC_TASKS[name]
     if not offline:
         return {"DATASET_PATH": path, "DATASET_NAME": config, "DATASET_KWARGS": None,
                 "TEST_SPLIT": split}
     data_dir, cache_dir = Path(data_dir).resolve(), Path(cache_dir).resolve()
     if name in ARC_DEV_FILES:
+        if stand_ins and not (data_dir / ARC_DEV_FILES[name]).is_file():
+            subset = "challenge" if name == "oc_arc_c_gen" else "easy"
+            return _local_json(_cached(cache_dir, f"arc/{name}_test_stand_in.jsonl",
+                                       lambda: read_arc(data_dir, subset)))
         return _local_json(_cached(cache_dir, f"arc/{name}_dev.jsonl",
                                    lambda: read_arc_dev(data_dir, name)))
     if name in ("oc_piqa_gen", "oc_boolq_gen", "oc_winogrande_gen"):
@@ -410,7 +455,8 @@ def oc_task_sources(name: str, offline: bool, data_dir: str | os.PathLike | None
 
 
 def write_oc_tasks(include_dir: str | os.PathLike, names: Iterable[str], offline: bool,
-                   data_dir: str | os.PathLike | None, cache_dir: str | os.PathLike) -> Path:
+                   data_dir: str | os.PathLike | None, cache_dir: str | os.PathLike,
+                   stand_ins: bool = False) -> Path:
     """Render the OpenCompass recipe tasks ``names`` (``OC_TASKS``) into ``include_dir``."""
     include_dir = Path(include_dir).resolve()
     include_dir.mkdir(parents=True, exist_ok=True)
@@ -422,7 +468,7 @@ def write_oc_tasks(include_dir: str | os.PathLike, names: Iterable[str], offline
             _write_oc_mmlu(include_dir, offline, data_dir, cache_dir)
             continue
         text = (TEMPLATE_DIR / f"{name}.yaml").read_text()
-        subs = oc_task_sources(name, offline, data_dir, cache_dir)
+        subs = oc_task_sources(name, offline, data_dir, cache_dir, stand_ins)
         (include_dir / f"{name}.yaml").write_text(_render(text, subs))
     return include_dir
 
@@ -475,17 +521,28 @@ DREAM_TASKS = {
     "dream_humaneval_instruct": ("openai/openai_humaneval", None, "test"),
 }
 RECIPE_TASKS = {**OC_TASKS, **DREAM_TASKS}
+# The offline copy (a folder of data_dir) each task reads.
+TASK_DATA = {"piqa": "piqa", "boolq": "boolq", "winogrande": "winogrande", "arc_easy": "arc",
+             "arc_challenge": "arc", "hellaswag": "hellaswag", "truthfulqa_mc2": "truthfulqa",
+             "mmlu": "mmlu", "humaneval": "humaneval", "gsm8k_cot": "gsm8k", "gsm8k": "gsm8k",
+             "humaneval_instruct": "humaneval",
+             "oc_arc_c_gen": "arc", "oc_arc_e_gen": "arc", "oc_hellaswag_gen": "hellaswag",
+             "oc_mmlu_gen": "mmlu", "oc_gsm8k_gen": "gsm8k", "oc_humaneval_gen": "humaneval",
+             "oc_piqa_gen": "piqa", "oc_boolq_gen": "boolq", "oc_winogrande_gen": "winogrande",
+             "dream_mmlu_generative": "mmlu", "dream_humaneval_instruct": "humaneval"}
 
 
 def write_recipe_tasks(include_dir: str | os.PathLike, names: Iterable[str], offline: bool,
-                       data_dir: str | os.PathLike | None, cache_dir: str | os.PathLike) -> Path:
-    """Render the model authors' recipe tasks (``RECIPE_TASKS``) into ``include_dir``."""
+                       data_dir: str | os.PathLike | None, cache_dir: str | os.PathLike,
+                       stand_ins: bool = False) -> Path:
+    """Render the model authors' recipe tasks (``RECIPE_TASKS``) into ``include_dir``
+    (``stand_ins``: :func:`oc_task_sources`)."""
     names = list(names)
     unknown = [n for n in names if n not in RECIPE_TASKS]
     if unknown:
         raise KeyError(f"no recipe task {unknown}; known: {sorted(RECIPE_TASKS)}")
     include_dir = write_oc_tasks(include_dir, [n for n in names if n in OC_TASKS], offline,
-                                 data_dir, cache_dir)
+                                 data_dir, cache_dir, stand_ins)
     for name in names:
         if name == "dream_mmlu_generative":
             _write_dream_mmlu(include_dir, offline, data_dir, cache_dir)

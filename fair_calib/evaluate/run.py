@@ -106,20 +106,23 @@ def build_task_manager(settings: Mapping[str, Any], include_dir: str | os.PathLi
     task = settings["task"]
     kind = task.get("kind", "lm_eval")
     name = lm_eval_task_name(task)
+    # the census's stand-ins for splits an offline copy lacks (fair_calib.census); never a job's
+    stand_ins = bool(settings.get("census_stand_ins"))
     if kind in SYNTHETIC_KINDS:
         synth = settings.get("synthetic_dir") or "resources/data"
         offline_data.write_synthetic_tasks(synth, include_dir, [name])
         return TaskManager(include_path=str(include_dir), include_defaults=False)
     if name in offline_data.RECIPE_TASKS:  # the model authors' recipes (OpenCompass, Dream's fork)
         offline_data.write_recipe_tasks(Path(include_dir) / "tasks", [name], is_offline(settings),
-                                    settings.get("data_dir") or offline_data.default_data_dir(),
-                                    Path(include_dir) / "_cache")
+                                        settings.get("data_dir") or offline_data.default_data_dir(),
+                                        Path(include_dir) / "_cache", stand_ins)
         return TaskManager(include_path=str(Path(include_dir) / "tasks"), include_defaults=False)
     if is_offline(settings):
-        offline_data.check_offline_fewshot(name, task.get("num_fewshot"))
+        if not stand_ins:
+            offline_data.check_offline_fewshot(name, task.get("num_fewshot"))
         data_dir = settings.get("data_dir") or offline_data.default_data_dir()
         offline_data.write_offline_tasks(data_dir, Path(include_dir) / "_cache",
-                                         Path(include_dir) / "tasks", [name])
+                                         Path(include_dir) / "tasks", [name], stand_ins)
         return TaskManager(include_path=str(Path(include_dir) / "tasks"), include_defaults=False)
     return TaskManager()
 
@@ -312,7 +315,7 @@ def make_lm(settings: Mapping[str, Any], model_dir: str | os.PathLike,
     """The lm-eval model for these settings (loads ``model_dir`` unless ``loaded`` is given)."""
     from fair_calib.evaluate.lm import DiffusionLM
 
-    model, task = settings["model"], settings["task"]
+    model = settings["model"]
     if calib_dir:    # before the model loads: a calibration of other weights is refused
         from fair_calib.model_identity import check_calibration_content
 
@@ -324,24 +327,30 @@ def make_lm(settings: Mapping[str, Any], model_dir: str | os.PathLike,
                             device=settings.get("device", "cpu"),
                             trust_remote_code=model.get("trust_remote_code"),
                             loader=model.get("loader"))
+    return DiffusionLM(loaded, calib_dir=str(calib_dir) if calib_dir else None,
+                       seed=int(settings.get("seed", 0)), compute_greedy=compute_greedy,
+                       **lm_options(settings))
+
+
+def lm_options(settings: Mapping[str, Any]) -> dict[str, Any]:
+    """The lm-eval model's settings of a job (likelihood, decoding, chat and prompt options):
+    what :class:`~fair_calib.evaluate.lm.DiffusionLM` and the census's request encoding take."""
+    model, task = settings["model"], settings["task"]
     likelihood = {k: task.get(k) for k in ("mc_num", "batch_size", "cfg_scale", "eps",
                                            "exact_below")}
     decoding = dict(task.get("decoding") or {})
     for key in ("gen_length", "steps", "block_length"):
         if task.get(key) is not None:
             decoding[key] = task[key]
-    return DiffusionLM(loaded, calib_dir=str(calib_dir) if calib_dir else None,
-                       instruct=bool(model.get("instruct", False)), seed=int(settings.get("seed", 0)),
-                       likelihood=likelihood, decoding=decoding,
-                       add_bos_token=bool(task.get("add_bos_token", False)),
-                       escape_until=bool(task.get("escape_until", False)),
-                       whole_window=bool(task.get("whole_window", False)),
-                       chat_add_special_tokens=bool(task.get("chat_add_special_tokens", False)),
-                       chat_by_lm_eval=bool(task.get("apply_chat_template", False)),
-                       eos_split_until=bool(task.get("eos_split_until", False)),
-                       max_prompt_len=task.get("max_prompt_len"),
-                       gen_batch_size=task.get("batch_size"), compute_greedy=compute_greedy,
-                       early_exit=bool(task.get("early_exit", True)))
+    return dict(instruct=bool(model.get("instruct", False)), likelihood=likelihood,
+                decoding=decoding, add_bos_token=bool(task.get("add_bos_token", False)),
+                escape_until=bool(task.get("escape_until", False)),
+                whole_window=bool(task.get("whole_window", False)),
+                chat_add_special_tokens=bool(task.get("chat_add_special_tokens", False)),
+                chat_by_lm_eval=bool(task.get("apply_chat_template", False)),
+                eos_split_until=bool(task.get("eos_split_until", False)),
+                max_prompt_len=task.get("max_prompt_len"), gen_batch_size=task.get("batch_size"),
+                early_exit=bool(task.get("early_exit", True)))
 
 
 def use_code_postprocess(leaf_tasks: Mapping[str, Any], name: str | None) -> None:
@@ -374,21 +383,24 @@ def chat_kwargs(task: Mapping[str, Any]) -> dict[str, bool]:
             "fewshot_as_multiturn": bool(task.get("fewshot_as_multiturn", False))}
 
 
-def evaluate(settings: Mapping[str, Any], model_dir: str | os.PathLike | None,
-             calib_dir: str | os.PathLike | None, out_path: str | os.PathLike,
-             shard: int = 0, num_shards: int = 1, loaded=None):
-    """Evaluate and write ``out_path`` (Parquet) + the raw JSON beside it; returns the rows."""
-    import torch
-    from lm_eval import simple_evaluate
+class LmEvalSession:
+    """A job's lm-eval tasks, loaded as the evaluation loads them: the task manager, the leaf
+    tasks (code post-processing applied), the shard's documents of each (``samples``) and the
+    tasks that execute model-written code (``unsafe``)."""
 
-    settings = json.loads(json.dumps(settings))
+    def __init__(self, tm, leaf_tasks: Mapping[str, Any], samples: dict[str, list[int]]):
+        self.tm, self.leaf_tasks, self.samples = tm, leaf_tasks, samples
+        self.unsafe = sorted(t for t, obj in leaf_tasks.items() if obj.get_config("unsafe_code"))
+
+    def output_types(self) -> set[str]:
+        return {self.leaf_tasks[t].get_config("output_type") for t in self.samples}
+
+
+@contextlib.contextmanager
+def lm_eval_session(settings: Mapping[str, Any], shard: int = 0, num_shards: int = 1):
+    """The settings' lm-eval tasks (:class:`LmEvalSession`), inside their temporary task
+    folder and, offline, with the hub switched off."""
     task = settings["task"]
-    seed = int(settings.get("seed", 0))
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-    allow_code = bool(task.get("allow_code_execution", False))
-
     with tempfile.TemporaryDirectory(prefix="fair_calib_eval_") as tmp, \
             _env(HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1") if is_offline(settings) \
             else contextlib.nullcontext():
@@ -401,32 +413,59 @@ def evaluate(settings: Mapping[str, Any], model_dir: str | os.PathLike | None,
                               f"definition needs that package: install it, or set "
                               f"task.offline: true to use the local definitions") from err
         use_code_postprocess(leaf_tasks, task.get("code_postprocess"))
-        unsafe = sorted(t for t, obj in leaf_tasks.items() if obj.get_config("unsafe_code"))
-        if unsafe and not allow_code:
-            raise PermissionError(
-                f"task {task['name']!r} ({', '.join(unsafe)}) executes model-written code; "
-                f"set {CODE_EXECUTION_SETTING}: true in its settings to allow it")
         samples: dict[str, list[int]] = {}
         for t, obj in leaf_tasks.items():
             idx = shard_indices(len(obj.eval_docs), task.get("limit"), shard, num_shards)
             if idx:
                 samples[t] = idx
+        yield LmEvalSession(tm, leaf_tasks, samples)
+
+
+def run_lm_eval(lm, settings: Mapping[str, Any], session: LmEvalSession) -> dict[str, Any]:
+    """lm-eval's evaluation of the session's documents with ``lm``: the job's few-shot count,
+    seeds, chat options; the authors' few-shot draws (``FEWSHOT_SEED``)."""
+    from lm_eval import simple_evaluate
+
+    task, seed = settings["task"], int(settings.get("seed", 0))
+    return simple_evaluate(
+        model=lm, tasks=[session.leaf_tasks[t] for t in sorted(session.samples)],
+        num_fewshot=task.get("num_fewshot"), samples=session.samples, log_samples=True,
+        bootstrap_iters=0, task_manager=session.tm, random_seed=seed,
+        numpy_random_seed=seed, torch_random_seed=seed,
+        fewshot_random_seed=FEWSHOT_SEED, **chat_kwargs(task),
+        confirm_run_unsafe_code=bool(session.unsafe))
+
+
+def evaluate(settings: Mapping[str, Any], model_dir: str | os.PathLike | None,
+             calib_dir: str | os.PathLike | None, out_path: str | os.PathLike,
+             shard: int = 0, num_shards: int = 1, loaded=None):
+    """Evaluate and write ``out_path`` (Parquet) + the raw JSON beside it; returns the rows."""
+    import torch
+
+    settings = json.loads(json.dumps(settings))
+    task = settings["task"]
+    seed = int(settings.get("seed", 0))
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    allow_code = bool(task.get("allow_code_execution", False))
+
+    with lm_eval_session(settings, shard, num_shards) as session:
+        if session.unsafe and not allow_code:
+            raise PermissionError(
+                f"task {task['name']!r} ({', '.join(session.unsafe)}) executes model-written "
+                f"code; set {CODE_EXECUTION_SETTING}: true in its settings to allow it")
         per_doc: dict[str, Any] = {"metrics": {}, "chance": {}}
         raw: dict[str, Any] = {}
-        if samples:
-            greedy = any(leaf_tasks[t].get_config("output_type") == "loglikelihood" for t in samples)
-            lm = make_lm(settings, model_dir, calib_dir, loaded=loaded, compute_greedy=greedy)
-            code_env = _env(HF_ALLOW_CODE_EVAL="1") if allow_code and unsafe else contextlib.nullcontext()
+        if session.samples:
+            lm = make_lm(settings, model_dir, calib_dir, loaded=loaded,
+                         compute_greedy="loglikelihood" in session.output_types())
+            code_env = _env(HF_ALLOW_CODE_EVAL="1") if allow_code and session.unsafe \
+                else contextlib.nullcontext()
             with code_env:
-                res = simple_evaluate(
-                    model=lm, tasks=[leaf_tasks[t] for t in sorted(samples)],
-                    num_fewshot=task.get("num_fewshot"), samples=samples, log_samples=True,
-                    bootstrap_iters=0, task_manager=tm, random_seed=seed,
-                    numpy_random_seed=seed, torch_random_seed=seed,
-                    fewshot_random_seed=FEWSHOT_SEED, **chat_kwargs(task),
-                    confirm_run_unsafe_code=bool(allow_code and unsafe))
-            per_doc = per_doc_values(res, leaf_tasks)
-            per_doc["steps"] = decode_steps_per_doc(lm, samples)
+                res = run_lm_eval(lm, settings, session)
+            per_doc = per_doc_values(res, session.leaf_tasks)
+            per_doc["steps"] = decode_steps_per_doc(lm, session.samples)
             per_doc["execution"] = execution_record(lm.loaded, settings)
             raw = _json_safe({k: v for k, v in res.items() if k != "samples"})
     if task.get("kind") == "synthetic_gen":

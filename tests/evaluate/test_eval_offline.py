@@ -1,6 +1,7 @@
 """Offline benchmark data: every format in the data directory parses with the right row counts,
 and the rendered local YAMLs run through lm-eval on a tiny model (no network)."""
 import os
+from pathlib import Path
 
 import pytest
 
@@ -48,7 +49,7 @@ def test_rendered_yamls_load_every_task_with_all_docs(offline_data_dir, tmp_path
     tm = TaskManager(include_path=str(inc), include_defaults=False)
     expected = {"piqa": 1838, "boolq": 3270, "winogrande": 1267, "arc_easy": 2376,
                 "arc_challenge": 1172, "hellaswag": 10042, "truthfulqa_mc2": 817,
-                "humaneval": 164, "gsm8k_cot": 1319, "mmlu": 14042}
+                "humaneval": 164, "gsm8k_cot": 1319, "gsm8k": 1319, "mmlu": 14042}
     for name, n in expected.items():
         tasks = tm.load([name])["tasks"]
         assert sum(len(t.eval_docs) for t in tasks.values()) == n, name
@@ -58,6 +59,8 @@ def test_rendered_yamls_load_every_task_with_all_docs(offline_data_dir, tmp_path
     assert wino.doc_to_text(doc) == int(doc["answer"]) - 1 and len(wino.doc_to_choice(doc)) == 2
     gsm = tm.load(["gsm8k_cot"])["tasks"]["gsm8k_cot"]
     assert gsm.get_config("num_fewshot") == 8 and gsm.doc_to_target(gsm.eval_docs[0]) == "18"
+    plain = tm.load(["gsm8k"])["tasks"]["gsm8k"]            # lm-eval's 5-shot, train pool
+    assert plain.get_config("num_fewshot") == 5 and len(plain.fewshot_docs()) == 7473
 
 
 @pytest.mark.parametrize("name,shots", [("arc_easy", 0), ("winogrande", 0), ("truthfulqa_mc2", 0),
@@ -123,3 +126,34 @@ def test_pass_at_k_executes_programs(offline_data_dir, monkeypatch, tmp_path):
         utils.pass_at_k([ref], [[good]], k=[1])
     monkeypatch.setenv("HF_ALLOW_CODE_EVAL", "1")
     assert utils.pass_at_k([ref, ref], [[good], [bad]], k=[1]) == {"pass@1": 0.5}
+
+
+def test_offline_humaneval_instruct_is_lm_evals(offline_data_dir, tmp_path):
+    """Its prompt, answer opening and filter are lm-eval's humaneval_instruct.yaml's."""
+    import lm_eval.tasks
+    import yaml
+    from lm_eval.tasks import TaskManager
+
+    inc = od.write_offline_tasks(offline_data_dir, tmp_path / "cache", tmp_path / "tasks",
+                                 ["humaneval_instruct"])
+    task = TaskManager(include_path=str(inc), include_defaults=False).load(
+        ["humaneval_instruct"])["tasks"]["humaneval_instruct"]
+    loader = type("L", (yaml.SafeLoader,), {})
+    loader.add_multi_constructor("!", lambda _, suffix, node: suffix)
+    own = yaml.load((Path(lm_eval.tasks.__file__).parent / "humaneval" /
+                     "humaneval_instruct.yaml").read_text(), Loader=loader)
+    assert len(task.eval_docs) == 164 and task.config.unsafe_code
+    assert (task.config.doc_to_text, task.config.gen_prefix) == (own["doc_to_text"],
+                                                                 own["gen_prefix"])
+    doc = task.eval_docs[0]
+    pred = rendered_task_utils(inc).build_predictions_instruct([["    return 1\n```\nmore"]], [doc])
+    assert pred == [[doc["prompt"] + "    return 1\n"]]
+
+
+def rendered_task_utils(inc):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("fc_task_utils", inc / "fc_task_utils.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod

@@ -37,6 +37,10 @@ import math
 import random
 import time
 from pathlib import Path
+<<<<<<< HEAD
+=======
+from typing import Any, Mapping
+>>>>>>> h43a
 
 import torch
 
@@ -57,6 +61,11 @@ def _log_schema():
                       ("seconds", pa.float64())])
 
 
+def model_max_positions(train: Mapping[str, Any]) -> int:
+    """The tiny model's context: twice its training length, at least 256."""
+    return max(256, 2 * int(train["seq_len"]))
+
+
 def build_model(family: str, vocab_size: int, train: dict, special_ids: dict[str, int],
                 tied: bool = False):
     """A freshly initialised bidirectional Llama / Qwen2 model for ``family``.
@@ -72,7 +81,7 @@ def build_model(family: str, vocab_size: int, train: dict, special_ids: dict[str
     common = dict(
         vocab_size=vocab_size, hidden_size=hidden, intermediate_size=int(train["intermediate"]),
         num_hidden_layers=int(train["layers"]), num_attention_heads=heads,
-        num_key_value_heads=heads, max_position_embeddings=max(256, 2 * int(train["seq_len"])),
+        num_key_value_heads=heads, max_position_embeddings=model_max_positions(train),
         rms_norm_eps=1e-5, tie_word_embeddings=tied, use_cache=False, is_causal=False,
         pad_token_id=special_ids[PAD], bos_token_id=special_ids[BOS],
         eos_token_id=special_ids[EOS], initializer_range=0.02,
