@@ -26,8 +26,6 @@ def build_predictions(resps, docs):
     return [[doc["prompt"] + r for r in resp] for resp, doc in zip(resps, docs)]
 
 
-<<<<<<< HEAD
-=======
 def build_predictions_instruct(resps, docs):
     """HumanEval-Instruct: the prompt followed by the completion up to its first ``` (as
     lm-eval's humaneval/utils.py)."""
@@ -35,20 +33,6 @@ def build_predictions_instruct(resps, docs):
             for resp, doc in zip(resps, docs)]
 
 
-def _run_program(program: str, timeout: float) -> bool:
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "prog.py")
-        with open(path, "w") as fh:
-            fh.write(program)
-        try:
-            proc = subprocess.run([sys.executable, path], cwd=tmp, capture_output=True,
-                                  timeout=timeout, env={"PATH": os.environ.get("PATH", "")})
-        except subprocess.TimeoutExpired:
-            return False
-        return proc.returncode == 0
-
-
->>>>>>> h43a
 class NoFewshotPool(ContextSampler):
     """Few-shot sampler of offline tasks whose data copy has no `train` split (lm-eval's pool):
     lm-eval would otherwise fall back to drawing examples from the evaluation split itself."""

@@ -37,10 +37,7 @@ import math
 import random
 import time
 from pathlib import Path
-<<<<<<< HEAD
-=======
 from typing import Any, Mapping
->>>>>>> h43a
 
 import torch
 
