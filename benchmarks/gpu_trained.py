@@ -99,10 +99,6 @@ HELLASWAG_FILE = "hellaswag/hellaswag_val_full.txt.bz2"
 WIKITEXT_FILE = "wikitext2/wiki.test.raw"
 
 
-def log(msg: str) -> None:
-    print(f"[gpu-trained {time.strftime('%H:%M:%S')}] {msg}", flush=True)
-
-
 # ------------------------------------------------------------------------ CPU machine
 def wheelhouse_errors(names: list[str]) -> list[str]:
     """Wheels the lent machine (CPython 3.12, x86-64) cannot install, and packages twice."""
@@ -174,35 +170,31 @@ def write_data(src: Path, out: Path, classes: int = 3, per_class: int = 2, n_tra
     """The carried data folder (see the module doc); returns its manifest."""
     from fair_calib.data import read_jsonl
 
-    def write(rel: str, text: str | bytes) -> None:
+    def put(rel: str, data: str | bytes) -> None:
         (out / rel).parent.mkdir(parents=True, exist_ok=True)
-        if rel.endswith(".bz2"):
-            with bz2.open(out / rel, "wt", encoding="utf-8") as fh:
-                fh.write(text)
-        else:
-            (out / rel).write_bytes(text if isinstance(text, bytes) else text.encode())
+        (out / rel).write_bytes(data if isinstance(data, bytes) else data.encode())
 
     def jsonl(rows: list[dict]) -> str:
         return "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
 
-    test = read_jsonl(src / "gsm8k" / "test.jsonl")
+    test, train = (read_jsonl(src / "gsm8k" / f"{s}.jsonl") for s in ("test", "train"))
     picks = pick_by_length([n_tokens(r["question"]) for r in test], classes, per_class)
-    write("gsm8k/test.jsonl", jsonl([test[i] for i, _ in picks]))
+    put("gsm8k/test.jsonl", jsonl([test[i] for i, _ in picks]))
+    put("gsm8k/train.jsonl", jsonl(train[:n_train]))
     docs = {"gsm8k_test": [{"index": i, "class": c, "question_tokens":
                             n_tokens(test[i]["question"])} for i, c in picks]}
-    train = read_jsonl(src / "gsm8k" / "train.jsonl")[:n_train]
-    write("gsm8k/train.jsonl", jsonl(train))
     items = read_hellaswag_items(src / HELLASWAG_FILE)
     picks = pick_by_length([hellaswag_tokens(it) for it in items], classes, per_class)
-    write(HELLASWAG_FILE, "".join(line + "\n" for i, _ in picks for line in items[i]))
+    put(HELLASWAG_FILE, bz2.compress("".join(line + "\n" for i, _ in picks
+                                             for line in items[i]).encode()))
     docs["hellaswag"] = [{"index": i, "class": c, "request_tokens": hellaswag_tokens(items[i])}
                          for i, c in picks]
     raw = (src / WIKITEXT_FILE).read_bytes()
     cut = raw.rfind(b"\n", 0, wiki_chars) + 1 or len(raw)
-    write(WIKITEXT_FILE, raw[:cut])
+    put(WIKITEXT_FILE, raw[:cut])
     manifest = {"source": str(src), "classes": classes, "per_class": per_class,
-                "documents": docs, "wikitext2_bytes": cut, "gsm8k_train_rows": len(train)}
-    write("manifest.json", json.dumps(manifest, indent=1))
+                "documents": docs, "wikitext2_bytes": cut, "gsm8k_train_rows": len(train[:n_train])}
+    put("manifest.json", json.dumps(manifest, indent=1))
     return manifest
 
 
@@ -574,7 +566,7 @@ class Runner:
         return self.args.deadline - (time.perf_counter() - self.t0)
 
     def note(self, text: str) -> None:
-        log(text)
+        print(f"[gpu-trained {time.strftime('%H:%M:%S')}] {text}", flush=True)
         self.summary.append(text)
 
     def keep(self, src: Path | str, name: str) -> None:
