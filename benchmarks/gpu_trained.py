@@ -54,8 +54,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-PHASES = ("default", "wide", "fake", "decode", "cpu", "grid")
-DEFAULT_PHASES = "default,wide,fake,decode,cpu"
+PHASES = ("default", "wide", "fake", "decode", "cpu", "grid")     # the default list: all but grid
 # the CPU's table of the embedded default (tests/recorded_hashes.json, "default")
 CPU_TABLE_SHA = "97503071140723f312317f6c4951d7a3cc51852c2c534e57d00bcdb18d15c988"
 SMOKE_CONFIGS = ["config/gpu_trained.yaml", "config/gpu_trained_cpu.yaml"]
@@ -457,17 +456,17 @@ def summary_lines(name: str, records: list[dict]) -> list[str]:
              f"once: {max_overlap(records, False)} (GPU jobs: {max_overlap(records, True)}); "
              "by stage: " + ", ".join(f"{k} {len(v)} jobs {sum(v):.0f} s (max {max(v):.0f})"
                                       for k, v in sorted(stages.items())), "",
-             "wall s: the stage's own time (fair_calib.cli job line: after the interpreter "
-             "started, imports included); process s: Snakemake's benchmark file (the whole "
-             "command), where the rule has one; start s: after the first job's start. "
-             f"{sum(map(_copy_only, records))} gather_eval jobs of one shard (a file copy, no "
-             "Python) are not listed.", "",
+             "wall s: the stage's job line (imports included); process s: Snakemake's benchmark "
+             "file (the whole command); start s: after the first job's start; "
+             f"{sum(map(_copy_only, records))} gather_eval jobs of one shard (a copy) not listed.",
+             "",
              "| job | wildcards | status | wall s | process s | card | peak GPU GB | start s |",
              "|---|---|---|---:|---:|---|---:|---:|"]
-    lines += [f"| {r['job']} | {r['wildcards']} | {r['status']} | {_fmt(r.get('wall_s'))} "
-              f"| {_fmt(r.get('process_s'))} | {r.get('card', '-')} "
-              f"| {_fmt(r.get('peak_gpu_gb'), 2)} | {_fmt(r['start'] - t0 if 'start' in r else None)} |"
-              for r in records if not _copy_only(r)]
+    for r in (r for r in records if not _copy_only(r)):
+        start = r["start"] - t0 if "start" in r else None
+        lines.append(f"| {r['job']} | {r['wildcards']} | {r['status']} | {_fmt(r.get('wall_s'))} "
+                     f"| {_fmt(r.get('process_s'))} | {r.get('card', '-')} "
+                     f"| {_fmt(r.get('peak_gpu_gb'), 2)} | {_fmt(start)} |")
     methods = methods_table(records)
     return lines + ([""] + [f"{name} evaluation wall s per method (x: over FP):"] + methods
                     if methods else [])
@@ -476,20 +475,15 @@ def summary_lines(name: str, records: list[dict]) -> list[str]:
 # ------------------------------------------------------------------------ comparisons
 def eval_records(run_dir: Path) -> dict[tuple[str, str, str, str], dict]:
     """``(model, method, bits, task) -> per_doc`` of every gathered evaluation under
-    ``run_dir/results/eval``, its shards merged: metrics, responses and executions."""
+    ``run_dir/results/eval``: its gathered raw JSON, or the one shard's it was copied from."""
     from fair_calib.evaluate.run import run_per_docs
 
     out = {}
     for path in sorted((run_dir / "results" / "eval").glob("*/*/*/*.parquet")):
-        merged: dict = {"metrics": {}, "responses": {}, "executions": []}
-        for d in run_per_docs(path):
-            for field in ("metrics", "responses"):
-                for key, by_task in (d.get(field) or {}).items():
-                    for t, docs in by_task.items():
-                        merged[field].setdefault(key, {}).setdefault(t, {}).update(docs)
-            merged["executions"] += d.get("executions") or [d.get("execution")] * bool(
-                d.get("execution"))
-        out[(*path.parts[-4:-1], path.stem)] = merged
+        per_docs = run_per_docs(path)
+        if len(per_docs) != 1:
+            raise ValueError(f"{path}: {len(per_docs)} shard records and no gathered JSON")
+        out[(*path.parts[-4:-1], path.stem)] = per_docs[0]
     return out
 
 
@@ -561,6 +555,7 @@ class Runner:
         self.summary: list[str] = []
         self.card_rows = [] if self.smoke else cuda_cards()
         self.cards = [c[0] for c in self.card_rows]
+        self.tables = ["main"] if self.smoke else args.tables.split(",")
 
     def left(self) -> float:
         return self.args.deadline - (time.perf_counter() - self.t0)
@@ -640,13 +635,10 @@ class Runner:
             self.note(f"default: card table sha256 {sha[:12]}; the CPU's recorded "
                       f"{CPU_TABLE_SHA[:12]} ({'same' if sha == CPU_TABLE_SHA else 'differs'})")
 
-    def tables(self) -> list[str]:
-        return ["main"] if self.smoke else self.args.tables.split(",")
-
     def wide_targets(self) -> list[str]:
         """The tables and the long-generation evaluations (FP and ``--decode-method``)."""
-        cfg, targets = wide_config(self.smoke), [f"results/tables/{t}.tex" for t in self.tables()]
-        if LONG_TASK in cfg.get("tasks", {}) and "main" in self.tables():
+        cfg, targets = wide_config(self.smoke), [f"results/tables/{t}.tex" for t in self.tables]
+        if LONG_TASK in cfg.get("tasks", {}) and "main" in self.tables:
             targets += [f"results/eval/{model}/{m}/{LONG_TASK}.parquet"
                         for model in cfg["tables"]["main"]["models"]
                         for m in ("fp/fp", f"{self.args.decode_method}/w4a4")]
@@ -667,7 +659,7 @@ class Runner:
         """The CPU's share (bf16 on CPU cores is slow): FP, RTN and the decode phase's method
         on the tables' tasks, every model."""
         cfg, out = wide_config(self.smoke), []
-        for name in self.tables():
+        for name in self.tables:
             table = cfg["tables"][name]
             bits = table.get("bits", "w4a4")
             cells = [("fp", "fp"), ("rtn", bits)] + [(self.args.decode_method, bits)] * (
@@ -850,7 +842,7 @@ def main(argv=None) -> int:
     dp.add_argument("--src", default=os.environ.get("FAIR_CALIB_SOURCE_DATA", "../shared/data"))
     dp.add_argument("--out", default=".gpu_dag_data")
     rp = sub.add_parser("run")
-    rp.add_argument("--phases", default=DEFAULT_PHASES, help=f"of {','.join(PHASES)}")
+    rp.add_argument("--phases", default=",".join(PHASES[:-1]), help=f"of {','.join(PHASES)}")
     rp.add_argument("--runs", default="/tmp/gpu_trained", help="where the run folders go")
     rp.add_argument("--out", default=os.environ.get("OUT"))
     rp.add_argument("--deadline", type=float, default=560.0, help="seconds for all phases")
