@@ -821,8 +821,10 @@ def run_phase(r: Runner, phase: str, args) -> None:
     wide, fake = (r.base / p / "runs" / "gpu_trained" for p in ("wide", "fake"))
     if r.left() < PHASE_MIN_S[phase] * (0.3 if args.cpu_smoke else 1):
         r.note(f"{phase}: skipped, {r.left():.0f} s left before the deadline")
-    elif phase in ("wide", "grid"):
-        r.wide() if phase == "wide" else r.grid()
+    elif phase == "wide":
+        r.wide()
+    elif phase == "grid":
+        r.grid()
     elif phase == "fake" and r.rerun_evals("fake", "fake", None):
         r.compare(wide, fake, ("real", "fake"), "real_vs_fake.json")
     elif phase == "cpu" and r.rerun_evals("cpu", "fake", "cpu", r.cpu_targets()) \
