@@ -12,7 +12,6 @@ to every block at 15 epochs, and the FLOP floor (a step is about three forward p
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -23,6 +22,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks import shapes  # noqa: E402
+from benchmarks.shapes import emit  # noqa: E402
 from fair_calib.calibrate import calibrate  # noqa: E402
 from fair_calib.methods import make_method  # noqa: E402
 from fair_calib.quant import fused  # noqa: E402
@@ -31,16 +31,6 @@ SMOKE_SHAPE = dict(cls="llama", hidden_size=64, intermediate_size=192, num_hidde
                    num_attention_heads=4, num_key_value_heads=4, vocab_size=300,
                    rope_theta=10000.0, max_position_embeddings=256, rms_norm_eps=1e-5,
                    adapter="tiny-llada", mask_id=299)
-
-
-def emit(rec: dict) -> None:
-    print(json.dumps(rec), flush=True)
-
-
-def block_fwd_flops(shape: str, batch: int, seq: int) -> float:
-    s = shapes.SHAPES[shape]
-    head = 2 * batch * seq * s["hidden_size"] * s["vocab_size"]
-    return shapes.forward_flops(shape, batch, seq, layers=1) - head
 
 
 def bench_calibration(shape: str, args, dev: str, peak_tflops: float | None) -> None:
@@ -70,7 +60,6 @@ def bench_calibration(shape: str, args, dev: str, peak_tflops: float | None) -> 
     overhead = statistics.median(per_block[1:] or per_block) - args.epochs * sec_epoch
     one_time = max(per_block[0] - args.epochs * sec_epoch - overhead, 0.0)
     n_blocks = shapes.SHAPES[shape]["num_hidden_layers"]
-    flops_epoch = 3 * block_fwd_flops(shape, args.n_samples, args.seq_len)
     rec = {"kind": "calibration", "shape": shape, "device": dev_name(dev),
            "compiled": fused.compile_enabled() and dev == "cuda",
            "compile_fell_back": fused.fell_back(), "n_samples": args.n_samples,
@@ -82,7 +71,11 @@ def bench_calibration(shape: str, args, dev: str, peak_tflops: float | None) -> 
                (one_time + n_blocks * (overhead + 15 * sec_epoch)) / 60,
            "total_s": total, "final_losses": [r["loss"] for r in rows if r["epoch"] == last]}
     if peak_tflops:
-        floor = flops_epoch / (peak_tflops * 1e12)
+        # a step: about three forward passes' matmuls of one block (the LM head left out)
+        block_fwd = (shapes.forward_flops(shape, args.n_samples, args.seq_len, layers=1)
+                     - 2 * args.n_samples * args.seq_len * shapes.SHAPES[shape]["hidden_size"]
+                     * shapes.SHAPES[shape]["vocab_size"])
+        floor = 3 * block_fwd / (peak_tflops * 1e12)
         rec.update({"flop_floor_all_blocks_15_epochs_min": n_blocks * 15 * floor / 60,
                     "matmul_utilisation": floor / sec_epoch})
     emit(rec)

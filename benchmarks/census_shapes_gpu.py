@@ -18,6 +18,7 @@ and the entries to paste into QUANT_RATIOS.
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import os
 import statistics
@@ -25,12 +26,17 @@ import sys
 import time
 from pathlib import Path
 
+import torch
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks import shapes  # noqa: E402
+
 FAMILY = {"llada-8b": "llada", "dream-7b": "dream"}
-METHOD = {"transform": "fair_calib", "hadamard": "quarot", "plain": "rtn"}   # structures.py's
+METHOD = {"transform": "fair_calib", "hadamard": "quarot", "plain": "rtn"}   # shapes.STRUCTURES
 STRUCTURES = tuple(METHOD)
 SOURCE = "census-gpu"            # the source tag of the printed QUANT_RATIOS entries
+emit = functools.partial(shapes.emit, name="census_shapes")
 
 # select_shapes of the paper census (fair-calib census --configfile config/paper.yaml,
 # 2026-11-27): (request class, rows, tokens bucket), by projected GPU time, 8 at most
@@ -73,12 +79,6 @@ def parse_shape(text: str) -> tuple[str, int, int]:
     return ("generate" if rows == 1 else "mc", rows, tokens)
 
 
-def shapes_for(model: str, args) -> list[tuple]:
-    if args.forward_shapes:
-        return [parse_shape(s) for s in args.forward_shapes]
-    return DEFAULT_SHAPES[FAMILY[model]][:args.max_shapes]
-
-
 def record(model: str, structure: str, mode: str, rows: int, tokens: int, bf16_s: float,
            quant_s: float, **extra) -> dict:
     ratio = quant_s / bf16_s
@@ -96,19 +96,11 @@ def entries(records) -> dict[str, list]:
     return out
 
 
-def emit(rec: dict) -> None:
-    from benchmarks.structures import emit as emit_line
-
-    emit_line(rec, "census_shapes")
-
-
 # ----------------------------------------------------------------------------- GPU timing
 def time_forward(lm, ids, iters: int, keep_last: int = 16) -> float:
     """GPU seconds of one forward as the pipeline runs an MC request's batches: replayed from
     a CUDA graph (fair_calib.models.graphs; the first call warms up, the second captures),
     LM head on the last ``keep_last`` positions (the targets)."""
-    import torch
-
     ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
           for _ in range(iters)]
     keep = min(keep_last, ids.shape[1])
@@ -125,8 +117,6 @@ def time_forward(lm, ids, iters: int, keep_last: int = 16) -> float:
 
 def time_decode(lm, tokens: int, steps: int) -> float:
     """Seconds per step of a batch-1 decode whose forwards are 1 x ``tokens``."""
-    import torch
-
     from fair_calib.decoding import decode, make_policy
 
     gen = min(256, max(steps, (tokens // 2) // steps * steps))
@@ -135,29 +125,23 @@ def time_decode(lm, tokens: int, steps: int) -> float:
         over["block_length"] = gen
     policy = make_policy(lm.adapter.decoding, over)
     warm = make_policy(lm.adapter.decoding, {**over, "steps": 2})
-    vocab = lm.model.config.vocab_size
-    prompt = torch.randint(10, vocab - 1000, (tokens - gen,),
+    prompt = torch.randint(10, lm.model.config.vocab_size - 1000, (tokens - gen,),
                            generator=torch.Generator().manual_seed(1)).tolist()
-    gens = lambda: [torch.Generator(device="cuda").manual_seed(100)]  # noqa: E731
     with torch.no_grad():
-        decode(lm, [prompt], warm, gens())
+        decode(lm, [prompt], warm, [torch.Generator(device="cuda").manual_seed(100)])
         torch.cuda.synchronize()
         t0 = time.perf_counter()
-        decode(lm, [prompt], policy, gens())
+        decode(lm, [prompt], policy, [torch.Generator(device="cuda").manual_seed(100)])
         torch.cuda.synchronize()
     return (time.perf_counter() - t0) / steps
 
 
 def measure(model_name: str, lm, shape_list, args) -> dict:
     """{(mode, rows, tokens): seconds} of the model as it is."""
-    import torch
-
-    from benchmarks import structures
-
     out = {}
     lm.replay_graphs()                 # as the evaluation stage runs the model
     for cls, rows, tokens in shape_list:
-        ids = structures.ids_for(model_name, rows, tokens, "cuda")
+        ids = shapes.ids_for(model_name, rows, tokens, "cuda")
         out[("forward", rows, tokens)] = time_forward(lm, ids, args.iters)
         if cls == "generate" and rows == 1 and not args.no_decode:
             out[("decode", rows, tokens)] = time_decode(lm, tokens, args.decode_steps)
@@ -167,15 +151,10 @@ def measure(model_name: str, lm, shape_list, args) -> dict:
 
 
 def bench_model(model_name: str, args) -> list[dict]:
-    import torch
-
-    from benchmarks import shapes
-    from benchmarks import structures
-
-    shape_list = shapes_for(model_name, args)
-    device = torch.cuda.get_device_name()
+    shape_list = ([parse_shape(s) for s in args.forward_shapes] if args.forward_shapes
+                  else DEFAULT_SHAPES[FAMILY[model_name]][:args.max_shapes])
     lm = shapes.build(model_name, device="cuda")
-    groups = structures.block_groups(lm, "cuda")
+    groups = shapes.block_groups(lm, "cuda")
     bf16 = measure(model_name, lm, shape_list, args)
     recs = []
     for i, structure in enumerate(args.structures):
@@ -185,18 +164,17 @@ def bench_model(model_name: str, args) -> list[dict]:
             torch.cuda.empty_cache()
             lm = shapes.build(model_name, device="cuda")
         t0 = time.perf_counter()
-        structures.quantize(lm, groups, METHOD[structure])
-        structures.to_byte_storage(lm)          # codes one per byte, as load_quantized on CUDA
+        shapes.quantize(lm, groups, METHOD[structure])
+        shapes.to_byte_storage(lm)          # codes one per byte, as load_quantized on CUDA
         torch.cuda.synchronize()
         attach_s = time.perf_counter() - t0
-        q = measure(model_name, lm, shape_list, args)
-        for (mode, rows, tokens), sec in q.items():
-            rec = record(model_name, structure, mode, rows, tokens, bf16[(mode, rows, tokens)], sec,
-                         device=device, torch=torch.__version__, iters=args.iters,
-                         decode_steps=args.decode_steps if mode == "decode" else None,
-                         attach_s=round(attach_s, 2))
-            emit(rec)
-            recs.append(rec)
+        for (mode, rows, tokens), sec in measure(model_name, lm, shape_list, args).items():
+            recs.append(record(model_name, structure, mode, rows, tokens,
+                               bf16[(mode, rows, tokens)], sec,
+                               device=torch.cuda.get_device_name(), torch=torch.__version__,
+                               iters=args.iters, attach_s=round(attach_s, 2),
+                               decode_steps=args.decode_steps if mode == "decode" else None))
+            emit(recs[-1])
     del lm
     torch.cuda.empty_cache()
     return recs
@@ -214,8 +192,6 @@ def main(argv=None) -> None:
     ap.add_argument("--no-decode", action="store_true")
     args = ap.parse_args(argv)
     os.environ.setdefault("FAIR_CALIB_LOWBIT", "real")
-    import torch
-
     if not torch.cuda.is_available():
         sys.exit("census_shapes_gpu.py: needs a CUDA GPU (the real low-bit path)")
     recs = []

@@ -4,7 +4,7 @@ quantized, and does replay give eager's tokens and logits?
 The project's ``decode`` at the real LLaDA-8B / Dream-7B shapes (random weights, full depth
 unless ``--layers``): batch 1, gen_length 256, 256 steps, prompts of 600 and 152 tokens, LLaDA
 low_confidence in blocks of 32 (float32 rotary, as its hub checkpoints load), Dream entropy.
-bf16 and each structure (``benchmarks/structures.py`` at W4A4 or W8A8 on the integer GEMM, codes
+bf16 and each structure (``benchmarks/shapes.py`` at W4A4 or W8A8 on the integer GEMM, codes
 one a byte as on CUDA) decode eagerly and through :mod:`fair_calib.models.graphs` (capture
 included); one JSON line each: wall time, peak memory, capture cost, and whether the tokens and
 every step's logits (a 64-bit fingerprint of their bits) equal the eager decode's.
@@ -25,8 +25,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks import shapes  # noqa: E402
-from benchmarks.structures import (STRUCTURES, block_groups, emit, quantize,  # noqa: E402
-                                   to_byte_storage)
+from benchmarks.shapes import STRUCTURES, emit  # noqa: E402
 from fair_calib.decoding import decode, make_policy  # noqa: E402
 
 PROMPTS = (600, 152)
@@ -54,9 +53,6 @@ class Fingerprints:
     def finish(self, tokens):
         pass
 
-    def values(self) -> list[int]:
-        return torch.stack(self.prints).tolist()
-
 
 def prompt(shape: str, n: int) -> list[int]:
     vocab = shapes.SHAPES[shape]["vocab_size"]
@@ -76,7 +72,7 @@ def run_decode(lm, shape: str, n: int, graphs: bool) -> dict:
     secs = time.perf_counter() - t0
     st = lm.graphs.stats if graphs else None
     return {"seconds": secs, "peak_gb": torch.cuda.max_memory_allocated() / 2**30,
-            "tokens": out.tokens.tolist(), "prints": rec.values(),
+            "tokens": out.tokens.tolist(), "prints": torch.stack(rec.prints).tolist(),
             "captures": st.captures if st else 0, "replays": st.replays if st else 0,
             "capture_s": st.capture_s if st else 0.0}
 
@@ -118,22 +114,18 @@ def main(argv=None) -> int:
     ap.add_argument("--bits", type=int, default=4, choices=[4, 8],
                     help="W4A4 (default) or W8A8, both on the int8 GEMM")
     args = ap.parse_args(argv)
-    dev = "cuda"
     emit({"kind": "env", "gpu": torch.cuda.get_device_name(), "torch": torch.__version__})
     for shape in args.shapes:
-        def build():
-            return shapes.build(shape, layers=args.layers, device=dev, authors_rotary=True)
-        lm = build()
+        lm = shapes.build(shape, layers=args.layers, authors_rotary=True)
         measure(lm, shape, "bf16", True)
         for name in args.structures:
             del lm
             gc.collect()
             torch.cuda.empty_cache()
-            lm = build()
+            lm = shapes.build(shape, layers=args.layers, authors_rotary=True)
             t0 = time.perf_counter()
-            groups = block_groups(lm, dev)
-            quantize(lm, groups, name, args.bits)
-            to_byte_storage(lm)              # what FAIR_CALIB_LOWBIT_STORAGE=auto runs on CUDA
+            shapes.quantize(lm, shapes.block_groups(lm, "cuda"), name, args.bits)
+            shapes.to_byte_storage(lm)          # what FAIR_CALIB_LOWBIT_STORAGE=auto runs on CUDA
             emit({"kind": "quantized", "shape": shape, "structure": name,
                   "seconds": round(time.perf_counter() - t0, 1)})
             # eager quantized decodes are slow (13-17 s): W4A4 compares FAIR-Calib's only

@@ -1,42 +1,52 @@
-"""Does the GPU give the reference's numbers? (issue 40) The pipeline itself, on one lent GPU.
+"""The pipeline itself on one lent GPU (issues 30, 40): the grid's DAG at the real widths, the
+embedded default, trained GPU-width models (real kernels against fake quantization), decodes.
 
-    python benchmarks/gpu_trained.py run [--phases default,wide,fake,cpu,decode] [--out DIR]
-    python benchmarks/gpu_trained.py run --cpu-smoke            # the suite's CPU version
-    python benchmarks/gpu_trained.py compare RUN_A RUN_B        # two runs' evaluations, cell by cell
+    python benchmarks/gpu_trained.py wheels    # CPU machine: .whl/, what the lent machine lacks
+    python benchmarks/gpu_trained.py data [--src ../shared/data] [--out .gpu_dag_data]   # CPU
+    python benchmarks/gpu_trained.py run [--phases default,wide,fake,decode,cpu,grid] [--out DIR]
+    python benchmarks/gpu_trained.py run --cpu-smoke [--phases ...]   # tiny widths on the CPU
+    python benchmarks/gpu_trained.py compare RUN_A RUN_B   # two runs' evaluations, cell by cell
+    python benchmarks/gpu_trained.py summary RUN           # a run folder's jobs: wall s, card
 
-Phases of ``run`` (each a Snakemake run of the project in a folder of its own, cold, timed; a
-phase starts only while ``--deadline`` leaves it time, so one call stays inside 10 minutes):
+``.whl/`` (installed by ``run`` into ``--site``) and ``.gpu_dag_data/`` (``data``: GSM8K test
+questions and HellaSwag items, 2 from each of 3 token-count classes with its shortest and
+longest; GSM8K train questions for the probes; the start of WikiText-2; ``manifest.json``) are
+never committed: name both in the device tool's ``carry``. Phases of ``run``, each a cold,
+timed Snakemake run in a folder of its own under ``--runs``, started only while ``--deadline``
+leaves it time (one call stays inside 10 minutes); ``grid`` is not in the default list:
 
-- ``default``: the embedded default with ``--config device=cuda`` (every stage on the card), and
-  with two cards a second cold run at once on the other card; the tables compared byte for byte
-  with each other and printed beside the CPU's recorded table.
-- ``wide``: ``config/gpu_trained.yaml``: LLaDA- and Dream-layout models 1,024 wide (head_dim
-  128) trained on the card, W4A4 RTN / QuaRot / FlatQuant / FAIR-Calib and W8A8 RTN /
-  SmoothQuant, evaluated in bfloat16 under ``FAIR_CALIB_LOWBIT=auto`` (integer codes), plus the
-  256-token generation task for early exit.
-- ``fake``: the same calibrations evaluated again under ``FAIR_CALIB_LOWBIT=fake`` (a copy of
-  the wide run, its evaluations forced), then ``compare`` real against fake.
-- ``cpu``: the same calibrations evaluated by fake quantization on the CPU (bfloat16): bf16
-  arithmetic's own device-to-device noise, compared with the card's fake quantization.
-- ``decode``: batch-1 decodes of the wide models at the grid's generation length (256 tokens,
-  256 steps; LLaDA in blocks of 32): steps run with exact early exit against the full
-  schedule, and W4A4 FAIR-Calib (integer codes) against bf16 time, CUDA graphs replayed.
+- ``grid``: config/gpu_dag.yaml on random weights in the LLaDA / Dream hub layouts at the real
+  widths (benchmarks/shapes.py), ``--grid-layers`` blocks, the carried documents' word-level
+  tokenizer padded to the model's vocabulary (a word is about a BPE token of English); GPU
+  slots off, at most ``--grid-jobs`` GPU jobs at once (``--resources gpu=N``).
+- ``default``: the embedded default with ``--config device=cuda``, twice cold (two cards: on the
+  first, the other phases on the second); tables compared with each other and the CPU's.
+- ``wide``: config/gpu_trained.yaml: LLaDA- and Dream-layout models 1,024 wide trained on the
+  card, W4A4 RTN / QuaRot / FlatQuant / FAIR-Calib, W8A8 RTN / SmoothQuant, evaluated in bf16
+  under ``FAIR_CALIB_LOWBIT=auto`` (integer codes), and a 256-token generation task.
+- ``fake``: the wide run's evaluations again under ``FAIR_CALIB_LOWBIT=fake``; real vs fake.
+- ``cpu``: the same by fake quantization on the CPU (bf16): the card-to-CPU noise of bf16.
+- ``decode``: batch-1 decodes of the wide models at the grid's length (256 tokens, 256 steps,
+  LLaDA in blocks of 32), graphs replayed: exact early exit's steps against the full schedule,
+  W4A4 ``--decode-method`` against bf16 time.
 
-``compare`` prints, per (model, method, bits, task): each run's accuracy, how many generations
-are identical, and the largest difference of a choice's log-likelihood; a summary of a
-phase's comparison goes to ``$OUT`` with the tables and job timings.
-
-Wheels: snakemake, lm-eval and datasets travel as in ``benchmarks/gpu_dag.sh`` (``wheels``
-there builds ``.whl/``; name it in the device tool's ``carry``).
+Each phase's jobs are read off the job lines every stage logs (wall time, card, peak GPU
+memory), each method's evaluation time next to FP's. ``compare``: per (model, method, bits,
+task) each run's accuracy, identical generations, the largest log-likelihood difference. With
+``--out`` (default ``$OUT``): summary.md and results.tgz (kept files, every run's logs, tables).
 """
 from __future__ import annotations
 
 import argparse
+import bz2
+import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
+import tarfile
 import threading
 import time
 from pathlib import Path
@@ -44,18 +54,235 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-PHASES = ("default", "wide", "fake", "decode", "cpu")
+PHASES = ("default", "wide", "fake", "decode", "cpu", "grid")     # the default list: all but grid
 # the CPU's table of the embedded default (tests/recorded_hashes.json, "default")
 CPU_TABLE_SHA = "97503071140723f312317f6c4951d7a3cc51852c2c534e57d00bcdb18d15c988"
-WIDE_CONFIGS = ["config/gpu_trained.yaml"]
 SMOKE_CONFIGS = ["config/gpu_trained.yaml", "config/gpu_trained_cpu.yaml"]
 LONG_TASK = "synth_gen_long"
 # the phase's Snakemake runs need at least this much time left (seconds)
-PHASE_MIN_S = {"default": 200, "wide": 240, "fake": 60, "cpu": 90, "decode": 60}
+PHASE_MIN_S = {"default": 200, "wide": 240, "fake": 60, "cpu": 90, "decode": 60, "grid": 120}
+METHOD_ORDER = ("fp", "rtn", "quarot", "flatquant", "fair-calib")   # config/gpu_dag.yaml's
+NEEDED = ("snakemake", "lm-eval", "datasets")   # what the wheels bring; refused without
+COPY_JOBS = ("gather_eval",)     # one shard: `cp`, no stage process, so no job line
+# What the lent machine's Python lacks (it has torch, triton, transformers, tokenizers, numpy,
+# pandas, pyarrow, ...), at the project environment's versions; typing-extensions and fsspec are
+# shipped for the versions pydantic and datasets need. pulp (Snakemake's ILP scheduler, 16 MB)
+# is left out: the runs use `--scheduler greedy`.
+WHEELS = """annotated-types==0.8.0 argparse-dataclass==2.0.0 chardet==6.0.0.post1
+conda-inject==1.3.2 configargparse==1.9.0 dataproperty==1.1.1 datasets==5.2.0 defusedxml==0.7.1
+dill==0.4.1 docutils==0.22.4 dpath==2.2.0 evaluate==0.4.6 fastjsonschema==2.22.3
+fsspec==2026.9.0 gitdb==4.0.12 gitpython==3.2.1 greenlet==3.5.6 humanfriendly==10.0
+immutables==0.21 jsonschema==4.26.0 jsonschema-specifications==2025.9.1 jupyter-core==5.9.1
+lm-eval==0.4.13 mbstrdecoder==1.1.5 more-itertools==11.2.1 multiprocess==0.70.19
+nbformat==5.11.1 nltk==3.10.4 pathvalidate==3.3.1 platformdirs==4.14.8 pydantic==2.14.4
+pydantic-core==2.50.5 pytablewriter==1.2.1 referencing==0.37.0 rpds-py==2026.9.1
+smart-open==7.7.1 smmap==5.0.3 snakemake==9.27.1 snakemake-interface-common==1.23.0
+snakemake-interface-executor-plugins==9.4.0 snakemake-interface-logger-plugins==2.1.0
+snakemake-interface-report-plugins==1.3.0 snakemake-interface-scheduler-plugins==2.0.2
+snakemake-interface-storage-plugins==4.4.1 sqlalchemy==2.0.58 sqlmodel==0.0.37
+tabledata==1.3.5 tcolorpy==0.1.7 tenacity==9.2.1 throttler==1.2.3 traitlets==5.16.1
+typepy==1.3.5 typing-extensions==4.16.0 typing-inspection==0.4.5 yte==1.9.4""".split()
+# Published as source only (pure Python): built into wheels here.
+SDIST_ONLY = ["connection-pool==0.0.3", "rouge-score==0.1.2", "sqlitedict==2.1.0",
+              "word2number==1.1"]
+PLATFORMS = ["manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_24_x86_64",
+             "manylinux_2_17_x86_64", "manylinux2014_x86_64", "manylinux_2_5_x86_64",
+             "manylinux1_x86_64"]
+INSTALLABLE = re.compile(r"-([a-z0-9]+\.)*(py3|py312|cp312)(\.[a-z0-9]+)*-(none|cp312|abi3)-"
+                         r"(any|manylinux[0-9_a-z.]*x86_64)\.whl$")
+# the grid's checkpoints: the real shapes by family; the CPU smoke's widths
+FAMILY_SHAPE = {"llada": "llada-8b", "dream": "dream-7b"}
+SMOKE = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4)
+SMOKE_KV_HEADS = {"llada": 4, "dream": 2}       # LLaDA: no GQA; Dream: GQA, as at full size
+HELLASWAG_FILE = "hellaswag/hellaswag_val_full.txt.bz2"
+WIKITEXT_FILE = "wikitext2/wiki.test.raw"
 
 
-def log(msg: str) -> None:
-    print(f"[gpu-trained {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+# ------------------------------------------------------------------------ CPU machine
+def wheelhouse_errors(names: list[str]) -> list[str]:
+    """Wheels the lent machine (CPython 3.12, x86-64) cannot install, and packages twice."""
+    keys = [re.sub(r"-[0-9].*", "", n).lower().replace("_", "-").replace(".", "-") for n in names]
+    return ([f"a wheel the lent machine cannot install: {n}" for n in names
+             if not INSTALLABLE.search(n)]
+            + [f"two versions of: {k}" for k in sorted({k for k in keys if keys.count(k) > 1})])
+
+
+def build_wheels(dest: Path = REPO / ".whl") -> None:
+    shutil.rmtree(dest, ignore_errors=True)
+    dest.mkdir()
+    pip = [sys.executable, "-m", "pip"]
+    platforms = [a for p in PLATFORMS for a in ("--platform", p)]
+    subprocess.run([*pip, "download", "-q", "--no-deps", "--only-binary=:all:", "--python-version",
+                    "3.12", "--implementation", "cp", *platforms, "-d", dest, *WHEELS], check=True)
+    subprocess.run([*pip, "wheel", "-q", "--no-deps", "-w", dest, *SDIST_ONLY], check=True)
+    files = sorted(dest.iterdir())
+    errors = wheelhouse_errors([f.name for f in files])
+    if errors:
+        sys.exit("error: " + "; ".join(errors))
+    size = sum(f.stat().st_size for f in files)
+    print(f"wheelhouse {dest.name}/: {len(files)} wheels, {size} bytes ({size / 2**20:.0f} MiB)")
+
+
+def n_tokens(text: str) -> int:
+    """Tokens of ``text`` under the grid's word-level tokenizer: one per word or punctuation
+    run (its pre-tokenizer's pieces; an unknown word is one [UNK])."""
+    from fair_calib.models.tiny.tokenizer import _pre_tokenizer
+
+    return len(_pre_tokenizer().pre_tokenize_str(text))
+
+
+def pick_by_length(lengths: list[int], classes: int, per_class: int) -> list[tuple[int, int]]:
+    """``(index, class)`` of the documents taken: the documents sorted by length (ties by
+    index) are cut into ``classes`` runs of equal size; from each, ``per_class`` documents at
+    evenly spaced ranks, its shortest and its longest included."""
+    if classes < 1 or per_class < 1:
+        raise ValueError(f"classes ({classes}) and per_class ({per_class}) must be >= 1")
+    if len(lengths) < classes * per_class:
+        raise ValueError(f"{len(lengths)} documents cannot fill {classes} classes of {per_class}")
+    order = sorted(range(len(lengths)), key=lambda i: (lengths[i], i))
+    picked = []
+    for c in range(classes):
+        lo, hi = c * len(order) // classes, (c + 1) * len(order) // classes
+        ranks = ([(lo + hi - 1) // 2] if per_class == 1 else
+                 [lo + round(j * (hi - 1 - lo) / (per_class - 1)) for j in range(per_class)])
+        picked += [(order[r], c) for r in dict.fromkeys(ranks)]
+    return picked
+
+
+def read_hellaswag_items(path: Path) -> list[list[str]]:
+    """The copy's items, 6 lines each (``label: ctx``, gold index, 4 endings)."""
+    with bz2.open(path, "rt", encoding="utf-8") as fh:
+        lines = fh.read().split("\n")
+    lines = lines[:-1] if lines and lines[-1] == "" else lines
+    if len(lines) % 6:
+        raise ValueError(f"{path}: {len(lines)} lines is not a multiple of 6")
+    return [lines[i:i + 6] for i in range(0, len(lines), 6)]
+
+
+def hellaswag_tokens(item: list[str]) -> int:
+    """A request's length: the context and its longest ending."""
+    return n_tokens(item[0].partition(": ")[2]) + max(n_tokens(e) for e in item[2:6])
+
+
+def write_data(src: Path, out: Path, classes: int = 3, per_class: int = 2, n_train: int = 16,
+               wiki_chars: int = 200_000) -> dict:
+    """The carried data folder (see the module doc); returns its manifest."""
+    from fair_calib.data import read_jsonl
+
+    def put(rel: str, data: str | bytes) -> None:
+        (out / rel).parent.mkdir(parents=True, exist_ok=True)
+        (out / rel).write_bytes(data if isinstance(data, bytes) else data.encode())
+
+    def jsonl(rows: list[dict]) -> str:
+        return "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
+
+    test, train = (read_jsonl(src / "gsm8k" / f"{s}.jsonl") for s in ("test", "train"))
+    picks = pick_by_length([n_tokens(r["question"]) for r in test], classes, per_class)
+    put("gsm8k/test.jsonl", jsonl([test[i] for i, _ in picks]))
+    put("gsm8k/train.jsonl", jsonl(train[:n_train]))
+    docs = {"gsm8k_test": [{"index": i, "class": c, "question_tokens":
+                            n_tokens(test[i]["question"])} for i, c in picks]}
+    items = read_hellaswag_items(src / HELLASWAG_FILE)
+    picks = pick_by_length([hellaswag_tokens(it) for it in items], classes, per_class)
+    put(HELLASWAG_FILE, bz2.compress("".join(line + "\n" for i, _ in picks
+                                             for line in items[i]).encode()))
+    docs["hellaswag"] = [{"index": i, "class": c, "request_tokens": hellaswag_tokens(items[i])}
+                         for i, c in picks]
+    raw = (src / WIKITEXT_FILE).read_bytes()
+    cut = raw.rfind(b"\n", 0, wiki_chars) + 1 or len(raw)
+    put(WIKITEXT_FILE, raw[:cut])
+    manifest = {"source": str(src), "classes": classes, "per_class": per_class,
+                "documents": docs, "wikitext2_bytes": cut, "gsm8k_train_rows": len(train[:n_train])}
+    put("manifest.json", json.dumps(manifest, indent=1))
+    return manifest
+
+
+def data_texts(data: Path) -> list[str]:
+    """Every text of the carried folder: what the tokenizer's vocabulary is trained on."""
+    from fair_calib.data import read_jsonl
+
+    texts = [r["question"] + " " + r["answer"] for split in ("test", "train")
+             for r in read_jsonl(data / "gsm8k" / f"{split}.jsonl")]
+    texts += [line for item in read_hellaswag_items(data / HELLASWAG_FILE) for line in item]
+    return texts + (data / WIKITEXT_FILE).read_text(encoding="utf-8").splitlines()
+
+
+# ------------------------------------------------------------------------ grid checkpoints
+def family_tokenizer(texts: list[str], family: str, vocab_size: int | None, max_length: int):
+    """The word-level tokenizer of ``texts`` with ``family``'s special-token names, its vocabulary
+    padded with ``<|reserved_k|>`` tokens to ``vocab_size`` (None: its own size)."""
+    from tokenizers import Tokenizer
+
+    from fair_calib.models.tiny.tokenizer import train_tokenizer, wrap_fast
+    from fair_calib.models.toy_hub import HUB_SPECIAL_TOKENS, rename_special_tokens
+
+    tok = train_tokenizer(texts)
+    if vocab_size is not None:
+        spec = json.loads(tok.to_str())
+        vocab = spec["model"]["vocab"]
+        if len(vocab) > vocab_size:
+            raise ValueError(f"the tokenizer has {len(vocab)} tokens, more than the model's "
+                             f"vocabulary of {vocab_size}")
+        vocab.update({f"<|reserved_{k}|>": k for k in range(len(vocab), vocab_size)})
+        tok = Tokenizer.from_str(json.dumps(spec))
+    fast = wrap_fast(tok)
+    fast.model_max_length = max_length
+    return rename_special_tokens(fast, HUB_SPECIAL_TOKENS[family])
+
+
+def model_spec(family: str, layers: int, smoke: bool, vocab_size: int | None) -> dict:
+    """The native config's fields: the real shape with ``layers`` blocks (tiny widths and the
+    tokenizer's vocabulary with ``smoke``)."""
+    from benchmarks import shapes
+
+    spec = {k: v for k, v in shapes.SHAPES[FAMILY_SHAPE[family]].items()
+            if k not in ("cls", "adapter", "mask_id")}
+    spec["num_hidden_layers"] = layers
+    if smoke:
+        spec.update(SMOKE, num_key_value_heads=SMOKE_KV_HEADS[family], vocab_size=vocab_size)
+    spec["rope_parameters"] = {"rope_type": "default", "rope_theta": spec.pop("rope_theta")}
+    return spec
+
+
+def write_checkpoint(family: str, out: Path, layers: int, smoke: bool, texts: list[str]) -> dict:
+    """One random-weight checkpoint in ``family``'s hub layout, with its tokenizer, at ``out``."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    from fair_calib import io
+    from fair_calib.models.hub import LAYOUTS, native_config, save_hub_layout
+
+    t0 = time.perf_counter()
+    spec = model_spec(family, layers, smoke, None)
+    tok = family_tokenizer(texts, family, None if smoke else spec["vocab_size"],
+                           spec["max_position_embeddings"])
+    spec = model_spec(family, layers, smoke, len(tok)) if smoke else spec
+    ids = {"mask_token_id": tok.mask_token_id, "pad_token_id": tok.pad_token_id,
+           "eos_token_id": tok.eos_token_id}
+    layout = LAYOUTS[family]
+    config_cls, model_cls = ((LlamaConfig, LlamaForCausalLM) if layout.native_arch == "llama"
+                             else (Qwen2Config, Qwen2ForCausalLM))
+    base = config_cls(**spec, tie_word_embeddings=False, pad_token_id=ids["pad_token_id"],
+                      eos_token_id=ids["eos_token_id"])
+    # through the hub config.json and back: the model is what the loader will build
+    native = native_config(layout, {**layout.to_hub(base), **ids})
+    dtype = torch.float32 if smoke else torch.bfloat16
+    torch.manual_seed(0)
+    prev = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device("cuda" if torch.cuda.is_available() and not smoke else "cpu"):
+            model = model_cls(native)
+    finally:
+        torch.set_default_dtype(prev)
+    model.to("cpu")
+    with io.atomic_dir(out) as tmp:
+        save_hub_layout(model, layout, tmp, max_shard_bytes=2 * 1024 ** 3, extra_config=ids)
+        tok.save_pretrained(tmp)
+    return {"family": family, "layers": layers, "dtype": str(dtype), "spec": spec,
+            "tokenizer_words": sum(not t.startswith("<|reserved_") for t in tok.get_vocab()),
+            "params_b": round(sum(p.numel() for p in model.parameters()) / 1e9, 3),
+            "seconds": round(time.perf_counter() - t0, 1)}
 
 
 # ------------------------------------------------------------------------ run folders
@@ -64,72 +291,200 @@ def prepare_run(run: Path) -> None:
     shutil.rmtree(run, ignore_errors=True)
     (run / "bin").mkdir(parents=True)
     for name in ("Snakefile", "workflow", "config", "profiles"):
-        src = REPO / name
-        (shutil.copytree if src.is_dir() else shutil.copy)(src, run / name)
-    # the rules call `python`: this interpreter, by its own path
+        (shutil.copytree if (REPO / name).is_dir() else shutil.copy)(REPO / name, run / name)
+    # the rules call `python`: this interpreter, by its own path (a symlink would hide a
+    # virtual environment's pyvenv.cfg from it)
     (run / "bin" / "python").write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
     (run / "bin" / "python").chmod(0o755)
 
 
-def run_env(run: Path, **extra: str) -> dict[str, str]:
-    env = dict(os.environ)
-    env["PATH"] = f"{run / 'bin'}:{env['PATH']}"
-    env["PYTHONPATH"] = ":".join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
-    env.update(PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1",
-               TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
-               FAIR_CALIB_GPU_LOCK_DIR=str(run / ".gpu-slots"))
-    env.update(extra)
-    return env
-
-
-def snakemake(run: Path, args: list[str], env: dict[str, str], budget: float,
-              log_name: str) -> tuple[int, float]:
-    """Snakemake in ``run`` (stopped by SIGINT once ``budget`` seconds have passed); returns
-    its exit status and wall time. Its output goes to ``run/<log_name>``."""
-    cores = env.get("GPU_TRAINED_CORES") or str(os.cpu_count())
-    cmd = [sys.executable, "-m", "snakemake", "--cores", cores, "--scheduler",
-           "greedy", "--keep-going", *args]
+def snakemake(run: Path, args: list[str], budget: float, **env: str) -> tuple[int, float]:
+    """Snakemake in ``run`` (environment: ours and ``env``), stopped by SIGINT once ``budget``
+    seconds have passed (killed 20 s later); its exit status and wall time; its output in
+    ``run/snakemake.log``."""
+    env = {**os.environ, "PATH": f"{run / 'bin'}:{os.environ['PATH']}",
+           "PYTHONPATH": ":".join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p),
+           "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+           "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+           "FAIR_CALIB_GPU_LOCK_DIR": str(run / ".gpu-slots"), **env}
+    cmd = [sys.executable, "-m", "snakemake", "--cores", env.get("GPU_TRAINED_CORES")
+           or str(os.cpu_count()), "--scheduler", "greedy", "--keep-going", *args]
     t0 = time.perf_counter()
-    with open(run / log_name, "w") as fh:
+    with open(run / "snakemake.log", "w") as fh:
         proc = subprocess.Popen(cmd, cwd=run, env=env, stdout=fh, stderr=subprocess.STDOUT)
         try:
             rc = proc.wait(timeout=max(budget, 1))
         except subprocess.TimeoutExpired:
             proc.send_signal(2)
-            rc = proc.wait()
+            try:
+                rc = proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                rc = proc.wait()
     return rc, time.perf_counter() - t0
 
 
-def table_of(run: Path, workdir: str = ".") -> Path:
-    return run / workdir / "results" / "tables" / "main.tex"
+def table_of(run: Path) -> Path:
+    return run / "results" / "tables" / "main.tex"
+
+
+def configs_of(smoke: bool, grid: bool = False) -> list[str]:
+    return ["config/gpu_dag.yaml", "config/gpu_dag_cpu.yaml"][:1 + smoke] if grid else \
+        (SMOKE_CONFIGS if smoke else ["config/gpu_trained.yaml"])
+
+
+def wide_config(smoke: bool) -> dict:
+    from fair_calib.config import merged_config
+
+    return merged_config([REPO / c for c in configs_of(smoke)], base=REPO / "config/config.yaml")
+
+
+def versions() -> list[str]:
+    """Versions of what the runs rely on."""
+    import importlib.metadata as md
+
+    def version(name: str) -> str:
+        try:
+            return md.version(name)
+        except md.PackageNotFoundError:
+            return "MISSING"
+    return [f"{n} {version(n)}" for n in ("torch", "triton", "transformers", "tokenizers",
+                                           "numpy", "pandas", "pyarrow", "fsspec", *NEEDED)]
+
+
+def install_wheels(site: Path) -> None:
+    """The carried wheelhouse (``wheels``) into ``site``, first on the path."""
+    if not (REPO / ".whl").is_dir():
+        sys.exit("error: .whl/ is missing: run 'python benchmarks/gpu_trained.py wheels' on the "
+                 "CPU machine and name .whl in the device tool's carry")
+    shutil.rmtree(site, ignore_errors=True)
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps",
+                    "--no-compile", "--no-cache-dir", "--upgrade", "--target", site,
+                    *sorted((REPO / ".whl").glob("*.whl"))], check=True)
+    os.environ["PYTHONPATH"] = ":".join(p for p in (str(site), os.environ.get("PYTHONPATH")) if p)
+    sys.path.insert(0, str(site))
+
+
+def cuda_cards() -> list[list[str]]:
+    """(index, name, memory, driver) of each card nvidia-smi lists."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=index,name,memory.total,driver_version",
+                              "--format=csv,noheader"], capture_output=True, text=True,
+                             timeout=60, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [[f.strip() for f in x.split(",")] for x in out.splitlines() if x[:1].isdigit()]
+
+
+# ------------------------------------------------------------------------ job summaries
+def job_records(run: Path) -> list[dict]:
+    """One record per log of ``run/logs``: rule, wildcards, the job lines' fields, and the
+    process seconds of its Snakemake benchmark file where there is one."""
+    from fair_calib.cli import JOB_LINE
+
+    records = []
+    for path in sorted((run / "logs").rglob("*.log")):
+        rel = path.relative_to(run / "logs").with_suffix("")
+        rec = {"job": rel.parts[0], "wildcards": "/".join(rel.parts[1:]), "status": "no job line"}
+        for line in path.read_text(errors="replace").splitlines():
+            if line.startswith(JOB_LINE):
+                rec.update(json.loads(line[len(JOB_LINE):]))
+        if rec["status"] == "start":
+            rec["status"] = "started, never ended (killed?)"
+        bench = run / "results" / "benchmarks" / rel.with_suffix(".tsv")
+        if bench.is_file():
+            rec["process_s"] = float(bench.read_text().splitlines()[1].split("\t")[0])
+        records.append(rec)
+    return sorted(records, key=lambda r: (r.get("start", float("inf")), r["job"], r["wildcards"]))
+
+
+def max_overlap(records: list[dict], gpu_only: bool) -> int:
+    """The most jobs (GPU jobs: ``gpu_only``) that ran at one time."""
+    events = sorted((t, d) for r in records
+                    if "wall_s" in r and not (gpu_only and r["card"] == "cpu")
+                    for t, d in ((r["start"], 1), (r["start"] + r["wall_s"], -1)))
+    most = now = 0
+    for _, d in events:
+        now += d
+        most = max(most, now)
+    return most
+
+
+def _fmt(x, digits=1) -> str:
+    return "-" if x is None else f"{x:.{digits}f}"
+
+
+def _copy_only(r: dict) -> bool:
+    return r["job"] in COPY_JOBS and r["status"] == "no job line"
+
+
+def methods_table(records: list[dict]) -> list[str]:
+    """Evaluation wall seconds per (model, task) and method, FP first, and each / FP."""
+    cells: dict[tuple[str, str], dict[str, float]] = {}
+    for r in records:
+        if r["job"] == "evaluate" and "wall_s" in r:
+            model, method, _bits, task = r["wildcards"].split("/")[:4]
+            cells.setdefault((model, task), {})[method] = r["wall_s"]
+    order = {m: i for i, m in enumerate(METHOD_ORDER)}
+    methods = sorted({m for row in cells.values() for m in row},
+                     key=lambda m: (order.get(m, len(order)), m))
+    out = ["| model | task | " + " | ".join(f"{m} s" for m in methods) + " |",
+           "|---|---|" + "---:|" * len(methods)]
+    for (model, task), row in sorted(cells.items()):
+        fp = row.get("fp")
+        out.append(f"| {model} | {task} | " + " | ".join(
+            _fmt(row.get(m)) + (f" ({row[m] / fp:.2f}x)" if fp and m in row and m != "fp" else "")
+            for m in methods) + " |")
+    return out if cells else []
+
+
+def summary_lines(name: str, records: list[dict]) -> list[str]:
+    """A run's jobs: counts, span, jobs at once, time by stage; the jobs table; evaluation
+    wall seconds per method next to FP's."""
+    timed = [r for r in records if "wall_s" in r]
+    span = (max(r["start"] + r["wall_s"] for r in timed) - min(r["start"] for r in timed)
+            if timed else 0.0)
+    cards = sorted({r["card"] for r in timed if r["card"] != "cpu"})
+    failed = [r for r in records if r["status"] != "ok" and not _copy_only(r)]
+    stages: dict[str, list[float]] = {}
+    for r in timed:
+        stages.setdefault(r.get("stage", r["job"]), []).append(r["wall_s"])
+    t0 = min((r["start"] for r in records if "start" in r), default=0.0)
+    lines = [f"{name} jobs with a job line: {len(timed)}; not ok: {len(failed)}; cards: "
+             f"{', '.join(cards) or 'none (CPU)'}; span first start -> last end: {span:.1f} s; "
+             f"sum of job wall times: {sum(r['wall_s'] for r in timed):.1f} s; most jobs at "
+             f"once: {max_overlap(records, False)} (GPU jobs: {max_overlap(records, True)}); "
+             "by stage: " + ", ".join(f"{k} {len(v)} jobs {sum(v):.0f} s (max {max(v):.0f})"
+                                      for k, v in sorted(stages.items())), "",
+             "wall s: the stage's job line (imports included); process s: Snakemake's benchmark "
+             "file (the whole command); start s: after the first job's start; "
+             f"{sum(map(_copy_only, records))} gather_eval jobs of one shard (a copy) not listed.",
+             "",
+             "| job | wildcards | status | wall s | process s | card | peak GPU GB | start s |",
+             "|---|---|---|---:|---:|---|---:|---:|"]
+    for r in (r for r in records if not _copy_only(r)):
+        start = r["start"] - t0 if "start" in r else None
+        lines.append(f"| {r['job']} | {r['wildcards']} | {r['status']} | {_fmt(r.get('wall_s'))} "
+                     f"| {_fmt(r.get('process_s'))} | {r.get('card', '-')} "
+                     f"| {_fmt(r.get('peak_gpu_gb'), 2)} | {_fmt(start)} |")
+    methods = methods_table(records)
+    return lines + ([""] + [f"{name} evaluation wall s per method (x: over FP):"] + methods
+                    if methods else [])
 
 
 # ------------------------------------------------------------------------ comparisons
 def eval_records(run_dir: Path) -> dict[tuple[str, str, str, str], dict]:
     """``(model, method, bits, task) -> per_doc`` of every gathered evaluation under
-    ``run_dir/results/eval`` (the raw JSON beside each Parquet file)."""
+    ``run_dir/results/eval``: its gathered raw JSON, or the one shard's it was copied from."""
     from fair_calib.evaluate.run import run_per_docs
 
     out = {}
     for path in sorted((run_dir / "results" / "eval").glob("*/*/*/*.parquet")):
-        model, method, bits = path.parts[-4:-1]
-        out[(model, method, bits, path.stem)] = merge_per_docs(run_per_docs(path))
+        per_docs = run_per_docs(path)
+        if len(per_docs) != 1:
+            raise ValueError(f"{path}: {len(per_docs)} shard records and no gathered JSON")
+        out[(*path.parts[-4:-1], path.stem)] = per_docs[0]
     return out
-
-
-def merge_per_docs(per_docs: list[dict]) -> dict:
-    """One run's shards as one record: metrics, responses and executions."""
-    merged: dict = {"metrics": {}, "responses": {}, "executions": []}
-    for d in per_docs:
-        for key, by_task in d.get("metrics", {}).items():
-            for t, docs in by_task.items():
-                merged["metrics"].setdefault(key, {}).setdefault(t, {}).update(docs)
-        for t, by_filter in (d.get("responses") or {}).items():
-            for filt, docs in by_filter.items():
-                merged["responses"].setdefault(t, {}).setdefault(filt, {}).update(docs)
-        merged["executions"] += d.get("executions") or ([d["execution"]] if d.get("execution")
-                                                        else [])
-    return merged
 
 
 def accuracy(per_doc: dict) -> float | None:
@@ -149,15 +504,13 @@ def response_diff(a: dict, b: dict) -> dict:
     for task, by_filter in (a.get("responses") or {}).items():
         for filt, docs in by_filter.items():
             other = ((b.get("responses") or {}).get(task) or {}).get(filt) or {}
-            for doc, resp in docs.items():
-                if doc not in other:
-                    continue
-                lls_a, lls_b = _lls(resp), _lls(other[doc])
+            for doc in docs.keys() & other.keys():
+                lls_a, lls_b = _lls(docs[doc]), _lls(other[doc])
                 if lls_a is not None and lls_b is not None and len(lls_a) == len(lls_b):
                     max_dll = max([max_dll] + [abs(x - y) for x, y in zip(lls_a, lls_b)])
                 else:
                     total += 1
-                    same += resp == other[doc]
+                    same += docs[doc] == other[doc]
     return {"identical": same, "generations": total, "max_dll": max_dll}
 
 
@@ -170,34 +523,25 @@ def _lls(resp) -> list[float] | None:
 
 
 def compare_runs(run_a: Path, run_b: Path, names=("A", "B")) -> list[dict]:
-    ra, rb = eval_records(run_a), eval_records(run_b)
-    rows = []
-    for key in sorted(set(ra) & set(rb)):
-        a, b = ra[key], rb[key]
-        rows.append({"model": key[0], "method": key[1], "bits": key[2], "task": key[3],
-                     f"acc_{names[0]}": accuracy(a), f"acc_{names[1]}": accuracy(b),
-                     "arith_" + names[0]: _arith(a), "arith_" + names[1]: _arith(b),
-                     **response_diff(a, b)})
-    return rows
-
-
-def _arith(per_doc: dict) -> str:
     from fair_calib.evaluate.run import arithmetic_of
 
-    return arithmetic_of(per_doc)
+    ra, rb = eval_records(run_a), eval_records(run_b)
+    return [{"model": key[0], "method": key[1], "bits": key[2], "task": key[3],
+             f"acc_{names[0]}": accuracy(ra[key]), f"acc_{names[1]}": accuracy(rb[key]),
+             f"arith_{names[0]}": arithmetic_of(ra[key]),
+             f"arith_{names[1]}": arithmetic_of(rb[key]), **response_diff(ra[key], rb[key])}
+            for key in sorted(ra.keys() & rb.keys())]
 
 
 def format_rows(rows: list[dict], names=("A", "B")) -> str:
     a, b = names
-    head = (f"| model | method | bits | task | {a} | {b} | acc {a} | acc {b} | identical "
-            "generations | max dLL |")
-    lines = [head, "|" + "---|" * 10]
+    lines = [f"| model | method | bits | task | {a} | {b} | acc {a} | acc {b} | identical "
+             "generations | max dLL |", "|" + "---|" * 10]
     for r in rows:
-        acc_a = "--" if r[f"acc_{a}"] is None else f"{r[f'acc_{a}']:.1f}"
-        acc_b = "--" if r[f"acc_{b}"] is None else f"{r[f'acc_{b}']:.1f}"
+        acc = ["--" if r[f"acc_{n}"] is None else f"{r[f'acc_{n}']:.1f}" for n in names]
         gens = f"{r['identical']} of {r['generations']}" if r["generations"] else "--"
         lines.append(f"| {r['model']} | {r['method']} | {r['bits']} | {r['task']} | "
-                     f"{r['arith_' + a]} | {r['arith_' + b]} | {acc_a} | {acc_b} | {gens} | "
+                     f"{r['arith_' + a]} | {r['arith_' + b]} | {acc[0]} | {acc[1]} | {gens} | "
                      f"{r['max_dll']:.3g} |")
     return "\n".join(lines)
 
@@ -205,50 +549,84 @@ def format_rows(rows: list[dict], names=("A", "B")) -> str:
 # ------------------------------------------------------------------------ phases
 class Runner:
     def __init__(self, args):
-        self.args = args
-        self.t0 = time.perf_counter()
+        self.args, self.smoke, self.t0 = args, args.cpu_smoke, time.perf_counter()
         self.base = Path(args.runs)
         self.out = Path(args.out) if args.out else None
         self.summary: list[str] = []
-        self.cards = cuda_cards() if not args.cpu_smoke else []
+        self.card_rows = [] if self.smoke else cuda_cards()
+        self.cards = [c[0] for c in self.card_rows]
+        self.tables = ["main"] if self.smoke else args.tables.split(",")
 
     def left(self) -> float:
         return self.args.deadline - (time.perf_counter() - self.t0)
 
     def note(self, text: str) -> None:
-        log(text)
+        print(f"[gpu-trained {time.strftime('%H:%M:%S')}] {text}", flush=True)
         self.summary.append(text)
 
-    def keep(self, src: Path, name: str) -> None:
-        """A file for ``--out``: gathered in one archive at the end (the device tool brings
-        back few files)."""
-        if self.out and src.is_file():
-            (self.base / "_out").mkdir(parents=True, exist_ok=True)
-            shutil.copy(src, self.base / "_out" / name)
+    def keep(self, src: Path | str, name: str) -> None:
+        """A file (a Path) or a text for ``--out``, into the archive (few files come back)."""
+        if self.out and (isinstance(src, str) or src.is_file()):
+            dst = self.base / "_out" / name
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            dst.write_text(src) if isinstance(src, str) else shutil.copy(src, dst)
 
-    def default(self, card: str | None, reruns: int = 2) -> None:
-        """The embedded default on ``card``, cold, ``reruns`` times one after the other (each
-        in a fresh folder): the tables compared byte for byte, and with the CPU's."""
-        import hashlib
+    def snake(self, name: str, run: Path, args: list[str], what: str, work: Path | None = None,
+              margin: float = 20, **env: str) -> int:
+        """One timed Snakemake run of a phase: noted, its log and jobs (in ``work``) kept."""
+        rc, secs = snakemake(run, args, self.left() - margin, **env)
+        self.note(f"{name} {what}: exit {rc}, {secs:.0f} s")
+        self.keep(run / "snakemake.log", f"{name}.snakemake.log")
+        self.jobs(work or run, name)
+        return rc
 
+    def jobs(self, run: Path, name: str) -> None:
+        """A run's jobs: the summary's first line and the methods' times noted, all kept."""
+        records = job_records(run)
+        lines, methods = summary_lines(name, records), methods_table(records)
+        self.note(lines[0])
+        if methods:
+            self.note(f"{name} evaluation wall s per method (x: over FP):\n" + "\n".join(methods))
+        self.keep("\n".join(lines) + "\n", f"{name}.jobs.md")
+        self.keep(json.dumps(records, indent=1), f"{name}.jobs.json")
+
+    def grid(self) -> None:
+        """config/gpu_dag.yaml on random-weight checkpoints (see the module doc)."""
+        data, run = Path(self.args.data).resolve(), self.base / "grid"
+        layers = self.args.grid_layers or (2 if self.smoke else 4)
+        jobs = self.args.grid_jobs or (2 if self.smoke else 4)
+        prepare_run(run)
+        texts = data_texts(data)
+        for family in FAMILY_SHAPE:
+            self.note(json.dumps(write_checkpoint(family, run / "models" / family, layers,
+                                                  self.smoke, texts)))
+        if self.left() < 80:
+            return self.note(f"grid: Snakemake skipped, {self.left():.0f} s left")
+        lowbit = "fake" if self.smoke else "auto"
+        prior = [f"results/prior/{m}-gpu-dag/default.parquet" for m in FAMILY_SHAPE]
+        self.snake("grid", run, ["--config", f"data_dir={data}", "--resources", f"gpu={jobs}",
+                                 "--rerun-incomplete", "--prioritize", *prior, "--configfile",
+                                 *configs_of(self.smoke, grid=True)],
+                   f"({layers} layers, {jobs} GPU jobs at once, FAIR_CALIB_LOWBIT={lowbit})",
+                   FAIR_CALIB_LOWBIT=lowbit, FAIR_CALIB_GPU_SLOTS="0", HF_HOME=str(run / "hf"))
+
+    def default(self, card: str | None) -> None:
+        """The embedded default on ``card``, twice cold (each in a fresh folder): the tables
+        compared byte for byte, and with the CPU's."""
         tables = []
-        for name in ("default-a", "default-b")[:reruns]:
+        for name in ("default-a", "default-b"):
             if self.left() < PHASE_MIN_S["default"]:
                 self.note(f"{name}: skipped, {self.left():.0f} s left")
                 break
             run = self.base / name
             prepare_run(run)
-            env = run_env(run, **({"CUDA_VISIBLE_DEVICES": card} if card else {}))
-            rc, secs = snakemake(run, ["results/tables/main.tex", "--config", "device=cuda"],
-                                 env, self.left() - 20, "snakemake.log")
-            tex = table_of(run)
-            self.note(f"default on cuda ({name}, card {card}): exit {rc}, {secs:.0f} s cold; "
-                      f"table {'written' if tex.is_file() else 'MISSING'}")
-            self.keep(run / "snakemake.log", f"{name}.snakemake.log")
-            self.job_times(run, name)
-            if tex.is_file():
-                tables.append(tex.read_bytes())
-                self.keep(tex, f"{name}.main.tex")
+            self.snake(name, run, ["results/tables/main.tex", "--config", "device=cuda"],
+                       f"on cuda (card {card}, cold)",
+                       **({"CUDA_VISIBLE_DEVICES": card} if card else {}))
+            self.note(f"{name}: table {'written' if table_of(run).is_file() else 'MISSING'}")
+            if table_of(run).is_file():
+                tables.append(table_of(run).read_bytes())
+                self.keep(table_of(run), f"{name}.main.tex")
         if len(tables) == 2:
             self.note("default: the rerun's table is "
                       + ("identical" if tables[0] == tables[1] else "DIFFERENT"))
@@ -257,77 +635,35 @@ class Runner:
             self.note(f"default: card table sha256 {sha[:12]}; the CPU's recorded "
                       f"{CPU_TABLE_SHA[:12]} ({'same' if sha == CPU_TABLE_SHA else 'differs'})")
 
-    def job_times(self, run: Path, name: str) -> None:
-        """The slowest jobs of a run (the job records every stage writes to its log)."""
-        from fair_calib.cli import JOB_LINE
-
-        recs = []
-        for logf in run.glob("logs/**/*.log"):
-            for line in logf.read_text(errors="replace").splitlines():
-                if line.startswith(JOB_LINE) and '"status": "ok"' in line:
-                    try:
-                        recs.append(json.loads(line[len(JOB_LINE):]))
-                    except json.JSONDecodeError:
-                        pass
-        by_stage: dict[str, list[dict]] = {}
-        for r in recs:
-            by_stage.setdefault(r.get("stage", "?"), []).append(r)
-        text = "; ".join(
-            f"{k} {len(v)} jobs, {sum(r['wall_s'] for r in v):.0f} s (max "
-            f"{max(r['wall_s'] for r in v):.0f}) on {sorted({r.get('card', '?') for r in v})}"
-            for k, v in sorted(by_stage.items()))
-        self.note(f"{name} jobs by stage: {text or 'no job records'}")
-
-    def wide_args(self) -> list[str]:
-        configs = SMOKE_CONFIGS if self.args.cpu_smoke else WIDE_CONFIGS
-        return ["--configfile", *configs]
-
-    def wide_targets(self, run: Path) -> list[str]:
-        """The main table and the long-generation evaluations (FP and FAIR-Calib seed 0)."""
-        from fair_calib.config import load_yaml
-
-        cfg = {}
-        for c in ["config/config.yaml"] + (SMOKE_CONFIGS if self.args.cpu_smoke else WIDE_CONFIGS):
-            deep_update(cfg, load_yaml(run / c))
-        tables = ["main"] if self.args.cpu_smoke else self.args.tables.split(",")
-        targets = [f"results/tables/{t}.tex" for t in tables]
-        if LONG_TASK in cfg.get("tasks", {}) and "main" in tables:
-            for model in cfg["tables"]["main"]["models"]:
-                targets += [f"results/eval/{model}/fp/fp/{LONG_TASK}.parquet",
-                            f"results/eval/{model}/{self.args.decode_method}/w4a4/{LONG_TASK}.parquet"]
+    def wide_targets(self) -> list[str]:
+        """The tables and the long-generation evaluations (FP and ``--decode-method``)."""
+        cfg, targets = wide_config(self.smoke), [f"results/tables/{t}.tex" for t in self.tables]
+        if LONG_TASK in cfg.get("tasks", {}) and "main" in self.tables:
+            targets += [f"results/eval/{model}/{m}/{LONG_TASK}.parquet"
+                        for model in cfg["tables"]["main"]["models"]
+                        for m in ("fp/fp", f"{self.args.decode_method}/w4a4")]
         return targets
 
-    def wide(self) -> Path:
+    def wide(self) -> None:
         run = self.base / "wide"
         prepare_run(run)
-        lowbit = "fake" if self.args.cpu_smoke else "auto"
-        rc, secs = threading_snakemake(run, self.wide_targets(run) + self.wide_args(),
-                                       run_env(run, FAIR_CALIB_LOWBIT=lowbit),
-                                       self.left() - 20, "snakemake.log").result()
+        lowbit = "fake" if self.smoke else "auto"
         work = run / "runs" / "gpu_trained"
-        self.note(f"wide (FAIR_CALIB_LOWBIT={lowbit}): exit {rc}, {secs:.0f} s cold")
-        self.keep(table_of(work), "wide.main.tex")
+        # targets first: --configfile takes every word after it
+        self.snake("wide", run, self.wide_targets() + ["--configfile", *configs_of(self.smoke)],
+                   f"(FAIR_CALIB_LOWBIT={lowbit})", work, FAIR_CALIB_LOWBIT=lowbit)
         for tex in sorted((work / "results" / "tables").glob("*.tex")):
             self.keep(tex, f"wide.{tex.name}")
-        self.keep(run / "snakemake.log", "wide.snakemake.log")
-        self.job_times(work, "wide")
-        return work
 
-    def cpu_targets(self, run: Path) -> list[str]:
+    def cpu_targets(self) -> list[str]:
         """The CPU's share (bf16 on CPU cores is slow): FP, RTN and the decode phase's method
-        on the main table's tasks, every model."""
-        from fair_calib.config import load_yaml
-
-        cfg: dict = {}
-        for c in ["config/config.yaml"] + (SMOKE_CONFIGS if self.args.cpu_smoke else WIDE_CONFIGS):
-            deep_update(cfg, load_yaml(run / c))
-        tables = ["main"] if self.args.cpu_smoke else self.args.tables.split(",")
-        out = []
-        for name in tables:
+        on the tables' tasks, every model."""
+        cfg, out = wide_config(self.smoke), []
+        for name in self.tables:
             table = cfg["tables"][name]
             bits = table.get("bits", "w4a4")
-            cells = [("fp", "fp"), ("rtn", bits)] + ([] if self.args.cpu_smoke else
-                                                     [(self.args.decode_method, bits)])
+            cells = [("fp", "fp"), ("rtn", bits)] + [(self.args.decode_method, bits)] * (
+                not self.smoke)
             out += [f"results/eval/{m}/{x}/{b}/{t}.parquet" for m in table["models"]
                     for x, b in cells for t in table["tasks"] if x in table["methods"]
                     or x.split("@")[0] in table["methods"] or x == "fp"]
@@ -336,69 +672,39 @@ class Runner:
     def rerun_evals(self, name: str, lowbit: str, device: str | None,
                     targets: list[str] | None = None) -> Path | None:
         """A copy of the wide run whose evaluations run again (``lowbit``, ``device``)."""
-        src = self.base / "wide"
+        src, run = self.base / "wide", self.base / name
         if not table_of(src / "runs" / "gpu_trained").is_file():
-            self.note(f"{name}: skipped (the wide run has no table)")
-            return None
-        run = self.base / name
+            return self.note(f"{name}: skipped (the wide run has no table)")
         shutil.rmtree(run, ignore_errors=True)
         shutil.copytree(src, run, symlinks=True)
-        extra = ["--config", f"device={device}"] if device else []
-        if device == "cpu":
-            extra += ["--set-threads", "evaluate_shard=4"]
-        # targets first: --configfile takes every word after it
-        rc, secs = threading_snakemake(
-            run, (targets or self.wide_targets(run)) + ["--forcerun", "evaluate_shard"] + extra
-            + self.wide_args(), run_env(run, FAIR_CALIB_LOWBIT=lowbit),
-            self.left() - 10, "snakemake.log").result()
+        extra = ["--config", f"device={device}"] * bool(device)
+        extra += ["--set-threads", "evaluate_shard=4"] * (device == "cpu")
         work = run / "runs" / "gpu_trained"
-        self.note(f"{name} (FAIR_CALIB_LOWBIT={lowbit}, device {device or 'cuda'}): exit {rc}, "
-                  f"{secs:.0f} s")
+        self.snake(name, run, (targets or self.wide_targets()) + ["--forcerun", "evaluate_shard",
+                                                                 *extra, "--configfile",
+                                                                 *configs_of(self.smoke)],
+                   f"(FAIR_CALIB_LOWBIT={lowbit}, device {device or 'cuda'})", work, 10,
+                   FAIR_CALIB_LOWBIT=lowbit)
         self.keep(table_of(work), f"{name}.main.tex")
         return work
 
     def compare(self, a: Path, b: Path, names, out_name: str) -> None:
         rows = compare_runs(a, b, names)
-        text = format_rows(rows, names)
-        print(text, flush=True)
-        self.summary.append(text)
-        if self.out:
-            (self.base / "_out").mkdir(parents=True, exist_ok=True)
-            (self.base / "_out" / out_name).write_text(json.dumps(rows, indent=1))
+        self.note(format_rows(rows, names))
+        self.keep(json.dumps(rows, indent=1), out_name)
 
     def write_summary(self) -> None:
-        """``--out``: summary.md, and results.tgz with the kept files and every run's logs."""
+        """``--out``: summary.md, and results.tgz: the kept files, every run's logs and tables."""
         if not self.out:
             return
-        import tarfile
-
         self.out.mkdir(parents=True, exist_ok=True)
         (self.out / "summary.md").write_text("\n\n".join(self.summary) + "\n")
         with tarfile.open(self.out / "results.tgz", "w:gz") as tar:
-            if (self.base / "_out").is_dir():
-                tar.add(self.base / "_out", arcname="kept")
-            for logs in sorted(self.base.glob("*/logs")) + sorted(self.base.glob("*/runs/*/logs")):
-                tar.add(logs, arcname=str(logs.relative_to(self.base)))
-            for tables in sorted(self.base.glob("*/runs/*/results/tables")):
-                tar.add(tables, arcname=str(tables.relative_to(self.base)))
-
-
-class threading_snakemake:
-    """Snakemake started now, its result read later (two runs at once on two cards)."""
-
-    def __init__(self, run, args, env, budget, log_name):
-        import threading
-
-        self._res = None
-        self._th = threading.Thread(target=self._go, args=(run, args, env, budget, log_name))
-        self._th.start()
-
-    def _go(self, *a):
-        self._res = snakemake(*a)
-
-    def result(self):
-        self._th.join()
-        return self._res
+            for sub in ("_out", "*/logs", "*/runs/*/logs", "*/results/tables",
+                        "*/runs/*/results/tables"):
+                for path in sorted(self.base.glob(sub)):
+                    rel = str(path.relative_to(self.base))
+                    tar.add(path, arcname="kept" if rel == "_out" else rel)
 
 
 # ------------------------------------------------------------------------ decodes
@@ -414,31 +720,26 @@ def measure_decodes(work: Path, args) -> list[str]:
     and the quantized model's time against FP's."""
     import torch
 
-    from fair_calib.config import load_yaml
-
-    if not (work / "resources" / "data" / "synth_gen.jsonl").is_file():
+    corpus = work / "resources" / "data" / "synth_gen.jsonl"
+    if not corpus.is_file():
         return ["decode: skipped (the wide run made no corpus)"]
-    cfg: dict = {}
-    for c in ["config/config.yaml"] + (SMOKE_CONFIGS if args.cpu_smoke else WIDE_CONFIGS):
-        deep_update(cfg, load_yaml(work.parent.parent / c))
-    questions = [json.loads(x)["question"] for x in
-                 (work / "resources" / "data" / "synth_gen.jsonl").read_text().splitlines()[:args.decode_n]]
+    cfg = wide_config(args.cpu_smoke)
+    questions = [json.loads(x)["question"] for x in corpus.read_text().splitlines()[:args.decode_n]]
     lines = []
     for model in cfg["tables"]["main"]["models"]:
-        family = cfg["models"][model]["family"]
         calib = work / "results" / "calib" / model / args.decode_method / "w4a4"
         runs = {}
         for variant, calib_dir in (("bf16", None), ("w4a4", calib)):
             if calib_dir is not None and not (calib_dir / "meta.json").is_file():
                 lines.append(f"decode {model}: no calibration at {calib_dir}")
                 continue
-            runs[variant] = decode_questions(work / "resources" / "hub" / model, family,
-                                             calib_dir, questions, cfg["dtype"], cfg["device"])
+            runs[variant] = decode_questions(work / "resources" / "hub" / model,
+                                             cfg["models"][model]["family"], calib_dir, questions,
+                                             cfg["dtype"], cfg["device"])
             torch.cuda.empty_cache() if torch.cuda.is_available() else None
-        for variant, r in runs.items():
-            lines.append(f"decode {model} {variant}: {len(questions)} questions, batch 1, "
-                         f"{r['seconds']:.2f} s, steps run {r['steps']} of {r['full']} "
-                         f"({100 * (1 - r['steps'] / r['full']):.1f} % saved by early exit)")
+        lines += [f"decode {model} {v}: {len(questions)} questions, batch 1, {r['seconds']:.2f} s, "
+                  f"steps run {r['steps']} of {r['full']} ({100 * (1 - r['steps'] / r['full']):.1f}"
+                  " % saved by early exit)" for v, r in runs.items()]
         if len(runs) == 2:
             a, b = runs["bf16"], runs["w4a4"]
             same = sum(x == y for x, y in zip(a["tokens"], b["tokens"]))
@@ -479,48 +780,23 @@ def decode_questions(model_dir: Path, family: str, calib_dir: Path | None, quest
             "full": policy.steps * len(prompts), "tokens": tokens}
 
 
-def deep_update(dst: dict, src: dict) -> dict:
-    for k, v in src.items():
-        if isinstance(v, dict) and isinstance(dst.get(k), dict):
-            deep_update(dst[k], v)
-        else:
-            dst[k] = v
-    return dst
-
-
-def cuda_cards() -> list[str]:
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=index", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=60, check=True).stdout
-    except (OSError, subprocess.SubprocessError):
-        return []
-    return [x.strip() for x in out.splitlines() if x.strip().isdigit()]
-
-
-def install_wheels(site: Path) -> None:
-    """The carried wheelhouse (``benchmarks/gpu_dag.sh wheels``) into ``site``."""
-    whl = REPO / ".whl"
-    if not whl.is_dir():
-        sys.exit("error: .whl/ is missing: run 'benchmarks/gpu_dag.sh wheels' on the CPU machine "
-                 "and name .whl in the device tool's carry")
-    shutil.rmtree(site, ignore_errors=True)
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps",
-                    "--no-compile", "--no-cache-dir", "--upgrade", "--target", str(site),
-                    *map(str, sorted(whl.glob("*.whl")))], check=True)
-    os.environ["PYTHONPATH"] = ":".join(p for p in (str(site), os.environ.get("PYTHONPATH"))
-                                        if p)
-    sys.path.insert(0, str(site))
-
-
+# ------------------------------------------------------------------------ CLI
 def run(args) -> int:
     phases = [p for p in args.phases.split(",") if p]
-    bad = sorted(set(phases) - set(PHASES))
-    if bad:
-        sys.exit(f"error: --phases {bad}: choose from {list(PHASES)}")
+    if set(phases) - set(PHASES):
+        sys.exit(f"error: --phases {sorted(set(phases) - set(PHASES))}: choose from {PHASES}")
+    if "grid" in phases and not (Path(args.data) / "manifest.json").is_file():
+        sys.exit(f"error: {args.data}/manifest.json is missing: run 'python benchmarks/"
+                 "gpu_trained.py data' on the CPU machine and name the folder in carry")
     if not args.cpu_smoke:
         install_wheels(Path(args.site))
     r = Runner(args)
-    r.note(f"phases {phases}; cards {r.cards or 'none'}; {os.cpu_count()} CPU cores")
+    found = versions()
+    r.note(f"phases {phases}; cards {r.card_rows or 'none'}; {os.cpu_count()} CPU cores; "
+           + ", ".join(found))
+    if any(v.endswith("MISSING") for v in found[-len(NEEDED):]):
+        sys.exit(f"error: {', '.join(found[-len(NEEDED):])}: .whl/ brings what the lent "
+                 "machine lacks")
     side = None
     if "default" in phases:
         phases.remove("default")
@@ -542,50 +818,60 @@ def run(args) -> int:
 
 
 def run_phase(r: Runner, phase: str, args) -> None:
+    wide, fake = (r.base / p / "runs" / "gpu_trained" for p in ("wide", "fake"))
     if r.left() < PHASE_MIN_S[phase] * (0.3 if args.cpu_smoke else 1):
         r.note(f"{phase}: skipped, {r.left():.0f} s left before the deadline")
-        return
-    if phase == "wide":
+    elif phase == "wide":
         r.wide()
-    elif phase == "fake":
-        fake = r.rerun_evals("fake", "fake", None)
-        if fake is not None:
-            r.compare(r.base / "wide" / "runs" / "gpu_trained", fake, ("real", "fake"),
-                      "real_vs_fake.json")
-    elif phase == "cpu":
-        cpu = r.rerun_evals("cpu", "fake", "cpu", r.cpu_targets(r.base / "wide"))
-        fake = r.base / "fake" / "runs" / "gpu_trained"
-        if cpu is not None and fake.is_dir():
-            r.compare(fake, cpu, ("cardfake", "cpufake"), "fake_card_vs_cpu.json")
+    elif phase == "grid":
+        r.grid()
+    elif phase == "fake" and r.rerun_evals("fake", "fake", None):
+        r.compare(wide, fake, ("real", "fake"), "real_vs_fake.json")
+    elif phase == "cpu" and r.rerun_evals("cpu", "fake", "cpu", r.cpu_targets()) \
+            and fake.is_dir():
+        r.compare(fake, r.base / "cpu" / "runs" / "gpu_trained", ("cardfake", "cpufake"),
+                  "fake_card_vs_cpu.json")
     elif phase == "decode":
-        for line in measure_decodes(r.base / "wide" / "runs" / "gpu_trained", args):
+        for line in measure_decodes(wide, args):
             r.note(line)
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("wheels", help="CPU machine: .whl/, what the lent machine's Python lacks")
+    dp = sub.add_parser("data", help="CPU machine: the grid's carried documents")
+    dp.add_argument("--src", default=os.environ.get("FAIR_CALIB_SOURCE_DATA", "../shared/data"))
+    dp.add_argument("--out", default=".gpu_dag_data")
     rp = sub.add_parser("run")
-    rp.add_argument("--phases", default=",".join(PHASES))
+    rp.add_argument("--phases", default=",".join(PHASES[:-1]), help=f"of {','.join(PHASES)}")
     rp.add_argument("--runs", default="/tmp/gpu_trained", help="where the run folders go")
     rp.add_argument("--out", default=os.environ.get("OUT"))
     rp.add_argument("--deadline", type=float, default=560.0, help="seconds for all phases")
-    rp.add_argument("--site", default="/tmp/site")
+    rp.add_argument("--site", default="/tmp/site", help="where the carried wheels are installed")
+    rp.add_argument("--data", default=".gpu_dag_data", help="the grid's documents (`data`)")
+    rp.add_argument("--grid-layers", type=int, help="blocks a grid model (4; smoke 2)")
+    rp.add_argument("--grid-jobs", type=int, help="the grid's GPU jobs at once (4; smoke 2)")
     rp.add_argument("--decode-n", type=int, default=40, help="questions the decode phase times")
-    rp.add_argument("--tables", default="main,w2a4,w8a8",
-                    help="the tables of config/gpu_trained.yaml the wide phase makes")
+    rp.add_argument("--tables", default="main,w2a4,w8a8", help="config/gpu_trained.yaml's")
     rp.add_argument("--decode-method", default="fair-calib-seeds@s0",
                     help="the W4A4 calibration the decode phase times against FP")
-    rp.add_argument("--cpu-smoke", action="store_true",
-                    help="the CPU version: tiny widths, fake quantization (the suite runs it)")
+    rp.add_argument("--cpu-smoke", action="store_true", help="tiny widths, fake quantization")
     cp = sub.add_parser("compare")
     cp.add_argument("run_a")
     cp.add_argument("run_b")
+    sub.add_parser("summary", help="a run folder's jobs").add_argument("run")
     args = ap.parse_args(argv)
-    if args.cmd == "compare":
+    if args.cmd == "wheels":
+        build_wheels()
+    elif args.cmd == "data":
+        m = write_data(Path(args.src), Path(args.out))
+        print(json.dumps({k: v for k, v in m.items() if k != "documents"}))
+    elif args.cmd == "compare":
         print(format_rows(compare_runs(Path(args.run_a), Path(args.run_b))))
-        return 0
-    return run(args)
+    elif args.cmd == "summary":
+        print("\n".join(summary_lines(args.run, job_records(Path(args.run)))))
+    return run(args) if args.cmd == "run" else 0
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Does every token count run through the real low-bit path and give the emulation's result?
 
-Each structure of ``benchmarks/structures.py`` on one block at the real LLaDA-8B / Dream-7B
+Each structure of ``benchmarks/shapes.py`` on one block at the real LLaDA-8B / Dream-7B
 shapes (random weights); every low-bit linear on the input it gets in the block's forward at
 1..64 tokens and a sample up to 4,096 (``--tokens``):
 - ``codes``: the fused kernel's codes and scales against the emulation's torch arithmetic: the
@@ -30,7 +30,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks import shapes  # noqa: E402
-from benchmarks.structures import STRUCTURES, block_groups, emit, ids_for, quantize  # noqa: E402
+from benchmarks.shapes import STRUCTURES, emit  # noqa: E402
 from fair_calib.quant import lowbit, lowbit_triton  # noqa: E402
 from fair_calib.quant.blockio import call_block, capture_block_inputs  # noqa: E402
 
@@ -42,19 +42,12 @@ SCALE_TOLERANCE = 2.4e-7           # two float32 ulp (the CUDA division, docs/fi
 # the scale by up to 2^-7 (measured on an H100: about one token in 10^5; docs/benchmarks.md).
 SCALE_TOLERANCE_TRANSFORMED = 2.0 ** -7
 GEMM_ULPS = 1.0     # the epilogue's float32 scaling in another order: one bf16 rounding apart
-DEVICE = "cuda"
-
-
-def structure(shape: str, name: str, dev: str, bits: int = 4):
-    lm = shapes.build(shape, layers=1, device=dev)
-    quantize(lm, block_groups(lm, dev), name, bits)
-    return lm
 
 
 def linear_inputs(lm, shape: str, m: int, dev: str) -> dict:
     """{name: (x, up)} of every low-bit linear of block 0 in one forward of m tokens."""
     block = lm.blocks[0]
-    ids = ids_for(shape, 1, m, dev)
+    ids = shapes.ids_for(shape, 1, m, dev)
     inputs = capture_block_inputs(lm.model, block, ids, 1, device=dev,
                                   hidden_dtype=lm.embed.weight.dtype)
     rec = {}
@@ -145,14 +138,15 @@ def main(argv=None) -> int:
     ap.add_argument("--bits", type=int, default=4, choices=[4, 8])
     ap.add_argument("--tokens", type=int, nargs="+", default=TOKENS)
     args = ap.parse_args(argv)
-    dev = DEVICE
+    dev = "cuda"
     emit({"kind": "env", "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
           "bits": args.bits})
     failed = []
     for shape in args.shapes:
         for name in args.structures:
             t0 = time.perf_counter()
-            lm = structure(shape, name, dev, args.bits)
+            lm = shapes.build(shape, layers=1, device=dev)
+            shapes.quantize(lm, shapes.block_groups(lm, dev), name, args.bits)
             codes_ok = check_codes(lm, shape, name, dev, args.tokens)
             rows_ok = check_rows(lm, shape, name, dev)
             if not (codes_ok and rows_ok):

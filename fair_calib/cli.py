@@ -9,7 +9,7 @@ import sys
 import time
 
 from .environment import check_settings_environment
-from .job_log import JOB_LINE  # the prefix of job_record's lines (benchmarks/gpu_dag.py)
+from .job_log import JOB_LINE  # the prefix of job_record's lines (benchmarks/gpu_trained.py)
 
 SUBCOMMANDS = {
     "make-data": "fair_calib.models.tiny.corpus",   # synthetic corpus and task files
@@ -290,7 +290,7 @@ def _failure_line(stage: str, err: BaseException) -> str:
 
 # The stages the workflow runs as jobs: each writes, to its log (stderr), one line when it
 # starts and one when it ends, with its wall time and the card it ran on, so a run's cost per
-# job can be read off its logs (benchmarks/gpu_dag.py summarises them).
+# job can be read off its logs (benchmarks/gpu_trained.py summarises them).
 JOB_STAGES = ("make-data", "train-tiny", "convert-hub", "probe", "prior", "calibrate",
               "evaluate", "trajectories", "diagnose", "report", "figures", "floor-sweep")
 

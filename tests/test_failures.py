@@ -38,7 +38,7 @@ def test_a_failed_stage_ends_its_log_with_what_failed_and_what_to_do(tmp_path):
     proc = _make_data(tmp_path / "file" / "data")      # a folder under a file: cannot be made
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 1
-    # (the stage's job lines, benchmarks/gpu_dag.py's record of its wall time, aside)
+    # (the stage's job lines, benchmarks/gpu_trained.py's record of its wall time, aside)
     lines = [ln for ln in err.strip().splitlines() if not ln.startswith(JOB_LINE)]
     assert lines[0] == "Traceback (most recent call last):"             # the log keeps it
     assert lines[-1].startswith("error: fair-calib make-data: FileExistsError: ")

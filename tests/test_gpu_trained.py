@@ -3,8 +3,10 @@ compared answer by answer, and the script's CPU smoke runs its phases end to end
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -81,7 +83,16 @@ def test_the_cpu_smoke_runs_its_phases_end_to_end(tmp_path):
     assert "fake (FAIR_CALIB_LOWBIT=fake, device cuda): exit 0" in summary
     rows = G.compare_runs(tmp_path / "runs" / "wide" / "runs" / "gpu_trained",
                           tmp_path / "runs" / "fake" / "runs" / "gpu_trained")
-    assert len(rows) == 4      # fp, rtn x synth_gen and the long task
+    # fp and RTN W4A4 (the smoke's main table) x synth_gen and the long task
+    assert sorted((r["method"], r["bits"], r["task"]) for r in rows) == [
+        ("fp", "fp", "synth_gen"), ("fp", "fp", "synth_gen_long"),
+        ("rtn", "w4a4", "synth_gen"), ("rtn", "w4a4", "synth_gen_long")]
     assert all(r["identical"] == r["generations"] > 0 and r["max_dll"] == 0 for r in rows)
     assert "decode wide-llada: W4A4 / bf16 time" in summary
-    assert (out / "results.tgz").is_file()
+    # each phase's jobs read off the stages' job lines, each method next to FP
+    assert re.search(r"wide jobs with a job line: \d+; not ok: 0;", summary)
+    assert "| wide-llada | synth_gen | " in summary
+    with tarfile.open(out / "results.tgz") as tar:
+        names = tar.getnames()
+    assert {"kept/wide.jobs.md", "kept/fake.jobs.json", "kept/real_vs_fake.json",
+            "kept/wide.main.tex"} <= set(names)

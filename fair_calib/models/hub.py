@@ -17,7 +17,7 @@ and loads the safetensors shards in the target dtype without a float32 copy. LLa
 the transformers versions of :data:`SUPPORTED_TRANSFORMERS` are accepted. The inverse
 direction (:func:`save_hub_layout`) writes a native model in the hub's file layout, config field
 names and key names: the toy real-layout checkpoints of the tests and of ``config/hub_layout.yaml``,
-and the random 8B-shaped checkpoints of ``benchmarks/gpu_dag.py``.
+and the random 8B-shaped checkpoints of ``benchmarks/gpu_trained.py`` (its grid phase).
 """
 from __future__ import annotations
 
