@@ -5,8 +5,7 @@ embedded default, trained GPU-width models (real kernels against fake quantizati
     python benchmarks/gpu_trained.py data [--src ../shared/data] [--out .gpu_dag_data]   # CPU
     python benchmarks/gpu_trained.py run [--phases default,wide,fake,decode,cpu,grid] [--out DIR]
     python benchmarks/gpu_trained.py run --cpu-smoke [--phases ...]   # tiny widths on the CPU
-    python benchmarks/gpu_trained.py compare RUN_A RUN_B   # two runs' evaluations, cell by cell
-    python benchmarks/gpu_trained.py summary RUN           # a run folder's jobs: wall s, card
+    fair-calib compare-runs RUN_A RUN_B; fair-calib jobs RUN   # read a run folder afterwards
 
 ``.whl/`` (installed by ``run`` into ``--site``) and ``.gpu_dag_data/`` (``data``: GSM8K test
 questions and HellaSwag items, 2 from each of 3 token-count classes with its shortest and
@@ -30,10 +29,8 @@ leaves it time (one call stays inside 10 minutes); ``grid`` is not in the defaul
   LLaDA in blocks of 32), graphs replayed: exact early exit's steps against the full schedule,
   W4A4 ``--decode-method`` against bf16 time.
 
-Each phase's jobs are read off the job lines every stage logs (wall time, card, peak GPU
-memory), each method's evaluation time next to FP's. ``compare``: per (model, method, bits,
-task) each run's accuracy, identical generations, the largest log-likelihood difference. With
-``--out`` (default ``$OUT``): summary.md and results.tgz (kept files, every run's logs, tables).
+Each phase's jobs are summarised (``fair-calib jobs``), runs compared (``fair-calib
+compare-runs``). ``--out`` (default ``$OUT``): summary.md and results.tgz (kept files, logs).
 """
 from __future__ import annotations
 
@@ -54,6 +51,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from fair_calib.report.compare import compare_runs, format_rows  # noqa: E402
+from fair_calib.report.jobs import METHOD_ORDER, job_records, methods_table, summary_lines  # noqa: E402,F401
+
 PHASES = ("default", "wide", "fake", "decode", "cpu", "grid")     # the default list: all but grid
 # the CPU's table of the embedded default (tests/recorded_hashes.json, "default")
 CPU_TABLE_SHA = "97503071140723f312317f6c4951d7a3cc51852c2c534e57d00bcdb18d15c988"
@@ -61,9 +61,7 @@ SMOKE_CONFIGS = ["config/gpu_trained.yaml", "config/gpu_trained_cpu.yaml"]
 LONG_TASK = "synth_gen_long"
 # the phase's Snakemake runs need at least this much time left (seconds)
 PHASE_MIN_S = {"default": 200, "wide": 240, "fake": 60, "cpu": 90, "decode": 60, "grid": 120}
-METHOD_ORDER = ("fp", "rtn", "quarot", "flatquant", "fair-calib")   # config/gpu_dag.yaml's
 NEEDED = ("snakemake", "lm-eval", "datasets")   # what the wheels bring; refused without
-COPY_JOBS = ("gather_eval",)     # one shard: `cp`, no stage process, so no job line
 # What the lent machine's Python lacks (it has torch, triton, transformers, tokenizers, numpy,
 # pandas, pyarrow, ...), at the project environment's versions; typing-extensions and fsspec are
 # shipped for the versions pydantic and datasets need. pulp (Snakemake's ILP scheduler, 16 MB)
@@ -374,176 +372,6 @@ def cuda_cards() -> list[list[str]]:
     except (OSError, subprocess.SubprocessError):
         return []
     return [[f.strip() for f in x.split(",")] for x in out.splitlines() if x[:1].isdigit()]
-
-
-# ------------------------------------------------------------------------ job summaries
-def job_records(run: Path) -> list[dict]:
-    """One record per log of ``run/logs``: rule, wildcards, the job lines' fields, and the
-    process seconds of its Snakemake benchmark file where there is one."""
-    from fair_calib.cli import JOB_LINE
-
-    records = []
-    for path in sorted((run / "logs").rglob("*.log")):
-        rel = path.relative_to(run / "logs").with_suffix("")
-        rec = {"job": rel.parts[0], "wildcards": "/".join(rel.parts[1:]), "status": "no job line"}
-        for line in path.read_text(errors="replace").splitlines():
-            if line.startswith(JOB_LINE):
-                rec.update(json.loads(line[len(JOB_LINE):]))
-        if rec["status"] == "start":
-            rec["status"] = "started, never ended (killed?)"
-        bench = run / "results" / "benchmarks" / rel.with_suffix(".tsv")
-        if bench.is_file():
-            rec["process_s"] = float(bench.read_text().splitlines()[1].split("\t")[0])
-        records.append(rec)
-    return sorted(records, key=lambda r: (r.get("start", float("inf")), r["job"], r["wildcards"]))
-
-
-def max_overlap(records: list[dict], gpu_only: bool) -> int:
-    """The most jobs (GPU jobs: ``gpu_only``) that ran at one time."""
-    events = sorted((t, d) for r in records
-                    if "wall_s" in r and not (gpu_only and r["card"] == "cpu")
-                    for t, d in ((r["start"], 1), (r["start"] + r["wall_s"], -1)))
-    most = now = 0
-    for _, d in events:
-        now += d
-        most = max(most, now)
-    return most
-
-
-def _fmt(x, digits=1) -> str:
-    return "-" if x is None else f"{x:.{digits}f}"
-
-
-def _copy_only(r: dict) -> bool:
-    return r["job"] in COPY_JOBS and r["status"] == "no job line"
-
-
-def methods_table(records: list[dict]) -> list[str]:
-    """Evaluation wall seconds per (model, task) and method, FP first, and each / FP."""
-    cells: dict[tuple[str, str], dict[str, float]] = {}
-    for r in records:
-        if r["job"] == "evaluate" and "wall_s" in r:
-            model, method, _bits, task = r["wildcards"].split("/")[:4]
-            cells.setdefault((model, task), {})[method] = r["wall_s"]
-    order = {m: i for i, m in enumerate(METHOD_ORDER)}
-    methods = sorted({m for row in cells.values() for m in row},
-                     key=lambda m: (order.get(m, len(order)), m))
-    out = ["| model | task | " + " | ".join(f"{m} s" for m in methods) + " |",
-           "|---|---|" + "---:|" * len(methods)]
-    for (model, task), row in sorted(cells.items()):
-        fp = row.get("fp")
-        out.append(f"| {model} | {task} | " + " | ".join(
-            _fmt(row.get(m)) + (f" ({row[m] / fp:.2f}x)" if fp and m in row and m != "fp" else "")
-            for m in methods) + " |")
-    return out if cells else []
-
-
-def summary_lines(name: str, records: list[dict]) -> list[str]:
-    """A run's jobs: counts, span, jobs at once, time by stage; the jobs table; evaluation
-    wall seconds per method next to FP's."""
-    timed = [r for r in records if "wall_s" in r]
-    span = (max(r["start"] + r["wall_s"] for r in timed) - min(r["start"] for r in timed)
-            if timed else 0.0)
-    cards = sorted({r["card"] for r in timed if r["card"] != "cpu"})
-    failed = [r for r in records if r["status"] != "ok" and not _copy_only(r)]
-    stages: dict[str, list[float]] = {}
-    for r in timed:
-        stages.setdefault(r.get("stage", r["job"]), []).append(r["wall_s"])
-    t0 = min((r["start"] for r in records if "start" in r), default=0.0)
-    lines = [f"{name} jobs with a job line: {len(timed)}; not ok: {len(failed)}; cards: "
-             f"{', '.join(cards) or 'none (CPU)'}; span first start -> last end: {span:.1f} s; "
-             f"sum of job wall times: {sum(r['wall_s'] for r in timed):.1f} s; most jobs at "
-             f"once: {max_overlap(records, False)} (GPU jobs: {max_overlap(records, True)}); "
-             "by stage: " + ", ".join(f"{k} {len(v)} jobs {sum(v):.0f} s (max {max(v):.0f})"
-                                      for k, v in sorted(stages.items())), "",
-             "wall s: the stage's job line (imports included); process s: Snakemake's benchmark "
-             "file (the whole command); start s: after the first job's start; "
-             f"{sum(map(_copy_only, records))} gather_eval jobs of one shard (a copy) not listed.",
-             "",
-             "| job | wildcards | status | wall s | process s | card | peak GPU GB | start s |",
-             "|---|---|---|---:|---:|---|---:|---:|"]
-    for r in (r for r in records if not _copy_only(r)):
-        start = r["start"] - t0 if "start" in r else None
-        lines.append(f"| {r['job']} | {r['wildcards']} | {r['status']} | {_fmt(r.get('wall_s'))} "
-                     f"| {_fmt(r.get('process_s'))} | {r.get('card', '-')} "
-                     f"| {_fmt(r.get('peak_gpu_gb'), 2)} | {_fmt(start)} |")
-    methods = methods_table(records)
-    return lines + ([""] + [f"{name} evaluation wall s per method (x: over FP):"] + methods
-                    if methods else [])
-
-
-# ------------------------------------------------------------------------ comparisons
-def eval_records(run_dir: Path) -> dict[tuple[str, str, str, str], dict]:
-    """``(model, method, bits, task) -> per_doc`` of every gathered evaluation under
-    ``run_dir/results/eval``: its gathered raw JSON, or the one shard's it was copied from."""
-    from fair_calib.evaluate.run import run_per_docs
-
-    out = {}
-    for path in sorted((run_dir / "results" / "eval").glob("*/*/*/*.parquet")):
-        per_docs = run_per_docs(path)
-        if len(per_docs) != 1:
-            raise ValueError(f"{path}: {len(per_docs)} shard records and no gathered JSON")
-        out[(*path.parts[-4:-1], path.stem)] = per_docs[0]
-    return out
-
-
-def accuracy(per_doc: dict) -> float | None:
-    """The mean of the run's first accuracy-like metric (acc / exact_match), in %."""
-    for key in sorted(per_doc.get("metrics", {})):
-        if key.split(",")[0] in ("acc", "exact_match", "acc_norm"):
-            vals = [v for docs in per_doc["metrics"][key].values() for v in docs.values()]
-            return 100.0 * sum(vals) / len(vals) if vals else None
-    return None
-
-
-def response_diff(a: dict, b: dict) -> dict:
-    """Identical generations (text answers) and the largest log-likelihood difference
-    (choices' scores) between two runs' responses of the same documents."""
-    same = total = 0
-    max_dll = 0.0
-    for task, by_filter in (a.get("responses") or {}).items():
-        for filt, docs in by_filter.items():
-            other = ((b.get("responses") or {}).get(task) or {}).get(filt) or {}
-            for doc in docs.keys() & other.keys():
-                lls_a, lls_b = _lls(docs[doc]), _lls(other[doc])
-                if lls_a is not None and lls_b is not None and len(lls_a) == len(lls_b):
-                    max_dll = max([max_dll] + [abs(x - y) for x, y in zip(lls_a, lls_b)])
-                else:
-                    total += 1
-                    same += docs[doc] == other[doc]
-    return {"identical": same, "generations": total, "max_dll": max_dll}
-
-
-def _lls(resp) -> list[float] | None:
-    """Log-likelihoods of a loglikelihood request's choices (``[[ll, greedy], ...]``)."""
-    if isinstance(resp, list) and resp and all(isinstance(r, list) and len(r) == 2
-                                               and isinstance(r[0], (int, float)) for r in resp):
-        return [float(r[0]) for r in resp]
-    return None
-
-
-def compare_runs(run_a: Path, run_b: Path, names=("A", "B")) -> list[dict]:
-    from fair_calib.evaluate.run import arithmetic_of
-
-    ra, rb = eval_records(run_a), eval_records(run_b)
-    return [{"model": key[0], "method": key[1], "bits": key[2], "task": key[3],
-             f"acc_{names[0]}": accuracy(ra[key]), f"acc_{names[1]}": accuracy(rb[key]),
-             f"arith_{names[0]}": arithmetic_of(ra[key]),
-             f"arith_{names[1]}": arithmetic_of(rb[key]), **response_diff(ra[key], rb[key])}
-            for key in sorted(ra.keys() & rb.keys())]
-
-
-def format_rows(rows: list[dict], names=("A", "B")) -> str:
-    a, b = names
-    lines = [f"| model | method | bits | task | {a} | {b} | acc {a} | acc {b} | identical "
-             "generations | max dLL |", "|" + "---|" * 10]
-    for r in rows:
-        acc = ["--" if r[f"acc_{n}"] is None else f"{r[f'acc_{n}']:.1f}" for n in names]
-        gens = f"{r['identical']} of {r['generations']}" if r["generations"] else "--"
-        lines.append(f"| {r['model']} | {r['method']} | {r['bits']} | {r['task']} | "
-                     f"{r['arith_' + a]} | {r['arith_' + b]} | {acc[0]} | {acc[1]} | {gens} | "
-                     f"{r['max_dll']:.3g} |")
-    return "\n".join(lines)
 
 
 # ------------------------------------------------------------------------ phases
@@ -857,20 +685,12 @@ def main(argv=None) -> int:
     rp.add_argument("--decode-method", default="fair-calib-seeds@s0",
                     help="the W4A4 calibration the decode phase times against FP")
     rp.add_argument("--cpu-smoke", action="store_true", help="tiny widths, fake quantization")
-    cp = sub.add_parser("compare")
-    cp.add_argument("run_a")
-    cp.add_argument("run_b")
-    sub.add_parser("summary", help="a run folder's jobs").add_argument("run")
     args = ap.parse_args(argv)
     if args.cmd == "wheels":
         build_wheels()
     elif args.cmd == "data":
         m = write_data(Path(args.src), Path(args.out))
         print(json.dumps({k: v for k, v in m.items() if k != "documents"}))
-    elif args.cmd == "compare":
-        print(format_rows(compare_runs(Path(args.run_a), Path(args.run_b))))
-    elif args.cmd == "summary":
-        print("\n".join(summary_lines(args.run, job_records(Path(args.run)))))
     return run(args) if args.cmd == "run" else 0
 
 

@@ -27,6 +27,8 @@ SUBCOMMANDS = {
     "lm-eval": "fair_calib.lm_eval_cli",            # lm-eval's own CLI, fair_calib_dlm registered
     "render-tasks": "fair_calib.lm_eval_cli",       # offline / synthetic task YAMLs for it
     "generate": "fair_calib.generate_cli",          # a model's completions of your prompts
+    "compare-runs": "fair_calib.report.compare",    # two runs' evaluations, cell by cell
+    "jobs": "fair_calib.report.jobs",               # a run's jobs: time, card, overlap
     "cost": "fair_calib.cost",                      # GPU-hours of a config's DAG
     "census": "fair_calib.census",                  # shapes x counts of the grid's forwards
     "check-config": "fair_calib.references",        # syntax/schema check of config files
@@ -34,7 +36,7 @@ SUBCOMMANDS = {
 # These read their own subcommand name (one module serves two of them).
 WHOLE_ARGV = ("trajectories", "diagnose", "lm-eval", "render-tasks")
 # These write no output of the workflow (lm-eval's own options name its files): no output lock.
-UNLOCKED = ("lm-eval", "generate", "cost", "check-config")
+UNLOCKED = ("lm-eval", "generate", "cost", "check-config", "compare-runs", "jobs")
 
 
 def _checked_settings(stage: str, argv: list[str]) -> list[str]:

@@ -21,6 +21,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from benchmarks import gpu_trained as G  # noqa: E402
+from fair_calib.report import jobs as J  # noqa: E402
 
 
 def test_length_classes_take_each_classs_shortest_and_longest():
@@ -66,12 +67,12 @@ def test_summary_reads_the_job_lines_and_puts_each_method_next_to_fp(tmp_path, c
     bench = tmp_path / "results/benchmarks/evaluate/m/fp/fp/t/shard-0.tsv"
     bench.parent.mkdir(parents=True)
     bench.write_text("s\th:m:s\n12.5\t0:00:12\n")
-    records = G.job_records(tmp_path)
+    records = J.job_records(tmp_path)
     by = {(r["job"], r["wildcards"]): r for r in records}
     assert by[("evaluate", "m/fp/fp/t/shard-0")]["process_s"] == 12.5
     assert by[("calibrate", "m/rtn/w4a4")]["status"] == "started, never ended (killed?)"
-    assert G.max_overlap(records, gpu_only=True) == 2
-    text = "\n".join(G.summary_lines("grid", records))
+    assert J.max_overlap(records, gpu_only=True) == 2
+    text = "\n".join(J.summary_lines("grid", records))
     assert "| m | t | 10.0 | 15.0 (1.50x) |" in text
     assert "not ok: 1" in text and "1 gather_eval jobs of one shard" in text
     assert "by stage: evaluate 2 jobs 25 s (max 15)" in text
@@ -142,5 +143,5 @@ def test_the_gpu_dag_configs_pass_the_workflows_checks():
     for files in (["gpu_dag.yaml"], ["gpu_dag.yaml", "gpu_dag_cpu.yaml"]):
         cfg = C.validate_config(C.merged_config([REPO / "config" / f for f in files]))
         check_config(cfg)
-        assert cfg["tables"]["main"]["methods"] == list(G.METHOD_ORDER)
+        assert cfg["tables"]["main"]["methods"] == list(J.METHOD_ORDER)
         assert not cfg["diagnostics"]["enabled"] and not cfg["prior_ablation"]["enabled"]

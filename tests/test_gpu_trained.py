@@ -15,6 +15,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from benchmarks import gpu_trained as G  # noqa: E402
+from fair_calib.report import compare as C  # noqa: E402
 
 
 def _shard(run: Path, cell: str, per_doc: dict) -> None:
@@ -42,13 +43,13 @@ def test_compare_counts_identical_generations_and_the_largest_loglikelihood_gap(
     mc_b = {"0": [[-1.25, True], [-3.0, False]], "1": [[-2.0, False], [-2.5, True]]}
     _shard(a, "m/rtn/w4a4/mc", _per_doc([1, 1], mc_a, "integer"))
     _shard(b, "m/rtn/w4a4/mc", _per_doc([1, 0], mc_b, "fake"))
-    rows = {r["task"]: r for r in G.compare_runs(a, b, ("real", "fake"))}
+    rows = {r["task"]: r for r in C.compare_runs(a, b, ("real", "fake"))}
     gen, mc = rows["gen"], rows["mc"]
     assert (gen["identical"], gen["generations"], gen["max_dll"]) == (2, 3, 0.0)
     assert gen["acc_real"] == pytest.approx(200 / 3) and gen["acc_fake"] == 100.0
     assert (mc["generations"], mc["max_dll"]) == (0, 2.0)
     assert (mc["arith_real"], mc["arith_fake"]) == ("integer", "fake")
-    table = G.format_rows(list(rows.values()), ("real", "fake"))
+    table = C.format_rows(list(rows.values()), ("real", "fake"))
     assert "| m | rtn | w4a4 | gen | integer | fake | 66.7 | 100.0 | 2 of 3 | 0 |" in table
     assert "| m | rtn | w4a4 | mc | integer | fake | 100.0 | 50.0 | -- | 2 |" in table
 
@@ -81,7 +82,7 @@ def test_the_cpu_smoke_runs_its_phases_end_to_end(tmp_path):
     summary = (out / "summary.md").read_text()
     assert "wide (FAIR_CALIB_LOWBIT=fake): exit 0" in summary
     assert "fake (FAIR_CALIB_LOWBIT=fake, device cuda): exit 0" in summary
-    rows = G.compare_runs(tmp_path / "runs" / "wide" / "runs" / "gpu_trained",
+    rows = C.compare_runs(tmp_path / "runs" / "wide" / "runs" / "gpu_trained",
                           tmp_path / "runs" / "fake" / "runs" / "gpu_trained")
     # fp and RTN W4A4 (the smoke's main table) x synth_gen and the long task
     assert sorted((r["method"], r["bits"], r["task"]) for r in rows) == [
@@ -96,3 +97,19 @@ def test_the_cpu_smoke_runs_its_phases_end_to_end(tmp_path):
         names = tar.getnames()
     assert {"kept/wide.jobs.md", "kept/fake.jobs.json", "kept/real_vs_fake.json",
             "kept/wide.main.tex"} <= set(names)
+
+
+def test_compare_runs_and_jobs_are_commands(tmp_path, capsys):
+    """`fair-calib compare-runs` and `fair-calib jobs` print the same tables; a folder that is
+    no run is refused in one line naming it."""
+    from fair_calib.report import jobs
+
+    _shard(tmp_path / "a", "m/fp/fp/gen", _per_doc([1], {"0": ["x"]}, "full precision"))
+    _shard(tmp_path / "b", "m/fp/fp/gen", _per_doc([1], {"0": ["x"]}, "full precision"))
+    C.run_cli([str(tmp_path / "a"), str(tmp_path / "b"), "--names", "cpu", "card"])
+    assert "| m | fp | fp | gen | full precision | full precision | 100.0 | 100.0 | 1 of 1 | 0 |" \
+        in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="nowhere/results/eval does not exist"):
+        C.run_cli([str(tmp_path / "nowhere"), str(tmp_path / "b")])
+    with pytest.raises(SystemExit, match="logs does not exist"):
+        jobs.run_cli([str(tmp_path / "a")])
