@@ -14,6 +14,7 @@ from ..quant.discovery import get_submodule
 from ..quant.groupwise import GroupCodes
 from ..quant.qlinear import QuantLinear
 from ..quant.quantizers import WeightQuantizer, is_quantized
+from ..registry import check_arithmetic
 from .base import QuantMethod
 
 NORM_PREFIX = "norm."
@@ -29,6 +30,13 @@ class GroupCodesMethod(QuantMethod):
     def make_weight_quant(self, name, linear: nn.Linear, inq, stats):
         # identity until fit_block sets the codes (w_quant replaces Q_W(W))
         return WeightQuantizer(linear.out_features, 16)
+
+    def __init__(self, cfg, w_bits, a_bits, seed=0):
+        super().__init__(cfg, w_bits, a_bits, seed)
+        # ``authors`` (default): the authors' own arithmetic, dtype and order included;
+        # ``precise``: the project's higher-precision variant (each method's docstring)
+        self.arithmetic = check_arithmetic(str(self.cfg.get("arithmetic", "authors")),
+                                           self.type_name)
 
     @property
     def group_size(self) -> int:
