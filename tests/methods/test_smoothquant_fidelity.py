@@ -3,15 +3,22 @@
 per input channel over the calibration set), the scales of ``duquant.py`` (the weight maximum
 of q_proj / o_proj / up_proj / down_proj only), ``truncate_number``, ``smooth_and_let_inplace``
 (``smooth_fc_inplace`` for a GQA o_proj), the asymmetric per-channel weight and per-token
-activation quantizers of ``UniformAffineQuantizer``."""
+activation quantizers of ``UniformAffineQuantizer``. The default (``arithmetic: authors``) is
+compared bit for bit with DuQuant's float16 layer (``qlayer.half()``) and its attention-matmul
+quantizers (``qkt_matmul``/``pv_matmul``), run on the same model code; ``arithmetic: precise``
+(float32) with the same steps in float32, up to rounding."""
 import pytest
 import torch
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from fair_calib.calibrate import calibrate
 from fair_calib.methods import load_quantized, make_method
 from fair_calib.quant.discovery import get_submodule
+from fair_calib.quant.half import QKVQuant
 from fair_calib.quant.toy import tiny_random_loaded
-from fixtures.duquant_smoothing import act_scales_of, smooth_layer, truncate_number
+from fixtures.duquant_smoothing import PAIRS, act_scales_of, smooth_layer, truncate_number
 
 torch.set_num_threads(1)
 IDS = torch.randint(0, 60, (8, 16), generator=torch.Generator().manual_seed(2))
@@ -26,6 +33,99 @@ def ref_uaq(x, n_bits):
     x_int = torch.round(x / scale) + zp
     x_int = x_int.clamp(0, 2 ** n_bits - 1)
     return (x_int - zp) * scale
+
+
+# ------------------------------------------------------------------ DuQuant's float16 layer
+def ref_uaq_half(x, n_bits, lac=None, swc=None):
+    """UniformAffineQuantizer.forward (asymmetric, per_token_dynamic_calibration, fake_quant)
+    as written: the bounds in x's dtype, round(x.float() / scale).half()."""
+    xmin = x.amin([-1], keepdim=True).to(x.device)
+    xmax = x.amax([-1], keepdim=True).to(x.device)
+    if swc:
+        xmax, xmin = swc * xmax, swc * xmin
+    elif lac:
+        xmax, xmin = lac * xmax, lac * xmin
+    range = xmax - xmin
+    scale = range / (2 ** n_bits - 1)
+    scale = scale.clamp(min=1e-5, max=1e4)
+    zero_point = -(xmin) / scale
+    round_zero_point = zero_point.clamp(min=-1e4, max=1e4).round()
+    y = x.float() / scale
+    x_int = ((y.round() - y).detach() + y).half()
+    x_int = x_int.add(round_zero_point)
+    x_int = x_int.clamp(0, 2 ** n_bits - 1)
+    return x_int.sub(round_zero_point).mul(scale)
+
+
+def register_ref_attention(name, quant_q, quant_k, quant_v):
+    """A test attention implementation: ``qkt_matmul.quant_x1/x2`` and ``pv_matmul.quant_x2``
+    on Q, K, V, then the model's SDPA (the project's attention; DuQuant's eager matmuls are
+    model code). Q and K come out of RoPE in float32 (float32 sin/cos): cast to V's dtype."""
+    def attention(module, q, k, v, *args, **kwargs):
+        q, k = q.to(v.dtype), k.to(v.dtype)
+        return sdpa_attention_forward(module, quant_q(q), quant_k(k), quant_v(v), *args, **kwargs)
+    AttentionInterface.register(name, attention)
+    AttentionMaskInterface.register(name, sdpa_mask)
+    return name
+
+
+def half_layer(layer):
+    """``qlayer.half()`` in a model that keeps float32 between layers: the layer's input cast
+    to float16, its output back."""
+    layer.half()
+    layer.register_forward_pre_hook(lambda m, args, kw: ((args[0].half(), *args[1:]), kw), with_kwargs=True)
+    layer.register_forward_hook(lambda m, args, out: out.float())
+
+
+@torch.no_grad()
+def ref_smoothquant_half(lm, alpha, w_bits, a_bits):
+    """``duquant()`` without ``--quant_method`` (SmoothQuant) on every layer, in place:
+    scales from the float16 act scales and the weight in its dtype, ``qlayer.half()``,
+    ``truncate_number``, ``smooth_and_let_inplace`` (qkv, fc1, down, then out or, under GQA,
+    ``smooth_fc_inplace``), ``quant_inplace``; activations and Q, K, V quantized. Returns the
+    per-block float16 scales by pair name."""
+    model = lm.model
+    act_scales = act_scales_of(model, IDS)
+    q = lambda x: ref_uaq_half(x, a_bits)      # noqa: E731
+    model.config._attn_implementation = register_ref_attention("ref_smoothquant_qkv", q, q, q)
+    out = []
+    for i, layer in enumerate(model.model.layers):
+        a, mlp = layer.self_attn, layer.mlp
+        sc = {}
+        for name, key in PAIRS.items():
+            act = act_scales[f"model.layers.{i}.{name}"].to(dtype=torch.float16).clamp(min=1e-5)
+            weight = get_submodule(layer, name).weight.abs().max(dim=0)[0].clamp(min=1e-5)
+            sc[key] = (act.pow(alpha) / weight.pow(1 - alpha)).clamp(min=1e-5)
+        half_layer(layer)
+        sc = {k: truncate_number(v.half()) for k, v in sc.items()}
+        layer.input_layernorm.weight.div_(sc["qkv"])
+        for fc in (a.q_proj, a.k_proj, a.v_proj):
+            fc.weight.mul_(sc["qkv"].view(1, -1))
+        layer.post_attention_layernorm.weight.div_(sc["fc1"])
+        for fc in (mlp.up_proj, mlp.gate_proj):
+            fc.weight.mul_(sc["fc1"].view(1, -1))
+        mlp.up_proj.weight.div_(sc["down"].view(-1, 1))
+        mlp.down_proj.weight.mul_(sc["down"].view(1, -1))
+        online = None
+        if a.v_proj.out_features == a.o_proj.in_features:
+            if a.v_proj.bias is not None:
+                a.v_proj.bias.div_(sc["out"].view(-1))
+            a.v_proj.weight.div_(sc["out"].view(-1, 1))
+        else:                                   # smooth_fc_inplace (GQA)
+            online = sc["out"].view(1, -1)
+        a.o_proj.weight.mul_(sc["out"].view(1, -1))
+        for m in layer.modules():
+            if isinstance(m, torch.nn.Linear):
+                m.weight.data = ref_uaq_half(m.weight.data, w_bits)      # quant_inplace
+
+                def pre(mod, args, sm=(online if m is a.o_proj else None)):
+                    x = args[0]
+                    if sm is not None:
+                        x /= sm
+                    return (ref_uaq_half(x, a_bits),)
+                m.register_forward_pre_hook(pre)
+        out.append(sc)
+    return out
 
 
 @torch.no_grad()
@@ -52,16 +152,69 @@ def ref_smoothquant(lm, alpha, w_bits, a_bits):
     return out
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2-gqa"])
-@pytest.mark.parametrize("bits", [(8, 8), (4, 8)])
-def test_smoothquant_equals_duquants(tmp_path, arch, bits):
-    make = ((lambda: tiny_random_loaded("llama", layers=2)) if arch == "llama" else
+def _maker(arch):
+    return ((lambda: tiny_random_loaded("llama", layers=2)) if arch == "llama" else
             (lambda: tiny_random_loaded("qwen2", layers=2, kv_heads=2)))
-    lm, ref = make(), make()
-    for model in (lm, ref):      # near-silent channels: scales below 1e-2 (truncate_number)
+
+
+def _silent_channels(*models):
+    for model in models:      # near-silent channels: scales below 1e-2 (truncate_number)
         with torch.no_grad():
             model.blocks[0].input_layernorm.weight[3:6] = 1e-7
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2-gqa"])
+@pytest.mark.parametrize("bits", [(8, 8), (4, 8)])
+def test_smoothquant_equals_duquants_float16_layer_bit_for_bit(tmp_path, arch, bits):
+    """The default: every scale, folded norm, quantized weight and the logits equal."""
+    make = _maker(arch)
+    lm, ref = make(), make()
+    _silent_channels(lm, ref)
     m = make_method({"type": "smoothquant", "alpha": 0.5}, *bits)
+    calibrate(lm, m, IDS, tmp_path, batch_size=4, log=lambda s: None)
+    want_scales = ref_smoothquant_half(ref, 0.5, *bits)
+    for i, sc in enumerate(want_scales):
+        for j, key in enumerate(["qkv", "out", "fc1", "down"]):
+            assert torch.equal(m.scales[i][j], sc[key]), (i, key)
+        for n, lin in ref.blocks[i].named_modules():
+            if isinstance(lin, torch.nn.Linear):
+                assert torch.equal(get_submodule(lm.blocks[i], n).w_quant, lin.weight), (i, n)
+        for n in ("input_layernorm", "post_attention_layernorm"):
+            assert torch.equal(get_submodule(lm.blocks[i], n).weight,
+                               get_submodule(ref.blocks[i], n).weight), (i, n)
+    with torch.no_grad():
+        want = ref.logits(IDS)
+        got = load_quantized(make(), tmp_path).logits(IDS)
+        fp = make().logits(IDS)
+    assert torch.equal(got, want)
+    assert not torch.allclose(got, fp, atol=1e-4)
+    assert (want_scales[0]["qkv"] == torch.tensor(1e-2, dtype=torch.float16)).any()
+
+
+def test_the_attention_matmuls_are_quantized_by_default(tmp_path):
+    """Not vacuous: the same calibration without the Q/K/V quantizers (the reference's
+    attention left in full precision) gives other logits."""
+    make = _maker("llama")
+    lm = make()
+    calibrate(lm, make_method({"type": "smoothquant"}, 8, 4), IDS, tmp_path, batch_size=4,
+              log=lambda s: None)
+    with torch.no_grad():
+        got = lm.logits(IDS)
+        for blk in lm.blocks:
+            blk.self_attn.qdlm_qkv = QKVQuant(16)      # the float16 cast only
+        plain = lm.logits(IDS)
+    assert not torch.allclose(got, plain, atol=1e-3)
+    with pytest.raises(ValueError, match="arithmetic must be one of"):
+        make_method({"type": "smoothquant", "arithmetic": "fp16"}, 8, 8)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2-gqa"])
+@pytest.mark.parametrize("bits", [(8, 8), (4, 8)])
+def test_smoothquant_precise_equals_duquants_steps_in_float32(tmp_path, arch, bits):
+    make = _maker(arch)
+    lm, ref = make(), make()
+    _silent_channels(lm, ref)
+    m = make_method({"type": "smoothquant", "alpha": 0.5, "arithmetic": "precise"}, *bits)
     calibrate(lm, m, IDS, tmp_path, batch_size=4, log=lambda s: None)
     want_scales = ref_smoothquant(ref, 0.5, *bits)
     for i, sc in enumerate(want_scales):
