@@ -264,6 +264,7 @@ class AWQMethod(GroupCodesMethod):
 
     def _apply_scales(self, block, groups, plan, scales, feats) -> None:
         norms = list(getattr(block, "_scaled_norms", ()))
+        biases = []
         for j, (kind, prev) in plan:
             s = scales[j]
             if kind == "norm":
@@ -275,6 +276,7 @@ class AWQMethod(GroupCodesMethod):
                 self._divide(f.weight, s.view(-1, 1))
                 if f.bias is not None:
                     self._divide(f.bias, s)
+                    biases.append(prev)
             for n in groups[j].names:
                 lin = get_submodule(block, n).linear
                 if self.authors:
@@ -284,6 +286,7 @@ class AWQMethod(GroupCodesMethod):
             sample = feats[j].sample
             feats[j].sample = sample / s.view(1, -1).to(sample.device, sample.dtype)
         block._scaled_norms = tuple(dict.fromkeys(norms))
+        block._scaled_biases = tuple(biases)
 
     def _divide(self, p: torch.Tensor, s: torch.Tensor) -> None:
         """p / s in place: in p's dtype (``scale_ln_fcs``, ``scale_fc_fc``) or via float32."""

@@ -199,7 +199,7 @@ class SmoothQuantMethod(GroupCodesMethod):
                   for j, (_, _, key) in plan.items()}
         if self.authors:
             half.make_half(block)               # qlayer.half(), before the folding
-        norms = []
+        norms, biases = [], []
         for j, (kind, where, _) in plan.items():
             s = scales[j]
             if kind == "norm":
@@ -211,6 +211,7 @@ class SmoothQuantMethod(GroupCodesMethod):
                 self._divide(f.weight, s.view(-1, 1))
                 if f.bias is not None:
                     self._divide(f.bias, s)
+                    biases.append(where)
             else:
                 get_submodule(block, groups[j].names[0]).inq.smooth.copy_(s)
             for n in groups[j].names:
@@ -220,6 +221,7 @@ class SmoothQuantMethod(GroupCodesMethod):
                 else:
                     w.copy_((w.float() * s.view(1, -1)).to(w.dtype))
         block._scaled_norms = tuple(norms)
+        block._scaled_biases = tuple(biases)
         self.scales[block_index] = scales
         self.set_block_codes(block, groups)
 

@@ -9,16 +9,15 @@ quantizers (``qkt_matmul``/``pv_matmul``), run on the same model code; ``arithme
 (float32) with the same steps in float32, up to rounding."""
 import pytest
 import torch
-from transformers import AttentionInterface
-from transformers.integrations.sdpa_attention import sdpa_attention_forward
-from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from fair_calib.calibrate import calibrate
 from fair_calib.methods import load_quantized, make_method
 from fair_calib.quant.discovery import get_submodule
 from fair_calib.quant.half import QKVQuant
 from fair_calib.quant.toy import tiny_random_loaded
-from fixtures.duquant_smoothing import PAIRS, act_scales_of, smooth_layer, truncate_number
+from fixtures.duquant_smoothing import (PAIRS, act_scales_of, half_layer, ref_uaq_half,
+                                        register_ref_attention, smooth_layer, smooth_layer_half,
+                                        truncate_number)
 
 torch.set_num_threads(1)
 IDS = torch.randint(0, 60, (8, 16), generator=torch.Generator().manual_seed(2))
@@ -35,48 +34,6 @@ def ref_uaq(x, n_bits):
     return (x_int - zp) * scale
 
 
-# ------------------------------------------------------------------ DuQuant's float16 layer
-def ref_uaq_half(x, n_bits, lac=None, swc=None):
-    """UniformAffineQuantizer.forward (asymmetric, per_token_dynamic_calibration, fake_quant)
-    as written: the bounds in x's dtype, round(x.float() / scale).half()."""
-    xmin = x.amin([-1], keepdim=True).to(x.device)
-    xmax = x.amax([-1], keepdim=True).to(x.device)
-    if swc:
-        xmax, xmin = swc * xmax, swc * xmin
-    elif lac:
-        xmax, xmin = lac * xmax, lac * xmin
-    range = xmax - xmin
-    scale = range / (2 ** n_bits - 1)
-    scale = scale.clamp(min=1e-5, max=1e4)
-    zero_point = -(xmin) / scale
-    round_zero_point = zero_point.clamp(min=-1e4, max=1e4).round()
-    y = x.float() / scale
-    x_int = ((y.round() - y).detach() + y).half()
-    x_int = x_int.add(round_zero_point)
-    x_int = x_int.clamp(0, 2 ** n_bits - 1)
-    return x_int.sub(round_zero_point).mul(scale)
-
-
-def register_ref_attention(name, quant_q, quant_k, quant_v):
-    """A test attention implementation: ``qkt_matmul.quant_x1/x2`` and ``pv_matmul.quant_x2``
-    on Q, K, V, then the model's SDPA (the project's attention; DuQuant's eager matmuls are
-    model code). Q and K come out of RoPE in float32 (float32 sin/cos): cast to V's dtype."""
-    def attention(module, q, k, v, *args, **kwargs):
-        q, k = q.to(v.dtype), k.to(v.dtype)
-        return sdpa_attention_forward(module, quant_q(q), quant_k(k), quant_v(v), *args, **kwargs)
-    AttentionInterface.register(name, attention)
-    AttentionMaskInterface.register(name, sdpa_mask)
-    return name
-
-
-def half_layer(layer):
-    """``qlayer.half()`` in a model that keeps float32 between layers: the layer's input cast
-    to float16, its output back."""
-    layer.half()
-    layer.register_forward_pre_hook(lambda m, args, kw: ((args[0].half(), *args[1:]), kw), with_kwargs=True)
-    layer.register_forward_hook(lambda m, args, out: out.float())
-
-
 @torch.no_grad()
 def ref_smoothquant_half(lm, alpha, w_bits, a_bits):
     """``duquant()`` without ``--quant_method`` (SmoothQuant) on every layer, in place:
@@ -90,30 +47,8 @@ def ref_smoothquant_half(lm, alpha, w_bits, a_bits):
     model.config._attn_implementation = register_ref_attention("ref_smoothquant_qkv", q, q, q)
     out = []
     for i, layer in enumerate(model.model.layers):
-        a, mlp = layer.self_attn, layer.mlp
-        sc = {}
-        for name, key in PAIRS.items():
-            act = act_scales[f"model.layers.{i}.{name}"].to(dtype=torch.float16).clamp(min=1e-5)
-            weight = get_submodule(layer, name).weight.abs().max(dim=0)[0].clamp(min=1e-5)
-            sc[key] = (act.pow(alpha) / weight.pow(1 - alpha)).clamp(min=1e-5)
-        half_layer(layer)
-        sc = {k: truncate_number(v.half()) for k, v in sc.items()}
-        layer.input_layernorm.weight.div_(sc["qkv"])
-        for fc in (a.q_proj, a.k_proj, a.v_proj):
-            fc.weight.mul_(sc["qkv"].view(1, -1))
-        layer.post_attention_layernorm.weight.div_(sc["fc1"])
-        for fc in (mlp.up_proj, mlp.gate_proj):
-            fc.weight.mul_(sc["fc1"].view(1, -1))
-        mlp.up_proj.weight.div_(sc["down"].view(-1, 1))
-        mlp.down_proj.weight.mul_(sc["down"].view(1, -1))
-        online = None
-        if a.v_proj.out_features == a.o_proj.in_features:
-            if a.v_proj.bias is not None:
-                a.v_proj.bias.div_(sc["out"].view(-1))
-            a.v_proj.weight.div_(sc["out"].view(-1, 1))
-        else:                                   # smooth_fc_inplace (GQA)
-            online = sc["out"].view(1, -1)
-        a.o_proj.weight.mul_(sc["out"].view(1, -1))
+        a = layer.self_attn
+        sc, online = smooth_layer_half(layer, i, act_scales, alpha)
         for m in layer.modules():
             if isinstance(m, torch.nn.Linear):
                 m.weight.data = ref_uaq_half(m.weight.data, w_bits)      # quant_inplace
@@ -248,3 +183,23 @@ def test_the_comparison_sees_each_step():
     assert not torch.allclose(s, (act.pow(0.6) / w.abs().max(0)[0].pow(0.4)))
     x = torch.randn(5, 64)
     assert not torch.equal(ref_uaq(x, 8), ref_uaq(x, 4))
+
+
+@pytest.mark.parametrize("cfg,bits", [({"type": "smoothquant"}, (8, 8)),
+                                      ({"type": "awq", "group_size": 32}, (4, 16))])
+def test_a_scaled_v_bias_is_saved_and_reloaded(tmp_path, cfg, bits):
+    """MHA with q/k/v biases (Qwen2's layout without GQA): o_proj's scale divides v_proj's
+    bias too; the reloaded model is the calibrated one."""
+    def make():
+        lm = tiny_random_loaded("qwen2", layers=2)
+        with torch.no_grad():
+            g = torch.Generator().manual_seed(7)
+            for n, p in lm.model.named_parameters():
+                if n.endswith("bias"):
+                    p.copy_(torch.randn(p.shape, generator=g) * 0.5)
+        return lm
+    lm = make()
+    calibrate(lm, make_method(cfg, *bits), IDS, tmp_path, batch_size=4, log=lambda s: None)
+    assert not torch.equal(lm.blocks[0].self_attn.v_proj.bias, make().blocks[0].self_attn.v_proj.bias)
+    with torch.no_grad():
+        assert torch.equal(load_quantized(make(), tmp_path).logits(IDS), lm.logits(IDS))
