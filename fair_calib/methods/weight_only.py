@@ -36,9 +36,12 @@ class GroupCodesMethod(QuantMethod):
     def __init__(self, cfg, w_bits, a_bits, seed=0):
         super().__init__(cfg, w_bits, a_bits, seed)
         # ``authors`` (default): the authors' own arithmetic, dtype and order included;
-        # ``precise``: the project's higher-precision variant (each method's docstring)
+        # ``precise``: the project's higher-precision variant (each method's docstring).
+        # Recorded in the settings: the resume key and meta.json's method_settings name it, so
+        # a reload computes as the calibration did whatever the default.
         self.arithmetic = check_arithmetic(str(self.cfg.get("arithmetic", "authors")),
                                            self.type_name)
+        self.cfg["arithmetic"] = self.arithmetic
 
     @property
     def group_size(self) -> int:
