@@ -21,7 +21,7 @@ from typing import Callable
 import torch
 
 from .groupwise import GroupCodes, autogptq_params, codes_of, n_groups
-from ..registry import ARITHMETICS, check_arithmetic
+from ..registry import check_arithmetic
 from .quantizers import qmax
 
 

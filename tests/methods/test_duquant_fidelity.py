@@ -27,7 +27,7 @@ from fair_calib.quant.blockio import call_block, capture_block_inputs
 from fair_calib.quant.discovery import get_submodule
 from fair_calib.quant.toy import tiny_random_loaded
 from fixtures import duquant_smoothing
-from fixtures.duquant_smoothing import half_layer, ref_uaq_half, register_ref_attention
+from fixtures.duquant_smoothing import ref_uaq_half, register_ref_attention
 
 torch.set_num_threads(1)
 IDS = torch.randint(0, 60, (8, 16), generator=torch.Generator().manual_seed(2))

@@ -15,9 +15,8 @@ from fair_calib.methods import load_quantized, make_method
 from fair_calib.quant.discovery import get_submodule
 from fair_calib.quant.half import QKVQuant
 from fair_calib.quant.toy import tiny_random_loaded
-from fixtures.duquant_smoothing import (PAIRS, act_scales_of, half_layer, ref_uaq_half,
-                                        register_ref_attention, smooth_layer, smooth_layer_half,
-                                        truncate_number)
+from fixtures.duquant_smoothing import (act_scales_of, ref_uaq_half, register_ref_attention,
+                                        smooth_layer, smooth_layer_half, truncate_number)
 
 torch.set_num_threads(1)
 IDS = torch.randint(0, 60, (8, 16), generator=torch.Generator().manual_seed(2))
