@@ -257,11 +257,12 @@ class DuQuantMethod(SmoothQuantMethod):
             from ..quant.trace import head_dim
 
             hd = head_dim(loaded.model.config)
-            if is_quantized(self.a_bits) and (self.block_size > hd or hd % self.block_size):
-                raise ValueError(f"duquant: block_size {self.block_size} does not divide the "
-                                 f"attention head dim {hd}: DuQuant's Hadamard on q/k "
-                                 "(qkt_matmul) would mix tokens; use a block_size dividing it")
-            half.hadamard_matrix(self.block_size)
+            if is_quantized(self.a_bits):
+                if self.block_size > hd or hd % self.block_size:
+                    raise ValueError(f"duquant: block_size {self.block_size} does not divide the "
+                                     f"attention head dim {hd}: DuQuant's Hadamard on q/k "
+                                     "(qkt_matmul) would mix tokens; use a block_size dividing it")
+                half.hadamard_matrix(self.block_size)     # a power of two, else refused
             with torch.random.fork_rng(devices=[]):    # the caller's global state kept
                 torch.manual_seed(self.seed)           # main.py's torch.manual_seed(args.seed)
                 self._rng_state = torch.get_rng_state()
