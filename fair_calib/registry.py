@@ -36,6 +36,20 @@ PRIOR_SCHEDULES = ("early_boost", "uniform", "late_boost", "none")
 PRIOR_COMPONENTS = ("hit", "rel")
 SHARPNESS_SCORES = ("prob", "negentropy", "margin")
 
+# QDLM's baselines' ``arithmetic`` setting: ``authors`` (the default) computes what the authors'
+# code computes, dtype and order included; ``precise`` the project's higher-precision variant
+# (docs/fidelity.md, "QDLM's baselines"). The schema's enum lists the same names.
+ARITHMETICS = ("authors", "precise")
+
+
+def check_arithmetic(arithmetic: str, method_type: str) -> str:
+    """``arithmetic`` if it is one of :data:`ARITHMETICS`, else a one-line error naming it."""
+    if arithmetic not in ARITHMETICS:
+        raise ValueError(f"{method_type}: arithmetic must be one of {ARITHMETICS}, "
+                         f"got {arithmetic!r}")
+    return arithmetic
+
+
 # The settings a ``methods:`` entry may hold, declared once per method type: a key not listed
 # for the entry's type is rejected before any job (a misspelled ``epoch: 1`` would otherwise be
 # ignored and the default run). A method that reads a new setting adds its name here, in the
@@ -59,12 +73,13 @@ METHOD_SETTINGS: dict[str, tuple[str, ...]] = {
     "fair_calib": _QUANT_SETTINGS + _TRAINED_SETTINGS + _FLATQUANT_SETTINGS,
     "qdrop": _QUANT_SETTINGS + _TRAINED_SETTINGS + ("drop_prob",),
     # QDLM's baselines (issue 31): group-wise weight grids with zero points
-    "gptq": _QUANT_SETTINGS + ("group_size", "sym", "act_order", "damp", "propagate"),
-    "awq": _QUANT_SETTINGS + ("group_size", "propagate"),
-    "smoothquant": _QUANT_SETTINGS + ("alpha", "propagate"),
+    "gptq": _QUANT_SETTINGS + ("group_size", "sym", "act_order", "damp", "propagate",
+                               "arithmetic"),
+    "awq": _QUANT_SETTINGS + ("group_size", "propagate", "arithmetic"),
+    "smoothquant": _QUANT_SETTINGS + ("alpha", "propagate", "arithmetic"),
     # DuQuant: SmoothQuant's smoothing, then rotations + zigzag permutation, fixed clip ratios
     "duquant": _QUANT_SETTINGS + ("alpha", "propagate", "block_size", "max_rotation_step",
-                                  "lac", "swc"),
+                                  "lac", "swc", "arithmetic"),
 }
 
 

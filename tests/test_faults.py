@@ -106,6 +106,22 @@ def test_every_method_type_declares_its_settings():
         assert "type" in registry.method_setting_names(mtype)
 
 
+def test_arithmetic_is_one_setting_of_the_four_qdlm_baselines():
+    """``arithmetic`` (authors | precise): declared for gptq/awq/smoothquant/duquant only, the
+    schema's enum the registry's names; another value is refused naming the key."""
+    schema = yaml.safe_load((REPO / "workflow/schemas/config.schema.yaml").read_text())
+    prop = schema["properties"]["methods"]["additionalProperties"]["properties"]["arithmetic"]
+    assert tuple(prop["enum"]) == registry.ARITHMETICS
+    assert {t for t in registry.METHOD_TYPES if "arithmetic" in registry.method_setting_names(t)} \
+        == {"gptq", "awq", "smoothquant", "duquant"}
+    qdlm = C.load_yaml(REPO / "config/qdlm.yaml")
+    ok = _merge(_default(), {"methods": {"gptq-w4": dict(qdlm["methods"]["gptq-w4"], arithmetic="precise")}})
+    C.validate_config(ok)
+    bad = _merge(_default(), {"methods": {"gptq-w4": dict(qdlm["methods"]["gptq-w4"], arithmetic="float64")}})
+    with pytest.raises(C.ConfigError, match="arithmetic"):
+        C.validate_config(bad)
+
+
 def test_method_settings_declaration_covers_what_the_methods_read():
     """Every `self.cfg.get("key")` in a method module is declared for some type (a setting a
     method reads but the config may not hold could never be set)."""

@@ -20,6 +20,15 @@ Per block, on the FP block (the next block is fed FP outputs, as ``run_awq``):
    zero point (:func:`~fair_calib.quant.groupwise.awq_params`).
 The query/key and value/o/up/down roles are found by running the block
 (:func:`~fair_calib.quant.trace.trace_model` with feeders), not by names.
+
+``arithmetic``: ``authors`` (the default) computes as llm-awq does, in the block's dtype and
+llm-awq's order: every calibration token's input kept (on the CPU, as ``cache_input_hook``) and
+its mean |x| taken in one ``x.abs().view(-1, C).mean(0)`` on the block's device; the ratio
+search's scales in that dtype, the loss one ``(org - out).float().pow(2).mean()`` over every
+token; scales and clips applied in place in the parameters' dtype; ``auto_clip`` in the
+weight's dtype over chunks of 256 rows (64 where 256 does not divide them). ``precise``: mean
+|x| accumulated in float64, the search, clip and weights in float32, the loss summed in float64
+over micro-batches.
 """
 from __future__ import annotations
 
@@ -45,6 +54,13 @@ class _Stop(Exception):
 class _Feat:
     mean_abs: torch.Tensor   # [C] mean |x| over every calibration token
     sample: torch.Tensor     # [n_s, C] every step-th token (auto_clip)
+
+
+def _llm_awq_mean_abs(xs: list[torch.Tensor], device) -> torch.Tensor:
+    """``get_act_scale`` on the concatenated features, as ``_search_module_scale`` calls it:
+    every token at once, in their dtype, on the block's device."""
+    x = torch.cat(xs, dim=0).to(device)
+    return x.abs().view(-1, x.shape[-1]).mean(0)
 
 
 def lca_name(names) -> str:
@@ -93,20 +109,30 @@ class AWQMethod(GroupCodesMethod):
         self._apply_scales(block, groups, plan, scales, feats)
         skip = self._no_clip(groups, tr)
         clips = {}
+        authors = self.authors
         for j, g in enumerate(groups):
             for n in g.names:
                 if n not in skip:
                     lin = get_submodule(block, n).linear
-                    mx = auto_clip(lin.weight.float(), feats[j].sample, self.w_bits, self.group_size)
-                    lin.weight.copy_(apply_clip(lin.weight.float(), mx).to(lin.weight.dtype))
+                    w = lin.weight if authors else lin.weight.float()
+                    mx = auto_clip(w, feats[j].sample, self.w_bits, self.group_size,
+                                   rows_per_chunk=llm_awq_chunk(w.shape[0]) if authors else 64)
+                    if authors:      # apply_clip: the bound cast to the weight's dtype
+                        lin.weight.copy_(apply_clip(lin.weight, mx.to(lin.weight.dtype)))
+                    else:
+                        lin.weight.copy_(apply_clip(lin.weight.float(), mx).to(lin.weight.dtype))
                     clips[n] = mx
         self.search[block_index] = {"scales": scales, "ratios": {j: r for j, (_, r) in found.items()},
                                     "prev": dict(plan), "clips": clips}
         for g in groups:
             for n in g.names:
                 ql = get_submodule(block, n)
-                self.set_codes(ql, group_codes(ql.linear.weight.float(), self.w_bits,
-                                               self.group_size, awq_params))
+                w = ql.linear.weight if authors else ql.linear.weight.float()
+                self.set_codes(ql, group_codes(w, self.w_bits, self.group_size, awq_params))
+
+    @property
+    def authors(self) -> bool:
+        return self.arithmetic == "authors"
 
     # ----------------------------------------------------------------- the block's structure
     @staticmethod
@@ -137,13 +163,18 @@ class AWQMethod(GroupCodesMethod):
     def _features(self, block, groups, inputs, run) -> list[_Feat]:
         n_tok = sum(h.shape[:-1].numel() for h in inputs.hidden)
         step = max(1, n_tok // CLIP_TOKENS)
+        authors = self.authors
         sums = [None] * len(groups)
+        kept: list[list[torch.Tensor]] = [[] for _ in groups]     # authors: every token
         samples: list[list[torch.Tensor]] = [[] for _ in groups]
         offset = [0] * len(groups)
         handles = []
 
         def make_hook(j):
             def hook(_m, args):
+                if authors:        # cache_input_hook: x.detach().cpu(), in its dtype
+                    kept[j].append(args[0].detach().cpu())
+                    return
                 x = args[0].detach().float().reshape(-1, args[0].shape[-1])
                 a = x.abs().double().sum(0)
                 sums[j] = a if sums[j] is None else sums[j] + a
@@ -159,17 +190,29 @@ class AWQMethod(GroupCodesMethod):
         finally:
             for h in handles:
                 h.remove()
-        return [_Feat((sums[j] / offset[j]).float(), torch.cat(samples[j])) for j in range(len(groups))]
+        if not authors:
+            return [_Feat((sums[j] / offset[j]).float(), torch.cat(samples[j]))
+                    for j in range(len(groups))]
+        device = next(block.parameters()).device
+        feats = []
+        for j in range(len(groups)):
+            mean_abs = _llm_awq_mean_abs(kept[j], device)
+            x = torch.cat(kept[j], dim=0)
+            kept[j] = []
+            feats.append(_Feat(mean_abs, x.reshape(-1, x.shape[-1])[0::step].clone()))
+        return feats
 
     # ----------------------------------------------------------------- auto_scale
     def _outputs(self, block, module: str, n_batches: int, run) -> list[torch.Tensor]:
-        """The output of ``module`` ("" = the block) on every micro-batch; the block stops there."""
+        """The output of ``module`` ("" = the block) on every micro-batch; the block stops there.
+        In float32 (``precise``) or in the dtype the module returns (``authors``)."""
         outs: list[torch.Tensor] = []
+        cast = (lambda t: t) if self.authors else (lambda t: t.float())   # noqa: E731
         if module == "":
-            return [run(b).float() for b in range(n_batches)]
+            return [cast(run(b)) for b in range(n_batches)]
 
         def hook(_m, _a, out):
-            outs.append((out[0] if isinstance(out, tuple) else out).detach().float())
+            outs.append(cast((out[0] if isinstance(out, tuple) else out).detach()))
             raise _Stop
         handle = get_submodule(block, module).register_forward_hook(hook)
         try:
@@ -185,6 +228,8 @@ class AWQMethod(GroupCodesMethod):
     def _search_scale(self, block, group, x_mean, n_batches, run) -> tuple[torch.Tensor, float]:
         module = lca_name(group.names)
         org = self._outputs(block, module, n_batches, run)
+        if self.authors:
+            org = torch.cat(org, dim=0)
         qls = [get_submodule(block, n) for n in group.names]
         best, best_s = float("inf"), None
         for r in range(N_GRID):
@@ -192,38 +237,69 @@ class AWQMethod(GroupCodesMethod):
             s = s / (s.max() * s.min()).sqrt()
             try:
                 for ql in qls:
-                    w = ql.linear.weight.float() * s.view(1, -1)
-                    ql.w_quant = awq_pseudo_quantize(w, self.w_bits, self.group_size) / s.view(1, -1)
+                    ql.w_quant = self._scaled_quantized(ql.linear.weight, s)
                 out = self._outputs(block, module, n_batches, run)
             finally:
                 for ql in qls:
                     ql.w_quant = None
-            num = sum(float((o - q).double().pow(2).sum()) for o, q in zip(org, out))
-            loss = num / sum(o.numel() for o in org)
+            if self.authors:   # "float prevents overflow": one mean over every token
+                loss = (org - torch.cat(out, dim=0)).float().pow(2).mean().item()
+            else:
+                num = sum(float((o - q).double().pow(2).sum()) for o, q in zip(org, out))
+                loss = num / sum(o.numel() for o in org)
             if loss < best:
                 best, best_s, best_r = loss, s, r / N_GRID
         if best_s is None:
             raise RuntimeError(f"awq: no finite loss for group {group.names}")
         return best_s, best_r
 
+    def _scaled_quantized(self, weight: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+        """Q(W s) / s: in the weight's dtype as ``_search_module_scale`` (``fc.weight.mul_``,
+        ``w_quantize_func``), or in float32."""
+        if self.authors:
+            w = weight.detach().clone().mul_(s.view(1, -1))
+            return awq_pseudo_quantize(w, self.w_bits, self.group_size) / s.view(1, -1)
+        w = weight.float() * s.view(1, -1)
+        return awq_pseudo_quantize(w, self.w_bits, self.group_size) / s.view(1, -1)
+
     def _apply_scales(self, block, groups, plan, scales, feats) -> None:
         norms = list(getattr(block, "_scaled_norms", ()))
+        biases = []
         for j, (kind, prev) in plan:
             s = scales[j]
             if kind == "norm":
                 nw = get_submodule(block, prev).weight
-                nw.copy_((nw.float() / s).to(nw.dtype))
+                self._divide(nw, s)
                 norms.append(prev)
             else:
                 f = get_submodule(block, prev).linear
-                f.weight.copy_((f.weight.float() / s.view(-1, 1)).to(f.weight.dtype))
+                self._divide(f.weight, s.view(-1, 1))
                 if f.bias is not None:
-                    f.bias.copy_((f.bias.float() / s).to(f.bias.dtype))
+                    self._divide(f.bias, s)
+                    biases.append(prev)
             for n in groups[j].names:
                 lin = get_submodule(block, n).linear
-                lin.weight.copy_((lin.weight.float() * s.view(1, -1)).to(lin.weight.dtype))
-            feats[j].sample = feats[j].sample / s.view(1, -1).cpu()
+                if self.authors:
+                    lin.weight.mul_(s.view(1, -1).to(lin.weight.dtype))
+                else:
+                    lin.weight.copy_((lin.weight.float() * s.view(1, -1)).to(lin.weight.dtype))
+            sample = feats[j].sample
+            feats[j].sample = sample / s.view(1, -1).to(sample.device, sample.dtype)
         block._scaled_norms = tuple(dict.fromkeys(norms))
+        block._scaled_biases = tuple(biases)
+
+    def _divide(self, p: torch.Tensor, s: torch.Tensor) -> None:
+        """p / s in place: in p's dtype (``scale_ln_fcs``, ``scale_fc_fc``) or via float32."""
+        if self.authors:
+            p.div_(s.to(p.dtype))
+        else:
+            p.copy_((p.float() / s).to(p.dtype))
+
+
+def llm_awq_chunk(rows: int) -> int:
+    """``auto_clip_layer``'s ``oc_batch_size``: 256 output rows at a time where 256 divides
+    them, else 64 (a last shorter chunk where 64 does not either: llm-awq asserts)."""
+    return 256 if rows % 256 == 0 else 64
 
 
 # ----------------------------------------------------------------------- auto_clip
@@ -233,12 +309,13 @@ def auto_clip(w: torch.Tensor, x: torch.Tensor, bits: int, group_size: int,
     """llm-awq's ``auto_clip_layer``: the clamp bound max|w| (1 - i/20) per (row, group),
     i < 10, minimising the mean over tokens of the squared change of the group's partial dot
     products <x_g, Q(clamp(w_g))> (zero-point quantizer, groups of ``group_size``). ``w``
-    [out, in], ``x`` [tokens, in]; returns the bounds [out, n_groups, 1]."""
+    [out, in], ``x`` [tokens, in], both in the dtype it computes in; returns the bounds
+    [out, n_groups, 1]."""
     out, cin = w.shape
     gs = group_size if group_size > 0 else cin
     if cin % gs:
         raise ValueError(f"awq: group_size {gs} does not divide the {cin} input columns")
-    xg = x.to(w.device, torch.float32).reshape(1, x.shape[0], -1, gs)
+    xg = x.to(w.device).reshape(1, x.shape[0], -1, gs)
     wg = w.reshape(out, 1, -1, gs)
     best_all = []
     for r0 in range(0, out, rows_per_chunk):

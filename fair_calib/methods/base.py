@@ -70,6 +70,11 @@ class QuantMethod:
                           stats: GroupStats | None) -> WeightQuantizer:
         return WeightQuantizer(linear.out_features, self.w_bits)
 
+    def make_quant_linear(self, linear: nn.Linear, inq: InputQuant | None, wq: WeightQuantizer,
+                          user: int) -> QuantLinear:
+        """The fake-quant module that replaces ``linear`` (DuQuant's float16 layers: their own)."""
+        return QuantLinear(linear, inq, wq, user=user)
+
     def after_wrap(self, block: nn.Module, groups: list[LinearGroup],
                    stats: list[GroupStats] | None, block_index: int) -> None:
         """Called once the block's linears are wrapped (QuaRot runs GPTQ here)."""
@@ -95,7 +100,7 @@ class QuantMethod:
                 if isinstance(lin, QuantLinear):
                     raise RuntimeError(f"{name} is already quantized")
                 wq = self.make_weight_quant(name, lin, inq, gs).to(dev)
-                set_submodule(block, name, QuantLinear(lin, inq, wq, user=k))
+                set_submodule(block, name, self.make_quant_linear(lin, inq, wq, k))
         if stats is not None:
             self.after_wrap(block, groups, stats, block_index)
 

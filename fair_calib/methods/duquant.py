@@ -21,9 +21,20 @@ up to ``max_rotation_step`` times take the largest and smallest entry, record th
 channel 0 swapped with channel r mod block_size; keep the prefix of steps whose final peak is
 smallest. ``get_rot`` is ``Rot.pkl``'s matrix (``get_rot.py``: a product of Givens rotations
 whose channel-0 row spreads evenly) times diag(1, Q), Q orthogonal from a random Gaussian; one
-draw per ``rotation`` call, from a generator seeded per block (DuQuant: the global RNG).
+draw per ``rotation`` call.
 The rotations and permutation are saved with the group (``g{j}.rotation.R/perm``) and applied
 online to the activations at evaluation (fake quantization: zero points, not the integer GEMMs).
+
+``arithmetic``: ``authors`` (the default) as DuQuant's code computes: the layer in float16
+(smoothing as :mod:`.smoothquant`'s ``authors``; the rotation pass, its greedy search, the
+rotations, weight codes and every quantizer in float16, ``fair_calib.quant.half``), the
+attention matmuls' inputs quantized (Q and K rotated by a Hadamard of ``block_size`` and
+quantized with ``lac``, V quantized; ``qkt_matmul`` / ``pv_matmul``), ``get_rot``'s Gaussian
+drawn from the global RNG, seeded with the config's seed when calibration starts (``main.py``'s
+``torch.manual_seed``) and continued from block to block as one stream (the calibration
+driver's own per-block seeding does not touch it; its state is saved with every block, so a
+resumed run continues it). ``precise``: everything in float32, attention matmuls in full
+precision, the Gaussian from a generator seeded per block (seed x 1000003 + block).
 """
 from __future__ import annotations
 
@@ -33,6 +44,7 @@ from functools import lru_cache
 import torch
 from torch import nn
 
+from ..quant import half
 from ..quant.blockio import BlockInputs, call_block
 from ..quant.discovery import get_submodule
 from ..quant.groupwise import fake_quant_zp, group_codes, minmax_asym_params
@@ -41,6 +53,7 @@ from ..quant.quantizers import WeightQuantizer, is_quantized
 from .smoothquant import AsymActQuantizer, SmoothInputQuant, SmoothQuantMethod
 
 ROT_INPUT_KEY = "duquant.rot_input"   # block 0's saved rotation-pass input (resume)
+RNG_KEY = "duquant.rng_state"         # the global RNG's state after the block (authors)
 
 
 # ------------------------------------------------------------------ the reference's matrices
@@ -66,9 +79,9 @@ def exchange(r: torch.Tensor, i: int, j: int) -> torch.Tensor:
     return r[idx][:, idx]
 
 
-def random_rotation(n: int, gen: torch.Generator) -> torch.Tensor:
+def random_rotation(n: int, gen: torch.Generator | None) -> torch.Tensor:
     """``get_rot(n)``: Rot.pkl[n] @ diag(1, Q), Q from the QR of an (n-1)^2 Gaussian (CPU,
-    float32, so every device gets the same matrix)."""
+    float32, so every device gets the same matrix); ``gen`` None: the global RNG."""
     q, _ = torch.linalg.qr(torch.randn(n - 1, n - 1, generator=gen))
     full = torch.zeros(n, n)
     full[0, 0] = 1.0
@@ -86,8 +99,10 @@ def _peak(w: torch.Tensor) -> tuple[float, int]:
 
 
 @torch.no_grad()
-def greedy_rotation(x: torch.Tensor, block: int, steps: int, gen: torch.Generator) -> torch.Tensor:
-    """``rotation(x)``'s block matrix R_ (``[block, block]``) for x ``[tokens, dim]``."""
+def greedy_rotation(x: torch.Tensor, block: int, steps: int,
+                    gen: torch.Generator | None) -> torch.Tensor:
+    """``rotation(x)``'s block matrix R_ (``[block, block]``) for x ``[tokens, dim]``, in x's
+    dtype (DuQuant's float16 layer: the factors cast to it, the products in it)."""
     rot = random_rotation(block, gen).to(x.device, x.dtype)
     w = x.reshape(-1, block)
     ids, peaks = [], []
@@ -138,8 +153,8 @@ class DuQuantRotation(nn.Module):
         return self._blocks(x[..., self.perm[0]], self.R[1])
 
     @torch.no_grad()
-    def calibrate(self, x: torch.Tensor, steps: int, gen: torch.Generator) -> None:
-        """``online_duquant_cali`` on x ``[tokens, dim]`` (float32)."""
+    def calibrate(self, x: torch.Tensor, steps: int, gen: torch.Generator | None) -> None:
+        """``online_duquant_cali`` on x ``[tokens, dim]``, in its dtype."""
         r1 = greedy_rotation(x, self.block, steps, gen)
         x = self._blocks(x, r1)
         perm = zigzag_permutation(x, self.block).to(x.device)
@@ -155,8 +170,9 @@ class DuQuantInputQuant(SmoothInputQuant):
     """A group's input: divided by the online smoothing scales (GQA o_proj), rotated, then
     quantized per token (asymmetric, ``lac``)."""
 
-    def __init__(self, dim: int, act, online_smooth: bool, rotation: DuQuantRotation):
-        super().__init__(dim, act, online_smooth)
+    def __init__(self, dim: int, act, online_smooth: bool, rotation: DuQuantRotation,
+                 in_dtype: bool = False):
+        super().__init__(dim, act, online_smooth, in_dtype)
         self.rotation = rotation
 
     def smoothed(self, x: torch.Tensor) -> torch.Tensor:
@@ -215,6 +231,7 @@ class DuQuantMethod(SmoothQuantMethod):
         self._blocks = None
         self._rot_input0: torch.Tensor | None = None   # block 0's rotation-pass input
         self._rot: tuple[int, torch.Tensor] | None = None   # (block it feeds, hidden)
+        self._rng_state: torch.Tensor | None = None   # authors: the global RNG's stream
 
     # the settings, QDLM's values as defaults (read literally: tests/test_faults.py greps them)
     @property
@@ -236,16 +253,36 @@ class DuQuantMethod(SmoothQuantMethod):
     def prepare_model(self, loaded) -> None:
         super().prepare_model(loaded)
         self._blocks = loaded.blocks
+        if self.authors:
+            from ..quant.trace import head_dim
+
+            hd = head_dim(loaded.model.config)
+            if is_quantized(self.a_bits):
+                if self.block_size > hd or hd % self.block_size:
+                    raise ValueError(f"duquant: block_size {self.block_size} does not divide the "
+                                     f"attention head dim {hd}: DuQuant's Hadamard on q/k "
+                                     "(qkt_matmul) would mix tokens; use a block_size dividing it")
+                half.hadamard_matrix(self.block_size)     # a power of two, else refused
+            with torch.random.fork_rng(devices=[]):    # the caller's global state kept
+                torch.manual_seed(self.seed)           # main.py's torch.manual_seed(args.seed)
+                self._rng_state = torch.get_rng_state()
+
+    def qkv_quant(self) -> half.QKVQuant:
+        """DuQuant's ``qkt_matmul`` (Hadamard of block_size, ``lac``) and ``pv_matmul`` (V
+        per row) inputs."""
+        return half.QKVQuant(self.a_bits, lac=self.lac, hadamard=self.block_size)
 
     def make_input_quant(self, group, j, stats, block, block_index):
-        act = AsymActQuantizer(self.a_bits, clip_ratio=self.lac)
+        act = (half.HalfActQuantizer(self.a_bits, clip_ratio=self.lac) if self.authors else
+               AsymActQuantizer(self.a_bits, clip_ratio=self.lac))
         return DuQuantInputQuant(group.in_features, act,
                                  self.online_smooth(block, j, block_index),
-                                 DuQuantRotation(group.in_features, self.block_size))
+                                 DuQuantRotation(group.in_features, self.block_size),
+                                 in_dtype=self.authors)
 
     def make_weight_quant(self, name, linear, inq, stats):
-        return SWCWeightQuantizer(linear.out_features, self.w_bits,
-                                  clip_ratio=self.swc)
+        cls = half.HalfWeightQuantizer if self.authors else SWCWeightQuantizer
+        return cls(linear.out_features, self.w_bits, clip_ratio=self.swc)
 
     def set_block_codes(self, block, groups) -> None:
         """Codes come after the rotation pass (:meth:`fit_block`), not after smoothing."""
@@ -255,7 +292,9 @@ class DuQuantMethod(SmoothQuantMethod):
     def fit_block(self, block, groups, inputs, block_index, run) -> None:
         one = _first_sample(inputs)
         if block_index == 0:
-            self._rot_input0 = torch.cat([h.float() for h in inputs.hidden]).mean(0, keepdim=True)
+            # rotate_inps = inps.mean(dim=0): in the layer's float16 (authors)
+            dt = torch.float16 if self.authors else torch.float32
+            self._rot_input0 = torch.cat([h.to(dt) for h in inputs.hidden]).mean(0, keepdim=True)
             h = self._rot_input0
         elif self._rot is not None and self._rot[0] == block_index:
             h = self._rot[1]
@@ -269,15 +308,29 @@ class DuQuantMethod(SmoothQuantMethod):
                 self._set_codes(get_submodule(block, n))
 
     def _rotation_pass(self, block, groups, one, h, block_index) -> torch.Tensor:
-        gen = torch.Generator().manual_seed(self.seed * 1_000_003 + block_index)
+        if not self.authors:
+            gen = torch.Generator().manual_seed(self.seed * 1_000_003 + block_index)
+            return self._run_rotation_pass(block, groups, one, h, gen)
+        if self._rng_state is None:
+            raise RuntimeError("duquant: prepare_model must run before the rotation pass")
+        # get_rot's torch.randn: the global RNG, continuing DuQuant's one stream (the
+        # driver's own global seeding outside this pass is restored by fork_rng)
+        with torch.random.fork_rng(devices=[]):
+            torch.set_rng_state(self._rng_state)
+            out = self._run_rotation_pass(block, groups, one, h, None)
+            self._rng_state = torch.get_rng_state()
+        return out
+
+    def _run_rotation_pass(self, block, groups, one, h, gen) -> torch.Tensor:
         steps = self.steps
         done: set[int] = set()
+        authors = self.authors
 
         def pre(mod, args):
             inq = mod.inq
             if id(inq) not in done:        # the group's first reader to run
                 done.add(id(inq))
-                x = inq.smoothed(args[0].float())
+                x = inq.smoothed(args[0] if authors else args[0].float())
                 inq.rotation.calibrate(x.reshape(-1, inq.dim), steps, gen)
         hooks = [get_submodule(block, n).register_forward_pre_hook(pre)
                  for g in groups for n in g.names]
@@ -308,6 +361,10 @@ class DuQuantMethod(SmoothQuantMethod):
     def _set_codes(self, ql: QuantLinear) -> None:
         if not is_quantized(self.w_bits):
             return
+        if self.authors:        # quant_inplace: the weight quantizer on W R1 P R2, float16
+            w = ql.inq.weight_inverse(ql.linear.weight)
+            self.set_codes(ql, half.uaq_codes(w, self.w_bits, ql.wq.clip_ratio))
+            return
         w = ql.inq.weight_inverse(ql.linear.weight.float())
         self.set_codes(ql, group_codes(w, self.w_bits, -1, swc_params(ql.wq.clip_ratio)))
 
@@ -317,14 +374,18 @@ class DuQuantMethod(SmoothQuantMethod):
         h = getattr(block, "_duquant_rot_input", None)
         if h is not None:
             out[ROT_INPUT_KEY] = h.detach().float().cpu()
+        if self.authors and self._rng_state is not None:
+            out[RNG_KEY] = self._rng_state.clone()
         return out
 
     @torch.no_grad()
     def load_block_state(self, block, groups, state):
+        state = dict(state)
         if ROT_INPUT_KEY in state:
-            state = dict(state)
             self._rot_input0 = state.pop(ROT_INPUT_KEY).to(block_device(block))
             block._duquant_rot_input = self._rot_input0
+        if RNG_KEY in state:
+            self._rng_state = state.pop(RNG_KEY).cpu().to(torch.uint8)
         super().load_block_state(block, groups, state)
 
 

@@ -9,15 +9,17 @@ already quantized (activations never quantized), then each of its linears is qua
 :func:`~fair_calib.quant.gptq.gptq_grouped`; the next block is fed the quantized block's outputs
 (``propagate: quant``, as AutoGPTQ's ``layer_inputs, layer_outputs`` swap). Settings:
 ``group_size`` (128; -1: one group per row), ``sym`` (True), ``act_order`` (False: QDLM's
-``desc_act``), ``damp`` (0.01). The GPTQ sweep is the one QuaRot's GPTQ runs
-(``fair_calib.quant.gptq``).
+``desc_act``), ``damp`` (0.01), ``arithmetic``: ``authors`` (the default: AutoGPTQ's float32
+running-mean Hessian fed one sequence at a time, float32 sweep, its damping order) or
+``precise`` (H = sum x x^T and the sweep in float64, the sweep QuaRot's GPTQ runs); see
+``fair_calib.quant.gptq``.
 """
 from __future__ import annotations
 
 import torch
 
 from ..quant.discovery import get_submodule
-from ..quant.gptq import group_hessian, gptq_grouped
+from ..quant.gptq import autogptq_hessian, group_hessian, gptq_grouped
 from .weight_only import GroupCodesMethod, require_weight_only
 
 
@@ -40,12 +42,15 @@ class GPTQMethod(GroupCodesMethod):
     def fit_block(self, block, groups, inputs, block_index, run) -> None:
         if not (0 < self.w_bits < 16):
             return
+        authors = self.arithmetic == "authors"
         for g in groups:
-            H = group_hessian(block, g, len(inputs), run)
+            H = (autogptq_hessian if authors else group_hessian)(block, g, len(inputs), run)
             for n in g.names:
                 ql = get_submodule(block, n)
-                gc = gptq_grouped(ql.linear.weight.double(), H, self.w_bits,
+                w = ql.linear.weight.float() if authors else ql.linear.weight.double()
+                gc = gptq_grouped(w, H, self.w_bits,
                                   group_size=self.group_size, sym=bool(self.cfg.get("sym", True)),
                                   act_order=bool(self.cfg.get("act_order", False)),
-                                  damp=float(self.cfg.get("damp", 0.01)))
+                                  damp=float(self.cfg.get("damp", 0.01)),
+                                  arithmetic=self.arithmetic)
                 self.set_codes(ql, gc)

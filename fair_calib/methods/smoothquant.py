@@ -16,11 +16,20 @@ Per block (no optimisation; the next block is fed the FP block's outputs):
    ``symmetric`` False, ``per_channel``), rounded to nearest;
 4. activations: per token, asymmetric min/max, dynamic (``a_dynamic_method per_token``).
 The roles (q, v/o, up/down) are found by running the block, not by names. ``alpha`` (0.5).
+
+``arithmetic``: ``authors`` (the default) as DuQuant's code computes: the scales from the
+float16 activation maxima and the weight in its dtype, then the layer in float16
+(``qlayer.half()``: truncation, folding, weight codes and every quantizer in float16,
+``fair_calib.quant.half``) and the attention matmuls' inputs quantized too (Q, K, V per
+(token, head), ``int_llama_layer.py``'s ``qkt_matmul`` / ``pv_matmul``). ``precise``: scales,
+folding and quantizers in float32, the layer in the model's dtype, attention matmuls in full
+precision.
 """
 from __future__ import annotations
 
 import torch
 
+from ..quant import half
 from ..quant.discovery import get_submodule
 from ..quant.groupwise import group_codes, minmax_asym_params, fake_quant_zp
 from ..quant.qlinear import InputQuant
@@ -45,11 +54,15 @@ class AsymActQuantizer(ActQuantizer):
 
 class SmoothInputQuant(InputQuant):
     """A group's input: optionally divided by the smoothing scales online (``smooth``), then
-    quantized per token by :class:`AsymActQuantizer` (eager: the fused kernels are symmetric)."""
+    quantized per token by :class:`AsymActQuantizer` (eager: the fused kernels are symmetric).
+    ``in_dtype``: every step in the input's own dtype (DuQuant's float16 layer), else the
+    quantizer in float32."""
 
-    def __init__(self, dim: int, act: ActQuantizer, online_smooth: bool = False):
+    def __init__(self, dim: int, act: ActQuantizer, online_smooth: bool = False,
+                 in_dtype: bool = False):
         super().__init__(dim, act)
         self.register_buffer("smooth", torch.ones(dim) if online_smooth else None)
+        self.in_dtype = bool(in_dtype)
 
     def transform_x(self, x, mats=None):
         return x if self.smooth is None else x / self.smooth.to(x.dtype)
@@ -57,7 +70,18 @@ class SmoothInputQuant(InputQuant):
     def _fusable(self) -> bool:
         return False
 
+    def _in_dtype(self, x):
+        xt = self.transform_x(x)
+        return tuple(a(xt) if a.enabled else xt for a in self.acts)
+
+    def _compute_modules(self, x, mats, out_dtype):
+        if self.in_dtype:
+            return self._in_dtype(x)
+        return super()._compute_modules(x, mats, out_dtype)
+
     def _compute_folded(self, x):
+        if self.in_dtype:
+            return self._in_dtype(x)
         xt = self.transform_x(x)
         return tuple(a(xt.float()).to(x.dtype) if a.enabled else xt for a in self.acts)
 
@@ -70,22 +94,56 @@ def smoothing_scale(act_absmax: torch.Tensor, weight: torch.Tensor, alpha: float
     return torch.where(s.abs() < TRUNCATE, s.sign() * TRUNCATE, s)
 
 
+def smoothing_scale_half(act_absmax: torch.Tensor, weight: torch.Tensor, alpha: float) -> torch.Tensor:
+    """:func:`smoothing_scale` as ``duquant()`` computes it: the activation maxima cast to the
+    layer's float16, the weight's in its own dtype (the promoted quotient registered, then cast
+    by ``qlayer.half()``), ``truncate_number`` on the float16 scale."""
+    act = act_absmax.to(torch.float16).clamp(min=CLIPMIN)
+    w = weight.abs().max(dim=0)[0].clamp(min=CLIPMIN)
+    s = (act.pow(alpha) / w.to(act.device).pow(1 - alpha)).clamp(min=CLIPMIN).half()
+    t = s.clone()
+    t[t.abs() < TRUNCATE] = t[t.abs() < TRUNCATE].sign() * TRUNCATE
+    return t
+
+
 class SmoothQuantMethod(GroupCodesMethod):
     type_name = "smoothquant"
 
     def __init__(self, cfg, w_bits, a_bits, seed=0):
         super().__init__(cfg, w_bits, a_bits, seed)
         self._traces: dict = {}
+        self._attention: dict[int, list[str]] = {}   # per block: its attention modules
         self.scales: dict[int, dict[int, torch.Tensor]] = {}   # per block: group -> s (tests)
 
     @property
     def alpha(self) -> float:
         return float(self.cfg.get("alpha", 0.5))
 
+    @property
+    def authors(self) -> bool:
+        return self.arithmetic == "authors"
+
     def prepare_model(self, loaded) -> None:
         from ..quant.trace import trace_model
 
-        self._traces = trace_model(loaded, feeders=True)
+        if not self.authors:
+            self._traces = trace_model(loaded, feeders=True)
+            return
+        half.install_qkv_attention(loaded.model)
+        with half.record_attention() as seen:
+            self._traces = trace_model(loaded, feeders=True)
+        for i, block in enumerate(loaded.blocks):
+            names = [n for n, m in block.named_modules() if any(m is s for s in seen)]
+            if not names:
+                raise RuntimeError(f"{self.type_name}: block {i}'s attention does not run through "
+                                   "transformers' attention interface; its matmul inputs cannot be "
+                                   "quantized (arithmetic: authors); use arithmetic: precise")
+            self._attention[i] = names
+
+    def qkv_quant(self) -> half.QKVQuant:
+        """SmoothQuant's ``qkt_matmul`` / ``pv_matmul`` inputs: a_bits, no clipping, no
+        rotation (``quant_method`` None)."""
+        return half.QKVQuant(self.a_bits)
 
     def _trace(self, block_index):
         tr = self._traces.get(block_index)
@@ -117,35 +175,69 @@ class SmoothQuantMethod(GroupCodesMethod):
         return self._plan(block, tr["groups"], tr).get(j, ("",))[0] == "online"
 
     def make_input_quant(self, group, j, stats, block, block_index):
-        return SmoothInputQuant(group.in_features, AsymActQuantizer(self.a_bits),
-                                self.online_smooth(block, j, block_index))
+        act = half.HalfActQuantizer(self.a_bits) if self.authors else AsymActQuantizer(self.a_bits)
+        return SmoothInputQuant(group.in_features, act, self.online_smooth(block, j, block_index),
+                                in_dtype=self.authors)
+
+    def make_quant_linear(self, linear, inq, wq, user):
+        if self.authors:
+            return half.HalfQuantLinear(linear, inq, wq, user=user)
+        return super().make_quant_linear(linear, inq, wq, user)
+
+    def quantize_block(self, block, groups, stats, block_index) -> None:
+        super().quantize_block(block, groups, stats, block_index)
+        if self.authors:
+            for name in self._attention.get(block_index, ()):
+                setattr(get_submodule(block, name), half.QKV_ATTR, self.qkv_quant())
 
     @torch.no_grad()
     def after_wrap(self, block, groups, stats, block_index) -> None:
         plan = self._plan(block, groups, self._trace(block_index))
         lin = lambda n: get_submodule(block, n).linear   # noqa: E731
-        scales = {j: smoothing_scale(stats[j].x_absmax, lin(key).weight, self.alpha)
+        scale_of = smoothing_scale_half if self.authors else smoothing_scale
+        scales = {j: scale_of(stats[j].x_absmax, lin(key).weight, self.alpha)
                   for j, (_, _, key) in plan.items()}
-        norms = []
+        if self.authors:
+            half.make_half(block)               # qlayer.half(), before the folding
+        norms, biases = [], []
         for j, (kind, where, _) in plan.items():
             s = scales[j]
             if kind == "norm":
                 nw = get_submodule(block, where).weight
-                nw.copy_((nw.float() / s).to(nw.dtype))
+                self._divide(nw, s)
                 norms.append(where)
             elif kind == "linear":
                 f = lin(where)
-                f.weight.copy_((f.weight.float() / s.view(-1, 1)).to(f.weight.dtype))
+                self._divide(f.weight, s.view(-1, 1))
                 if f.bias is not None:
-                    f.bias.copy_((f.bias.float() / s).to(f.bias.dtype))
+                    self._divide(f.bias, s)
+                    biases.append(where)
             else:
                 get_submodule(block, groups[j].names[0]).inq.smooth.copy_(s)
             for n in groups[j].names:
                 w = lin(n).weight
-                w.copy_((w.float() * s.view(1, -1)).to(w.dtype))
+                if self.authors:
+                    w.mul_(s.view(1, -1))
+                else:
+                    w.copy_((w.float() * s.view(1, -1)).to(w.dtype))
         block._scaled_norms = tuple(norms)
+        block._scaled_biases = tuple(biases)
         self.scales[block_index] = scales
         self.set_block_codes(block, groups)
+
+    def _divide(self, p: torch.Tensor, s: torch.Tensor) -> None:
+        """p / s in place: in float16 (``smooth_ln_fcs_inplace``, ``smooth_fc_fc_inplace``) or
+        via float32."""
+        if self.authors:
+            p.div_(s)
+        else:
+            p.copy_((p.float() / s).to(p.dtype))
+
+    def set_codes(self, ql, gc) -> None:
+        if not self.authors:
+            return super().set_codes(ql, gc)
+        ql._groups = gc
+        ql.w_quant = half.dequantize_half(gc).to(ql.linear.weight.device)
 
     def set_block_codes(self, block, groups) -> None:
         """Every linear's weight codes, right after smoothing (DuQuant's ``quant_inplace``)."""
@@ -153,6 +245,13 @@ class SmoothQuantMethod(GroupCodesMethod):
         if is_quantized(self.w_bits):
             for g in groups:
                 for n in g.names:
-                    self.set_codes(get_submodule(block, n),
-                                   group_codes(lin(n).weight.float(), self.w_bits, -1,
-                                               minmax_asym_params))
+                    w = lin(n).weight
+                    gc = (half.uaq_codes(w, self.w_bits) if self.authors else
+                          group_codes(w.float(), self.w_bits, -1, minmax_asym_params))
+                    self.set_codes(get_submodule(block, n), gc)
+
+    @torch.no_grad()
+    def load_block_state(self, block, groups, state):
+        if self.authors:
+            half.make_half(block)
+        super().load_block_state(block, groups, state)

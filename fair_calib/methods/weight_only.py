@@ -3,7 +3,8 @@ weight ends up as integer codes with per-(row, group) scales and zero points
 (:class:`~fair_calib.quant.groupwise.GroupCodes`), held by its ``QuantLinear`` as the already
 quantized weight (``w_quant``) and saved as ``{linear}.codes/.scale/.zero/.g_idx``; norm
 weights a method rescales (AWQ's and SmoothQuant's folded scales) are saved as
-``norm.{module}.weight``. Not registered itself.
+``norm.{module}.weight``, and the biases of the linears whose rows they divide (v_proj's, where
+o_proj's scale folds into it) as ``bias.{linear}``. Not registered itself.
 """
 from __future__ import annotations
 
@@ -14,9 +15,11 @@ from ..quant.discovery import get_submodule
 from ..quant.groupwise import GroupCodes
 from ..quant.qlinear import QuantLinear
 from ..quant.quantizers import WeightQuantizer, is_quantized
+from ..registry import check_arithmetic
 from .base import QuantMethod
 
 NORM_PREFIX = "norm."
+BIAS_PREFIX = "bias."
 
 
 class GroupCodesMethod(QuantMethod):
@@ -29,6 +32,16 @@ class GroupCodesMethod(QuantMethod):
     def make_weight_quant(self, name, linear: nn.Linear, inq, stats):
         # identity until fit_block sets the codes (w_quant replaces Q_W(W))
         return WeightQuantizer(linear.out_features, 16)
+
+    def __init__(self, cfg, w_bits, a_bits, seed=0):
+        super().__init__(cfg, w_bits, a_bits, seed)
+        # ``authors`` (default): the authors' own arithmetic, dtype and order included;
+        # ``precise``: the project's higher-precision variant (each method's docstring).
+        # Recorded in the settings: the resume key and meta.json's method_settings name it, so
+        # a reload computes as the calibration did whatever the default.
+        self.arithmetic = check_arithmetic(str(self.cfg.get("arithmetic", "authors")),
+                                           self.type_name)
+        self.cfg["arithmetic"] = self.arithmetic
 
     @property
     def group_size(self) -> int:
@@ -56,21 +69,31 @@ class GroupCodesMethod(QuantMethod):
         out = super().block_state(block, groups)
         for n in getattr(block, "_scaled_norms", ()):
             out[f"{NORM_PREFIX}{n}.weight"] = get_submodule(block, n).weight.detach().float().cpu()
+        for n in getattr(block, "_scaled_biases", ()):
+            out[f"{BIAS_PREFIX}{n}"] = get_submodule(block, n).linear.bias.detach().float().cpu()
         return out
 
     @torch.no_grad()
     def load_block_state(self, block, groups, state):
         norms = {k: v for k, v in state.items() if k.startswith(NORM_PREFIX)}
-        super().load_block_state(block, groups, {k: v for k, v in state.items() if k not in norms})
+        biases = {k: v for k, v in state.items() if k.startswith(BIAS_PREFIX)}
+        super().load_block_state(block, groups, {k: v for k, v in state.items()
+                                                 if k not in norms and k not in biases})
         names = []
         for k, v in norms.items():
             name = k[len(NORM_PREFIX):-len(".weight")]
-            w = get_submodule(block, name).weight
-            if w.shape != v.shape:
-                raise ValueError(f"{k}: shape {tuple(v.shape)} != {tuple(w.shape)}")
-            w.copy_(v.to(w.dtype))
+            _copy_checked(get_submodule(block, name).weight, v, k)
             names.append(name)
         block._scaled_norms = tuple(names)
+        for k, v in biases.items():
+            _copy_checked(get_submodule(block, k[len(BIAS_PREFIX):]).linear.bias, v, k)
+        block._scaled_biases = tuple(k[len(BIAS_PREFIX):] for k in biases)
+
+
+def _copy_checked(p: torch.Tensor, v: torch.Tensor, key: str) -> None:
+    if p.shape != v.shape:
+        raise ValueError(f"{key}: shape {tuple(v.shape)} != {tuple(p.shape)}")
+    p.copy_(v.to(p.dtype))
 
 
 def require_weight_only(method: QuantMethod) -> None:

@@ -5,15 +5,23 @@ Columns are quantized left to right; each column's rounding error is spread onto
 not yet quantized through the inverse Hessian's Cholesky factor, in blocks of ``block_size``
 (:func:`_sweep`, shared by both grids). H = X^T X (any positive scale) of the layer input;
 dead columns (zero diagonal) get H_jj = 1 and a zero weight; ``damp`` * mean(diag H) is added to
-the diagonal. Both run in float64.
+the diagonal.
+
+Two arithmetics (``fair_calib.registry.ARITHMETICS``): ``authors``, AutoGPTQ's ``GPTQ`` as QDLM vendors it: the
+Hessian a float32 running mean 2/n sum x x^T fed one sequence at a time
+(:func:`autogptq_hessian`, ``add_batch``), the sweep in float32, the damping the mean of a
+contiguous ``torch.diag`` copy added by index (``fasterquant``); ``precise``: H = sum x x^T and
+the sweep in float64 (:func:`group_hessian`; QuaRot's GPTQ always runs this one).
 """
 from __future__ import annotations
 
+import math
 from typing import Callable
 
 import torch
 
 from .groupwise import GroupCodes, autogptq_params, codes_of, n_groups
+from ..registry import check_arithmetic
 from .quantizers import qmax
 
 
@@ -37,6 +45,33 @@ def _prepare(w: torch.Tensor, hessian: torch.Tensor, damp: float, act_order: boo
     L = torch.linalg.cholesky(H)
     Hinv = torch.cholesky_inverse(L)
     U = torch.linalg.cholesky(Hinv, upper=True)        # upper Cholesky factor of H^{-1}
+    return W, U, perm
+
+
+def _prepare_autogptq(w: torch.Tensor, hessian: torch.Tensor, damp: float,
+                      act_order: bool = False):
+    """:func:`_prepare` as ``fasterquant`` orders it, in float32: diag H read through
+    ``torch.diag`` (a contiguous copy: its mean sums in another order than a strided view's),
+    the damping added by index."""
+    W = w.detach().float().clone()
+    H = hessian.detach().float().clone().to(W.device)
+    n = W.shape[1]
+    if H.shape != (n, n):
+        raise ValueError(f"Hessian {tuple(H.shape)} does not match weight {tuple(W.shape)}")
+    dead = torch.diag(H) == 0
+    H[dead, dead] = 1
+    W[:, dead] = 0
+    perm = None
+    if act_order:
+        perm = torch.argsort(torch.diag(H), descending=True)
+        W = W[:, perm]
+        H = H[perm][:, perm]
+    d = damp * torch.mean(torch.diag(H))
+    diag = torch.arange(n, device=H.device)
+    H[diag, diag] += d
+    H = torch.linalg.cholesky(H)
+    H = torch.cholesky_inverse(H)
+    U = torch.linalg.cholesky(H, upper=True)
     return W, U, perm
 
 
@@ -85,24 +120,29 @@ def gptq_quantize(w: torch.Tensor, hessian: torch.Tensor, bits: int, damp: float
 @torch.no_grad()
 def gptq_grouped(w: torch.Tensor, hessian: torch.Tensor, bits: int, group_size: int = 128,
                  sym: bool = True, act_order: bool = False, damp: float = 0.01,
-                 block_size: int = 128) -> GroupCodes:
+                 block_size: int = 128, arithmetic: str = "authors") -> GroupCodes:
     """AutoGPTQ's ``GPTQ.fasterquant`` (``static_groups=False``) with its ``Quantizer``
     (per channel, ``mse=False``): a group's (scale, zero) are found when the sweep reaches the
     group's first column, from the not-yet-quantized columns of the group as updated up to the
     start of the current block; under ``act_order`` the columns are visited by decreasing H_jj
     and the groups are consecutive in that order (``g_idx`` maps each column back).
-    ``group_size`` <= 0: one group per row."""
+    ``group_size`` <= 0: one group per row. ``arithmetic``: ``authors`` (float32, AutoGPTQ's
+    order) or ``precise`` (float64)."""
+    check_arithmetic(arithmetic, "gptq")
     n = w.shape[1]
     per_row = group_size is None or group_size <= 0
     gs = n if per_row else int(group_size)
-    W, U, perm = _prepare(w, hessian, damp, act_order)
+    if arithmetic == "authors":
+        W, U, perm = _prepare_autogptq(w, hessian, damp, act_order)
+    else:
+        W, U, perm = _prepare(w, hessian, damp, act_order)
     codes = torch.zeros_like(W)
     ng = n_groups(n, gs)
     scales = torch.zeros(W.shape[0], ng, dtype=W.dtype, device=W.device)
     zeros = torch.zeros_like(scales)
     cur: dict[str, torch.Tensor] = {}
     if per_row:   # one (scale, zero) per row, found before dead columns are zeroed
-        cur["s"], cur["z"] = autogptq_params(w.detach().double().to(W.device), bits, sym)
+        cur["s"], cur["z"] = autogptq_params(w.detach().to(W.device, W.dtype), bits, sym)
         scales[:], zeros[:] = cur["s"], cur["z"]
 
     def quant_col(j, col, Wcur):
@@ -171,3 +211,42 @@ def group_hessian(block, group, n_batches: int, run) -> torch.Tensor:
         HR = inq.rotation.rotate(H)          # H R
         H = inq.rotation.rotate(HR.T)        # R^T H R (H symmetric)
     return H
+
+
+@torch.no_grad()
+def autogptq_hessian(block, group, n_batches: int, run) -> torch.Tensor:
+    """AutoGPTQ's ``GPTQ.add_batch`` H (float32) of the input of ``group``'s first linear over
+    ``run(b)``, b < n_batches: one update per sequence, as ``quantize()`` feeds its examples
+    (``batch_size`` 1): H *= n / (n + 1); n += 1; x = sqrt(2 / n) * x; H += x x^T."""
+    first = block.get_submodule(group.names[0])
+    state: dict = {"H": None, "n": 0}
+
+    def add_batch(inp: torch.Tensor) -> None:
+        if len(inp.shape) == 2:
+            inp = inp.unsqueeze(0)
+        tmp = inp.shape[0]
+        if len(inp.shape) == 3:
+            inp = inp.reshape((-1, inp.shape[-1]))
+        inp = inp.t()
+        if state["H"] is None:
+            state["H"] = torch.zeros((inp.shape[0], inp.shape[0]), device=inp.device)
+        H = state["H"]
+        H *= state["n"] / (state["n"] + tmp)
+        state["n"] += tmp
+        inp = math.sqrt(2 / state["n"]) * inp.float()
+        H += inp.matmul(inp.t())
+
+    def hook(_m, args):
+        x = args[0].detach()
+        for seq in (x.split(1) if x.dim() == 3 else (x,)):
+            add_batch(seq)
+    handle = first.register_forward_pre_hook(hook)
+    try:
+        for b in range(n_batches):
+            run(b)
+    finally:
+        handle.remove()
+    if getattr(first, "inq", None) is not None and first.inq.rotation is not None:
+        raise ValueError("autogptq_hessian: the group's input is rotated online; AutoGPTQ's "
+                         "Hessian has no rotation (use group_hessian)")
+    return state["H"]

@@ -6,8 +6,12 @@ its code: ``get_rot.py`` and ``utils.get_rot`` / ``exchange_row_col``, ``Uniform
 quantizer copies the activation quantizer's R and permutation), the k/v <- q and up <- gate
 copies of ``int_llama_layer.py``, and ``quantize/duquant.py``'s loop (smoothing, then the layer
 run once on ``rotate_inps``: the mean of the calibration inputs, then each quantized layer's
-output; ``quant_inplace``). The one substitution: ``torch.randn`` in ``get_rot`` draws from a
-generator seeded per block (the project's), not from the global RNG."""
+output; ``quant_inplace``). The default (``arithmetic: authors``) is compared bit for bit with
+that code run as DuQuant runs it: the layer in float16 (``qlayer.half()``), Q/K (after a
+Hadamard of ``block_size``, with ``lac``) and V quantized for the attention matmuls,
+``get_rot``'s ``torch.randn`` from the global RNG seeded once (``main.py``) and never again.
+``arithmetic: precise`` is compared with the same code in float32, its ``torch.randn`` drawn
+from a generator seeded per block (the project's substitution), up to rounding."""
 import math
 
 import numpy as np
@@ -23,11 +27,12 @@ from fair_calib.quant.blockio import call_block, capture_block_inputs
 from fair_calib.quant.discovery import get_submodule
 from fair_calib.quant.toy import tiny_random_loaded
 from fixtures import duquant_smoothing
+from fixtures.duquant_smoothing import ref_uaq_half, register_ref_attention
 
 torch.set_num_threads(1)
 IDS = torch.randint(0, 60, (8, 16), generator=torch.Generator().manual_seed(2))
 BLOCK, STEPS, ALPHA, LAC, SWC = 16, 256, 0.5, 0.9, 0.8
-GEN = [None]     # get_rot's random source (the reference: the global RNG)
+GEN = [None]     # get_rot's random source (the reference: the global RNG, None)
 
 
 # ---------------------------------------------------------------- utils.py / get_rot.py
@@ -65,9 +70,29 @@ def get_rot(n):
 
 
 # ---------------------------------------------------------------- UniformAffineQuantizer
+def get_hadamard(n):
+    if n == 1:
+        return torch.tensor([[1.]], dtype=torch.float32)
+    H_n_minus_1 = get_hadamard(n // 2)
+    return torch.cat([torch.cat([H_n_minus_1, H_n_minus_1], dim=1),
+                      torch.cat([H_n_minus_1, -H_n_minus_1], dim=1)], dim=0) / math.sqrt(2)
+
+
+def ref_qk_quant(a_bits):
+    """``qkt_matmul``'s quantizers (``act_quant_params``, ``rotate=None``): init_duquant's
+    Hadamard of block_size, then per row with ``lac``."""
+    def quant(x):
+        x_shape = x.shape
+        hadamard = get_hadamard(BLOCK).to(x)
+        x = x.reshape(-1, BLOCK)
+        x = x.matmul(hadamard).view(x_shape)
+        return ref_uaq_half(x, a_bits, lac=LAC)
+    return quant
+
+
 class RefQuantizer:
-    def __init__(self, n_bits, swc=None, lac=None):
-        self.n_bits, self.swc, self.lac = n_bits, swc, lac
+    def __init__(self, n_bits, swc=None, lac=None, half=False):
+        self.n_bits, self.swc, self.lac, self.half = n_bits, swc, lac, half
         self.R, self.permutation_list, self.init = None, None, False
 
     def rotation(self, weight):
@@ -151,10 +176,15 @@ class RefQuantizer:
 
     def __call__(self, x):
         if hasattr(self, "smooth_scales"):
-            x = x / self.smooth_scales
+            if self.half:
+                x /= self.smooth_scales
+            else:
+                x = x / self.smooth_scales
         x = self.init_duquant(x)
         if self.n_bits >= 16:
             return x
+        if self.half:
+            return ref_uaq_half(x, self.n_bits, lac=self.lac, swc=self.swc)
         xmin, xmax = x.amin([-1], keepdim=True), x.amax([-1], keepdim=True)
         if self.swc:
             xmax, xmin = self.swc * xmax, self.swc * xmin
@@ -170,11 +200,11 @@ class RefQuantLinear(nn.Module):
     """``QuantLinear`` with weight and activation quantization on; ``src``: the linear whose
     quantizers it copies before its first forward (k/v <- q, up <- gate)."""
 
-    def __init__(self, lin, w_bits, a_bits, src=None):
+    def __init__(self, lin, w_bits, a_bits, src=None, half=False):
         super().__init__()
         self.weight, self.bias = lin.weight, lin.bias
-        self.act = RefQuantizer(a_bits, lac=LAC)
-        self.wq = RefQuantizer(w_bits, swc=SWC)
+        self.act = RefQuantizer(a_bits, lac=LAC, half=half)
+        self.wq = RefQuantizer(w_bits, swc=SWC, half=half)
         self.src, self.frozen = src, False
 
     def forward(self, x):
@@ -208,15 +238,13 @@ def smooth_layer(layer, i, act_scales):
     return None if online is None else online.view(1, -1)
 
 
-def wrap_layer(layer, w_bits, a_bits, online):
+def wrap_layer(layer, w_bits, a_bits, online, half=False):
     a, mlp = layer.self_attn, layer.mlp
-    q = RefQuantLinear(a.q_proj, w_bits, a_bits)
-    gate = RefQuantLinear(mlp.gate_proj, w_bits, a_bits)
-    out = {"self_attn.q_proj": q, "self_attn.k_proj": RefQuantLinear(a.k_proj, w_bits, a_bits, q),
-           "self_attn.v_proj": RefQuantLinear(a.v_proj, w_bits, a_bits, q),
-           "self_attn.o_proj": RefQuantLinear(a.o_proj, w_bits, a_bits),
-           "mlp.gate_proj": gate, "mlp.up_proj": RefQuantLinear(mlp.up_proj, w_bits, a_bits, gate),
-           "mlp.down_proj": RefQuantLinear(mlp.down_proj, w_bits, a_bits)}
+    Q = lambda lin, src=None: RefQuantLinear(lin, w_bits, a_bits, src, half)   # noqa: E731
+    q, gate = Q(a.q_proj), Q(mlp.gate_proj)
+    out = {"self_attn.q_proj": q, "self_attn.k_proj": Q(a.k_proj, q), "self_attn.v_proj": Q(a.v_proj, q),
+           "self_attn.o_proj": Q(a.o_proj), "mlp.gate_proj": gate, "mlp.up_proj": Q(mlp.up_proj, gate),
+           "mlp.down_proj": Q(mlp.down_proj)}
     if online is not None:
         out["self_attn.o_proj"].act.smooth_scales = online
     for name, ql in out.items():
@@ -226,19 +254,32 @@ def wrap_layer(layer, w_bits, a_bits, online):
 
 
 @torch.no_grad()
-def ref_duquant(lm, w_bits, a_bits):
-    """``duquant()`` on every layer, in place; returns each layer's RefQuantLinears."""
+def ref_duquant(lm, w_bits, a_bits, half=False, seed=0):
+    """``duquant()`` on every layer, in place; returns each layer's RefQuantLinears. ``half``:
+    as DuQuant runs (float16 layers, Q/K/V quantized, ``torch.manual_seed(seed)`` once before
+    the first layer); else float32 and ``get_rot`` from a generator seeded per block."""
     model = lm.model
     act_scales = act_scales_of(model)
     layers = model.model.layers
     inps = capture_block_inputs(model, layers[0], IDS, 4)
     one = capture_block_inputs(model, layers[0], IDS[:1], 1)    # batch-1 masks / positions
-    rotate_inps = torch.cat(inps.hidden).mean(dim=0)
+    if half:
+        v = lambda x: ref_uaq_half(x, a_bits)     # noqa: E731
+        model.config._attn_implementation = register_ref_attention(
+            "ref_duquant_qkv", ref_qk_quant(a_bits), ref_qk_quant(a_bits), v)
+        rotate_inps = torch.cat(inps.hidden).half().mean(dim=0)
+        GEN[0] = None
+        torch.manual_seed(seed)                               # main.py
+    else:
+        rotate_inps = torch.cat(inps.hidden).mean(dim=0)
     out = []
     for i, layer in enumerate(layers):
-        online = smooth_layer(layer, i, act_scales)
-        qls = wrap_layer(layer, w_bits, a_bits, online)
-        GEN[0] = torch.Generator().manual_seed(i)           # the project's per-block seed
+        if half:
+            _, online = duquant_smoothing.smooth_layer_half(layer, i, act_scales, ALPHA)
+        else:
+            online = smooth_layer(layer, i, act_scales)
+            GEN[0] = torch.Generator().manual_seed(i)           # the project's per-block seed
+        qls = wrap_layer(layer, w_bits, a_bits, online, half)
         rotate_inps = call_block(layer, one, 0, rotate_inps.unsqueeze(0))[0]
         for ql in qls.values():
             ql.quant_inplace()
@@ -248,7 +289,7 @@ def ref_duquant(lm, w_bits, a_bits):
 
 def test_givens_spread_is_rot_pkl():
     for n in (2, 16, 128):
-        assert torch.allclose(givens_spread(n), rot_pkl(n), atol=1e-6)
+        assert torch.equal(givens_spread(n), rot_pkl(n))
     # its channel-0 row spreads evenly: what the greedy step relies on
     assert torch.allclose(givens_spread(16)[0].abs(), torch.full((16,), 0.25), atol=1e-6)
 
@@ -257,13 +298,68 @@ GROUP_OF = {"self_attn.q_proj": 0, "self_attn.k_proj": 0, "self_attn.v_proj": 0,
             "self_attn.o_proj": 1, "mlp.gate_proj": 2, "mlp.up_proj": 2, "mlp.down_proj": 3}
 
 
+def _maker(arch):
+    return ((lambda: tiny_random_loaded("llama", layers=2)) if arch == "llama" else
+            (lambda: tiny_random_loaded("qwen2", layers=2, kv_heads=2)))
+
+
+def _per_sequence_logits(lm):
+    """One sequence at a time: init_duquant's x[:, perm] after squeeze(0) assumes batch 1."""
+    return torch.cat([lm.logits(IDS[k:k + 1]) for k in range(IDS.shape[0])])
+
+
 @pytest.mark.parametrize("arch", ["llama", "qwen2-gqa"])
 @pytest.mark.parametrize("bits", [(8, 8), (4, 4)])
-def test_duquant_equals_duquants(tmp_path, arch, bits):
-    make = ((lambda: tiny_random_loaded("llama", layers=2)) if arch == "llama" else
-            (lambda: tiny_random_loaded("qwen2", layers=2, kv_heads=2)))
+def test_duquant_equals_duquants_float16_run_bit_for_bit(tmp_path, arch, bits):
+    """The default: every rotation, permutation, quantized weight, folded norm and the
+    logits equal DuQuant run as it runs (float16, global RNG, attention matmuls quantized)."""
+    make = _maker(arch)
     lm, ref = make(), make()
-    m = make_method({"type": "duquant", "block_size": BLOCK}, *bits)
+    m = make_method({"type": "duquant", "block_size": BLOCK}, *bits, seed=3)
+    calibrate(lm, m, IDS, tmp_path, batch_size=4, log=lambda s: None)
+    want = ref_duquant(ref, *bits, half=True, seed=3)
+    rotated = permuted = 0
+    for i, qls in enumerate(want):
+        blk = lm.blocks[i]
+        for n, rq in qls.items():
+            ql = get_submodule(blk, n)
+            assert torch.equal(ql.inq.rotation.R, rq.act.R), (i, n)
+            assert torch.equal(ql.inq.rotation.perm, rq.act.permutation_list), (i, n)
+            assert torch.equal(ql.w_quant, rq.weight), (i, n)
+            rotated += sum(not torch.equal(r, torch.eye(BLOCK, dtype=r.dtype)) for r in rq.act.R)
+            permuted += int(not torch.equal(rq.act.permutation_list[0], torch.arange(ql.in_features)))
+        for n in ("input_layernorm", "post_attention_layernorm"):
+            assert torch.equal(get_submodule(blk, n).weight, get_submodule(ref.blocks[i], n).weight)
+    with torch.no_grad():
+        want_logits = _per_sequence_logits(ref)
+        got = _per_sequence_logits(load_quantized(make(), tmp_path))
+    assert torch.equal(got, want_logits)
+    assert rotated >= 8 and permuted >= 4          # not vacuous
+
+
+def test_the_global_stream_is_seeded_by_the_config_seed(tmp_path):
+    """Another config seed gives other rotations (the equality above pins the one stream
+    seeded once); seeding the stream leaves the caller's global RNG where it was."""
+    runs = {}
+    for seed in (3, 4):
+        lm = _maker("llama")()
+        m = make_method({"type": "duquant", "block_size": BLOCK}, 4, 4, seed=seed)
+        calibrate(lm, m, IDS, tmp_path / str(seed), batch_size=4, log=lambda s: None)
+        runs[seed] = [get_submodule(b, "self_attn.q_proj").inq.rotation.R.clone() for b in lm.blocks]
+    assert not torch.equal(runs[3][0], runs[4][0])
+    m = make_method({"type": "duquant", "block_size": BLOCK}, 4, 4, seed=3)
+    lm = _maker("llama")()
+    torch.manual_seed(123)
+    m.prepare_model(lm)
+    assert torch.equal(torch.randn(3), torch.randn(3, generator=torch.Generator().manual_seed(123)))
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2-gqa"])
+@pytest.mark.parametrize("bits", [(8, 8), (4, 4)])
+def test_duquant_precise_equals_duquants_steps_in_float32(tmp_path, arch, bits):
+    make = _maker(arch)
+    lm, ref = make(), make()
+    m = make_method({"type": "duquant", "block_size": BLOCK, "arithmetic": "precise"}, *bits)
     calibrate(lm, m, IDS, tmp_path, batch_size=4, log=lambda s: None)
     want = ref_duquant(ref, *bits)
     rotated = permuted = 0
@@ -281,8 +377,7 @@ def test_duquant_equals_duquants(tmp_path, arch, bits):
             assert torch.allclose(get_submodule(blk, n).weight,
                                   get_submodule(ref.blocks[i], n).weight, rtol=1e-6)
     with torch.no_grad():
-        # one sequence at a time: init_duquant's x[:, perm] after squeeze(0) assumes batch 1
-        want_logits = torch.cat([ref.logits(IDS[k:k + 1]) for k in range(IDS.shape[0])])
+        want_logits = _per_sequence_logits(ref)
         got = load_quantized(make(), tmp_path).logits(IDS)
         fp = make().logits(IDS)
     assert torch.allclose(got, want_logits, atol=1e-4, rtol=1e-4)
@@ -303,13 +398,15 @@ def test_the_comparison_sees_each_step():
         math.isclose(float(givens_spread(4).det()), -1.0, abs_tol=1e-5)
 
 
-def test_a_resumed_run_replays_the_rotation_stream(tmp_path):
-    """Block 0 restored from its saved state (with its rotation-pass input), block 1
-    recomputed: its rotation input comes through the restored quantized block 0, so its
-    rotations and codes are those of the uninterrupted run."""
+@pytest.mark.parametrize("arithmetic", ["authors", "precise"])
+def test_a_resumed_run_replays_the_rotation_stream(tmp_path, arithmetic):
+    """Block 0 restored from its saved state (with its rotation-pass input and, by default,
+    the global RNG's state after it), block 1 recomputed: its rotation input comes through the
+    restored quantized block 0 and its draws continue the stream, so its rotations and codes
+    are those of the uninterrupted run."""
     from fair_calib import io
 
-    cfg = {"type": "duquant", "block_size": BLOCK}
+    cfg = {"type": "duquant", "block_size": BLOCK, "arithmetic": arithmetic}
     calibrate(tiny_random_loaded("qwen2", layers=2, kv_heads=2), make_method(cfg, 4, 4), IDS,
               tmp_path, batch_size=4, log=lambda s: None)
     whole, _ = io.load_tensors(tmp_path / "params.safetensors")
@@ -322,4 +419,4 @@ def test_a_resumed_run_replays_the_rotation_stream(tmp_path):
     again, _ = io.load_tensors(tmp_path / "params.safetensors")
     assert set(again) == set(whole)
     for k in whole:
-        assert torch.allclose(again[k], whole[k], atol=1e-6), k
+        assert torch.equal(again[k], whole[k]), k

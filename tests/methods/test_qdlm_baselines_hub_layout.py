@@ -13,8 +13,9 @@ torch.set_num_threads(1)
 IDS = torch.randint(0, 80, (4, 16), generator=torch.Generator().manual_seed(5))
 CASES = [({"type": "gptq", "group_size": 16}, 4, 16), ({"type": "awq", "group_size": 16}, 3, 16),
          ({"type": "smoothquant"}, 8, 8),
-         # rotation blocks of 16: the toys' widths are 32 and 48
-         ({"type": "duquant", "block_size": 16}, 8, 8), ({"type": "duquant", "block_size": 16}, 4, 4)]
+         # rotation blocks of 8: the toys' widths are 32 and 48, their head dim 8 (the q/k
+         # Hadamard of DuQuant's attention matmuls needs a block_size dividing it)
+         ({"type": "duquant", "block_size": 8}, 8, 8), ({"type": "duquant", "block_size": 8}, 4, 4)]
 
 
 @pytest.mark.parametrize("family", ["llada", "dream"])
@@ -28,7 +29,7 @@ def test_qdlm_baselines_on_hub_layout_checkpoints(tmp_path, family):
         lm = load_model(folder, family)
         meta = calibrate(lm, make_method(cfg, w, a), IDS, out, batch_size=2, log=lambda s: None)
         assert meta["n_blocks"] == 2, cfg["type"]
-        # DuQuant's rotations (2 x 16 x 16 per group in bf16) outweigh 8-bit savings at these
+        # DuQuant's rotations (2 x 8 x 8 per group in bf16) outweigh 8-bit savings at these
         # toy widths (at LLaDA-8B's widths: 64 KiB per group beside a 16 MiB W8 weight)
         if (cfg["type"], w) != ("duquant", 8):
             assert meta["export_bytes"] < meta["fp_bf16_bytes"], (cfg["type"], w, a)

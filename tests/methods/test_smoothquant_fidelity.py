@@ -3,15 +3,20 @@
 per input channel over the calibration set), the scales of ``duquant.py`` (the weight maximum
 of q_proj / o_proj / up_proj / down_proj only), ``truncate_number``, ``smooth_and_let_inplace``
 (``smooth_fc_inplace`` for a GQA o_proj), the asymmetric per-channel weight and per-token
-activation quantizers of ``UniformAffineQuantizer``."""
+activation quantizers of ``UniformAffineQuantizer``. The default (``arithmetic: authors``) is
+compared bit for bit with DuQuant's float16 layer (``qlayer.half()``) and its attention-matmul
+quantizers (``qkt_matmul``/``pv_matmul``), run on the same model code; ``arithmetic: precise``
+(float32) with the same steps in float32, up to rounding."""
 import pytest
 import torch
 
 from fair_calib.calibrate import calibrate
 from fair_calib.methods import load_quantized, make_method
 from fair_calib.quant.discovery import get_submodule
+from fair_calib.quant.half import QKVQuant
 from fair_calib.quant.toy import tiny_random_loaded
-from fixtures.duquant_smoothing import act_scales_of, smooth_layer, truncate_number
+from fixtures.duquant_smoothing import (act_scales_of, ref_uaq_half, register_ref_attention,
+                                        smooth_layer, smooth_layer_half, truncate_number)
 
 torch.set_num_threads(1)
 IDS = torch.randint(0, 60, (8, 16), generator=torch.Generator().manual_seed(2))
@@ -26,6 +31,35 @@ def ref_uaq(x, n_bits):
     x_int = torch.round(x / scale) + zp
     x_int = x_int.clamp(0, 2 ** n_bits - 1)
     return (x_int - zp) * scale
+
+
+@torch.no_grad()
+def ref_smoothquant_half(lm, alpha, w_bits, a_bits):
+    """``duquant()`` without ``--quant_method`` (SmoothQuant) on every layer, in place:
+    scales from the float16 act scales and the weight in its dtype, ``qlayer.half()``,
+    ``truncate_number``, ``smooth_and_let_inplace`` (qkv, fc1, down, then out or, under GQA,
+    ``smooth_fc_inplace``), ``quant_inplace``; activations and Q, K, V quantized. Returns the
+    per-block float16 scales by pair name."""
+    model = lm.model
+    act_scales = act_scales_of(model, IDS)
+    q = lambda x: ref_uaq_half(x, a_bits)      # noqa: E731
+    model.config._attn_implementation = register_ref_attention("ref_smoothquant_qkv", q, q, q)
+    out = []
+    for i, layer in enumerate(model.model.layers):
+        a = layer.self_attn
+        sc, online = smooth_layer_half(layer, i, act_scales, alpha)
+        for m in layer.modules():
+            if isinstance(m, torch.nn.Linear):
+                m.weight.data = ref_uaq_half(m.weight.data, w_bits)      # quant_inplace
+
+                def pre(mod, args, sm=(online if m is a.o_proj else None)):
+                    x = args[0]
+                    if sm is not None:
+                        x /= sm
+                    return (ref_uaq_half(x, a_bits),)
+                m.register_forward_pre_hook(pre)
+        out.append(sc)
+    return out
 
 
 @torch.no_grad()
@@ -52,16 +86,69 @@ def ref_smoothquant(lm, alpha, w_bits, a_bits):
     return out
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2-gqa"])
-@pytest.mark.parametrize("bits", [(8, 8), (4, 8)])
-def test_smoothquant_equals_duquants(tmp_path, arch, bits):
-    make = ((lambda: tiny_random_loaded("llama", layers=2)) if arch == "llama" else
+def _maker(arch):
+    return ((lambda: tiny_random_loaded("llama", layers=2)) if arch == "llama" else
             (lambda: tiny_random_loaded("qwen2", layers=2, kv_heads=2)))
-    lm, ref = make(), make()
-    for model in (lm, ref):      # near-silent channels: scales below 1e-2 (truncate_number)
+
+
+def _silent_channels(*models):
+    for model in models:      # near-silent channels: scales below 1e-2 (truncate_number)
         with torch.no_grad():
             model.blocks[0].input_layernorm.weight[3:6] = 1e-7
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2-gqa"])
+@pytest.mark.parametrize("bits", [(8, 8), (4, 8)])
+def test_smoothquant_equals_duquants_float16_layer_bit_for_bit(tmp_path, arch, bits):
+    """The default: every scale, folded norm, quantized weight and the logits equal."""
+    make = _maker(arch)
+    lm, ref = make(), make()
+    _silent_channels(lm, ref)
     m = make_method({"type": "smoothquant", "alpha": 0.5}, *bits)
+    calibrate(lm, m, IDS, tmp_path, batch_size=4, log=lambda s: None)
+    want_scales = ref_smoothquant_half(ref, 0.5, *bits)
+    for i, sc in enumerate(want_scales):
+        for j, key in enumerate(["qkv", "out", "fc1", "down"]):
+            assert torch.equal(m.scales[i][j], sc[key]), (i, key)
+        for n, lin in ref.blocks[i].named_modules():
+            if isinstance(lin, torch.nn.Linear):
+                assert torch.equal(get_submodule(lm.blocks[i], n).w_quant, lin.weight), (i, n)
+        for n in ("input_layernorm", "post_attention_layernorm"):
+            assert torch.equal(get_submodule(lm.blocks[i], n).weight,
+                               get_submodule(ref.blocks[i], n).weight), (i, n)
+    with torch.no_grad():
+        want = ref.logits(IDS)
+        got = load_quantized(make(), tmp_path).logits(IDS)
+        fp = make().logits(IDS)
+    assert torch.equal(got, want)
+    assert not torch.allclose(got, fp, atol=1e-4)
+    assert (want_scales[0]["qkv"] == torch.tensor(1e-2, dtype=torch.float16)).any()
+
+
+def test_the_attention_matmuls_are_quantized_by_default(tmp_path):
+    """Not vacuous: the same calibration without the Q/K/V quantizers (the reference's
+    attention left in full precision) gives other logits."""
+    make = _maker("llama")
+    lm = make()
+    calibrate(lm, make_method({"type": "smoothquant"}, 8, 4), IDS, tmp_path, batch_size=4,
+              log=lambda s: None)
+    with torch.no_grad():
+        got = lm.logits(IDS)
+        for blk in lm.blocks:
+            blk.self_attn.qdlm_qkv = QKVQuant(16)      # the float16 cast only
+        plain = lm.logits(IDS)
+    assert not torch.allclose(got, plain, atol=1e-3)
+    with pytest.raises(ValueError, match="arithmetic must be one of"):
+        make_method({"type": "smoothquant", "arithmetic": "fp16"}, 8, 8)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2-gqa"])
+@pytest.mark.parametrize("bits", [(8, 8), (4, 8)])
+def test_smoothquant_precise_equals_duquants_steps_in_float32(tmp_path, arch, bits):
+    make = _maker(arch)
+    lm, ref = make(), make()
+    _silent_channels(lm, ref)
+    m = make_method({"type": "smoothquant", "alpha": 0.5, "arithmetic": "precise"}, *bits)
     calibrate(lm, m, IDS, tmp_path, batch_size=4, log=lambda s: None)
     want_scales = ref_smoothquant(ref, 0.5, *bits)
     for i, sc in enumerate(want_scales):
@@ -95,3 +182,23 @@ def test_the_comparison_sees_each_step():
     assert not torch.allclose(s, (act.pow(0.6) / w.abs().max(0)[0].pow(0.4)))
     x = torch.randn(5, 64)
     assert not torch.equal(ref_uaq(x, 8), ref_uaq(x, 4))
+
+
+@pytest.mark.parametrize("cfg,bits", [({"type": "smoothquant"}, (8, 8)),
+                                      ({"type": "awq", "group_size": 32}, (4, 16))])
+def test_a_scaled_v_bias_is_saved_and_reloaded(tmp_path, cfg, bits):
+    """MHA with q/k/v biases (Qwen2's layout without GQA): o_proj's scale divides v_proj's
+    bias too; the reloaded model is the calibrated one."""
+    def make():
+        lm = tiny_random_loaded("qwen2", layers=2)
+        with torch.no_grad():
+            g = torch.Generator().manual_seed(7)
+            for n, p in lm.model.named_parameters():
+                if n.endswith("bias"):
+                    p.copy_(torch.randn(p.shape, generator=g) * 0.5)
+        return lm
+    lm = make()
+    calibrate(lm, make_method(cfg, *bits), IDS, tmp_path, batch_size=4, log=lambda s: None)
+    assert not torch.equal(lm.blocks[0].self_attn.v_proj.bias, make().blocks[0].self_attn.v_proj.bias)
+    with torch.no_grad():
+        assert torch.equal(load_quantized(make(), tmp_path).logits(IDS), lm.logits(IDS))
