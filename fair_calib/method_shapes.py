@@ -13,7 +13,8 @@ the model and the width:
   weights (w_bits < 16). GPTQ takes any group size (a shorter last group, as AutoGPTQ does),
   so nothing is checked for it;
 * ``duquant``: ``block_size`` (128) divides every linear's input width
-  (``methods.duquant.DuQuantRotation``);
+  (``methods.duquant.DuQuantRotation``) and, with quantized activations in the authors'
+  arithmetic, the attention head dim (its Hadamard on q/k);
 * ``quarot``: the hidden width, head_dim and (with ``online_hadamard``, the default) the MLP
   width split into a Hadamard order times a power of two other than QuaRot's own tables
   (``quant.hadamard_orders.hadamard_split``), and the number of heads is a Hadamard order
@@ -70,7 +71,16 @@ def awq_problem(name: str, m: Mapping[str, Any], bits: Mapping[str, Any], w: Wid
 def duquant_problem(name: str, m: Mapping[str, Any], bits: Mapping[str, Any],
                     w: Widths) -> str | None:
     value, shown = _setting(m, "block_size", 128)
-    return _divides_every_input(f"methods.{name}.block_size", value, shown, w, "a block size")
+    problem = _divides_every_input(f"methods.{name}.block_size", value, shown, w, "a block size")
+    authors = m.get("arithmetic", "authors") == "authors"
+    if problem is None and authors and int(bits.get("a_bits", 16)) < 16 and \
+            (value > w.head_dim or w.head_dim % value):
+        # its Hadamard on the attention matmuls' q/k inputs works within one head
+        return (f"config: methods.{name}.block_size = {shown} does not divide {w.model}'s "
+                f"attention head dim {w.head_dim} (head_dim: {w.where['head_dim']}), which "
+                f"DuQuant's Hadamard on q/k needs; {JOB}. Give a block size that divides "
+                f"{w.head_dim}, e.g. {_largest_divisor_up_to(w.head_dim, value)}")
+    return problem
 
 
 def quarot_problem(name: str, m: Mapping[str, Any], bits: Mapping[str, Any],

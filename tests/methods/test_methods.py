@@ -159,8 +159,12 @@ SHAPE_CASES = [
     ({"type": "awq", "group_size": 32}, (4, 16), (64, 4, 96), False),
     ({"type": "gptq", "group_size": 48}, (4, 16), (64, 4, 128), False),   # a shorter last group
     ({"type": "duquant", "block_size": 48, "max_rotation_step": 2}, (4, 4), (64, 4, 128), True),
-    ({"type": "duquant", "block_size": 48, "max_rotation_step": 2}, (4, 4), (96, 4, 192), False),
-    ({"type": "duquant", "block_size": 32, "max_rotation_step": 2}, (4, 4), (64, 4, 96), False),
+    # the authors' arithmetic (default): the block also divides the head dim (24, 16 here)
+    ({"type": "duquant", "block_size": 48, "max_rotation_step": 2}, (4, 4), (96, 4, 192), True),
+    ({"type": "duquant", "block_size": 48, "max_rotation_step": 2, "arithmetic": "precise"},
+     (4, 4), (96, 4, 192), False),
+    ({"type": "duquant", "block_size": 32, "max_rotation_step": 2}, (4, 4), (64, 4, 96), True),
+    ({"type": "duquant", "block_size": 16, "max_rotation_step": 2}, (4, 4), (64, 4, 96), False),
     ({"type": "quarot"}, (4, 4), (96, 6, 192), True),                     # no Hadamard of order 6
     ({"type": "quarot", "online_hadamard": False}, (4, 4), (96, 6, 192), False),
     ({"type": "quarot"}, (4, 4), (104, 4, 128), True),                    # hidden 104 = 52 x 2
