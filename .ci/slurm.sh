@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # CI: SLURM end to end (issue 8). Brings up a single-node SLURM cluster on localhost
-# (tests/slurm/slurm_up.sh: munged + slurmctld + slurmd, installs slurm-wlm/munge if missing),
+# (tests/slurm/slurm_up.sh: munged + slurmctld + slurmd, installs the SLURM and munge packages if missing),
 # runs tests/slurm/test_slurm.py against it, and always brings it down again.
 # Needs root. Hard limit FAIR_CALIB_SLURM_CI_TIMEOUT seconds (default 3600) for the pytest run;
 # a hung Snakemake ignores SIGTERM, hence `timeout -k`.
@@ -15,7 +15,7 @@ trap cleanup EXIT
 
 t0=$(date +%s)
 if ! timeout -k 10 300 tests/slurm/slurm_up.sh; then
-  # Infrastructure, not the pipeline: no slurm-wlm/munge packages or daemons on this machine.
+  # Infrastructure, not the pipeline: no SLURM/munge packages or daemons on this machine.
   echo "[slurm-ci] WARNING: could not bring up a localhost SLURM cluster here (see above);"
   echo "[slurm-ci] WARNING: the SLURM end-to-end test did NOT run in this CI run."
   exit 0
@@ -28,7 +28,8 @@ scontrol show config | grep -E '^(MinJobAge|SelectType|AccountingStorageType) '
 export FAIR_CALIB_SLURM_TEST=1 FAIR_CALIB_SLURM_REQUIRE=1
 t1=$(date +%s)
 rc=0
-timeout -k 60 "$LIMIT" python -m pytest -p no:cacheprovider -rA -s tests/slurm/test_slurm.py \
+# -n 0: one process (the three tests share a copy, in order), its output live (-s)
+timeout -k 60 "$LIMIT" python -m pytest -n 0 -p no:cacheprovider -rA -s tests/slurm/test_slurm.py \
   || rc=$?
 echo "[slurm-ci] pytest rc=$rc in $(( $(date +%s) - t1 )) s"
 if [ "$rc" -ne 0 ]; then

@@ -8,6 +8,13 @@ REPO = Path(__file__).resolve().parents[1]
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 
 
+def pytest_collection_modifyitems(config, items):
+    """Tests marked `first` before the others (their files first, under pyproject's
+    `--dist loadfile`): started last, the whole-DAG run would keep one worker busy for minutes
+    after the other has finished."""
+    items.sort(key=lambda item: item.get_closest_marker("first") is None)
+
+
 @pytest.fixture(scope="session")
 def repo_root() -> Path:
     return REPO

@@ -168,6 +168,7 @@ def test_gpu_model_and_node_features_reach_the_jobs(ws):
 
 
 @pytest.mark.slow
+@pytest.mark.first
 def test_whole_dag_on_checkpoints_in_the_released_layouts_then_rerun_scope(ws):
     """The smoke config merged with config/hub_layout.yaml, end to end (rule all): tiny models
     trained, written in the LLaDA / Dream hub layouts (config field names, key names), and read

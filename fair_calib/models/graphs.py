@@ -15,8 +15,8 @@ Replay computes what eager computes, kernel for kernel:
   one in eager (other logits, and slower). The capture runs with that check answering as it
   does in eager for a forward without a padding mask (:func:`_eager_mask_decisions`), so SDPA
   gets the same inputs (no mask) and picks the same kernel;
-- Triton kernels are compiled by the eager call before the capture (and launched directly
-  afterwards, :mod:`fair_calib.triton_launch`); cuBLAS gets a workspace of the same size on the
+- Triton kernels are compiled by the eager call before the capture (Triton's own launch
+  finds them in its cache while capturing); cuBLAS gets a workspace of the same size on the
   capture stream, so its heuristics choose the same algorithms;
 - a forward with a padding mask (its position ids need a host read) or with gradients, off
   CUDA, or under a transformers without that mask check, always runs eagerly.

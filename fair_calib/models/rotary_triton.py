@@ -18,7 +18,6 @@ import torch
 import triton
 import triton.language as tl
 
-from .. import triton_launch
 
 
 @triton.jit
@@ -72,15 +71,13 @@ def rotate(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tenso
     if oq.numel() == 0:
         return oq, ok
     scb = 0 if cos.shape[0] == 1 else cos.stride(0)
-    triton_launch.launch(
-        _rotary_kernel, B * S,
-        (q, k, cos, sin, oq, ok, S,
-         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-         oq.stride(0), oq.stride(1), oq.stride(2), ok.stride(0), ok.stride(1), ok.stride(2),
-         scb, cos.stride(1)),
-        dict(HQ=HQ, HQB=triton.next_power_of_2(HQ), HK=HK, HKB=triton.next_power_of_2(HK),
-             D=D, DB=triton.next_power_of_2(D)),
-        dict(num_warps=4, enable_fp_fusion=False))
+    _rotary_kernel[(B * S,)](
+        q, k, cos, sin, oq, ok, S,
+        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+        oq.stride(0), oq.stride(1), oq.stride(2), ok.stride(0), ok.stride(1), ok.stride(2),
+        scb, cos.stride(1),
+        HQ=HQ, HQB=triton.next_power_of_2(HQ), HK=HK, HKB=triton.next_power_of_2(HK),
+        D=D, DB=triton.next_power_of_2(D), num_warps=4, enable_fp_fusion=False)
     return oq, ok
 
 

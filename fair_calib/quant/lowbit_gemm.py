@@ -20,7 +20,6 @@ import torch
 import triton
 import triton.language as tl
 
-from .. import triton_launch
 
 
 @triton.jit
@@ -106,10 +105,8 @@ def gemm(xc: torch.Tensor, wc: torch.Tensor, xs: torch.Tensor, ws: torch.Tensor,
         return out
     BM, BN, BK, GROUP_M, STAGES, warps = config or config_for(M, N, K)
     grid = triton.cdiv(M, BM) * triton.cdiv(N, BN)
-    triton_launch.launch(
-        _gemm_kernel, grid,
-        (xc, wc, xs, ws, xs if bias is None else bias, out, M, N, K),
-        dict(BM=BM, BN=BN, BK=BK, GROUP_M=GROUP_M, STAGES=STAGES, HAS_BIAS=bias is not None,
-             EVEN_K=K % BK == 0),
-        dict(num_warps=warps, enable_fp_fusion=False))
+    _gemm_kernel[(grid,)](
+        xc, wc, xs, ws, xs if bias is None else bias, out, M, N, K,
+        BM=BM, BN=BN, BK=BK, GROUP_M=GROUP_M, STAGES=STAGES, HAS_BIAS=bias is not None,
+        EVEN_K=K % BK == 0, num_warps=warps, enable_fp_fusion=False)
     return out

@@ -34,7 +34,6 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
-from .. import triton_launch
 from . import lowbit_gemm
 from .transforms import kron_last, tile_shape
 
@@ -584,8 +583,8 @@ def quantize_input(inp, x2: torch.Tensor, up: torch.Tensor | None = None
                  K=inp.n_readers, QMAX=2 ** (inp.bits - 1) - 1, STATIC=inp.static,
                  FP32=x2.dtype == torch.float32, FAST=_fast_codes(inp, FAST_DIV))
     warps = NUM_WARPS or (4 if B1 * B2 <= 4096 else 8)
-    triton_launch.launch(_act_quant_kernel, _grid(rows, x2.device), ops, flags,
-                         dict(num_warps=warps, **_cap(TILE_MAXNREG)))
+    _act_quant_kernel[(_grid(rows, x2.device),)](
+        *ops, **flags, num_warps=warps, **_cap(TILE_MAXNREG))
     return codes, scales
 
 
@@ -654,17 +653,15 @@ def _quantize_split(inp, x2, up, nw, eps, d, p1, p2t, n1, n2):
     z = scales if regs else torch.empty_like(x2)          # no scratch row in registers
     CH = 2048
     (ra, rb), (ca, cb) = split_pow2(n1), split_pow2(n2)
-    triton_launch.launch(
-        _act_quant_split_kernel, rows,
-        (x2, *_operands(inp, x2, up, nw, d, p1, p2t, scales),
-         z, codes, scales, rows, T, float(2 ** (inp.bits - 1) - 1), eps),
-        dict(N1=n1, N2=n2, RA=ra, RB=max(rb, 16), SR=rb > 0, CA=ca, CB=max(cb, 16),
-             SC=cb > 0, BR=BR, BC=BC, UNROLL=st["SPLIT_UNROLL"], REGS=regs, NCC=ncc,
-             GATED=gated, HAS_NORM=nw is not None, HAS_D=d is not None,
-             HAS_P2=p2t is not None, K=inp.n_readers, QMAX=2 ** (inp.bits - 1) - 1,
-             STATIC=inp.static, FAST=_fast_codes(inp, st["FAST_DIV"]), CH=CH,
-             NCH=triton.cdiv(dim, CH)),
-        dict(num_warps=st["SPLIT_WARPS"], **_cap(st["SPLIT_MAXNREG"])))
+    _act_quant_split_kernel[(rows,)](
+        x2, *_operands(inp, x2, up, nw, d, p1, p2t, scales),
+        z, codes, scales, rows, T, float(2 ** (inp.bits - 1) - 1), eps,
+        N1=n1, N2=n2, RA=ra, RB=max(rb, 16), SR=rb > 0, CA=ca, CB=max(cb, 16),
+        SC=cb > 0, BR=BR, BC=BC, UNROLL=st["SPLIT_UNROLL"], REGS=regs, NCC=ncc,
+        GATED=gated, HAS_NORM=nw is not None, HAS_D=d is not None,
+        HAS_P2=p2t is not None, K=inp.n_readers, QMAX=2 ** (inp.bits - 1) - 1,
+        STATIC=inp.static, FAST=_fast_codes(inp, st["FAST_DIV"]), CH=CH,
+        NCH=triton.cdiv(dim, CH), num_warps=st["SPLIT_WARPS"], **_cap(st["SPLIT_MAXNREG"]))
     return codes, scales
 
 
@@ -713,8 +710,7 @@ def silu_mul(g: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     n = g.numel()
     BLOCK = 2048
     if n:
-        triton_launch.launch(_silu_mul_kernel, triton.cdiv(n, BLOCK), (g, up, out, n),
-                             dict(BLOCK=BLOCK), dict(num_warps=8))
+        _silu_mul_kernel[(triton.cdiv(n, BLOCK),)](g, up, out, n, BLOCK=BLOCK, num_warps=8)
     return out
 
 
@@ -742,8 +738,8 @@ def unpack_int4(packed: torch.Tensor, n: int, dtype: torch.dtype) -> torch.Tenso
     """uint8 [out, n / 2] (two codes a byte, low nibble first) -> codes [out, n] in ``dtype``."""
     out = torch.empty(packed.shape[0], n, device=packed.device, dtype=dtype)
     nb = packed.numel()
-    triton_launch.launch(_unpack_int4_kernel, triton.cdiv(nb, UNPACK_BLOCK), (packed, out, nb),
-                         dict(BLOCK=UNPACK_BLOCK), dict(num_warps=UNPACK_WARPS))
+    _unpack_int4_kernel[(triton.cdiv(nb, UNPACK_BLOCK),)](
+        packed, out, nb, BLOCK=UNPACK_BLOCK, num_warps=UNPACK_WARPS)
     return out
 
 

@@ -5,8 +5,9 @@
 #   source "${FAIR_CALIB_SLURM_STATE:-/tmp/fair-calib-slurm}/env.sh"   # exports SLURM_CONF
 #   tests/slurm/slurm_down.sh
 #
-# Needs root (installs Debian's slurm-wlm + munge with apt-get when missing, runs the daemons
-# as root / munge). No systemd: the daemons are started directly and stopped by their PID files.
+# Needs root (installs Debian's slurmctld, slurmd, slurm-client and munge with apt-get when
+# missing, runs the daemons as root / munge). No systemd: the daemons are started directly and
+# stopped by their PID files.
 # Environment:
 #   FAIR_CALIB_SLURM_STATE      state folder (default /tmp/fair-calib-slurm)
 #   FAIR_CALIB_SLURM_PARTITION  partition name (default "cpu")
@@ -28,13 +29,17 @@ die() { echo "[slurm_up] ERROR: $*" >&2; exit 1; }
 [ "$(id -u)" -eq 0 ] || die "must run as root (starts munged/slurmctld/slurmd)"
 
 # ---- 1. packages (idempotent) ---------------------------------------------------------------
+# The daemons, the client commands and munge, without recommends: slurm-wlm would bring 43
+# packages (every plugin and its -dev package), these 8 (docs/benchmarks.md: install times).
+PKGS=(slurmctld slurmd slurm-client munge)
 if ! command -v slurmctld >/dev/null || ! command -v slurmd >/dev/null \
     || ! command -v munged >/dev/null || ! command -v sinfo >/dev/null; then
-    log "installing slurm-wlm and munge with apt-get"
+    log "installing ${PKGS[*]} with apt-get"
     export DEBIAN_FRONTEND=noninteractive
-    apt-get install -y -q slurm-wlm munge >/dev/null 2>&1 \
-        || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q slurm-wlm munge >/dev/null; } \
-        || die "apt-get install slurm-wlm munge failed"
+    apt-get install -y -q --no-install-recommends "${PKGS[@]}" >/dev/null 2>&1 \
+        || { apt-get update -q >/dev/null 2>&1 \
+             && apt-get install -y -q --no-install-recommends "${PKGS[@]}" >/dev/null; } \
+        || die "apt-get install ${PKGS[*]} failed"
 fi
 
 alive() { [ -s "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }

@@ -3,12 +3,13 @@
 Needs a working SLURM client (`sinfo`); tests/slurm/slurm_up.sh starts a single-node cluster on
 localhost and .ci/slurm.sh runs this file against it. Skipped unless FAIR_CALIB_SLURM_TEST=1.
 
-1. `test_slurm_run_matches_local`: the smoke config is run with `--profile profiles/local` in one
-   copy of the repository and with `--profile profiles/slurm` in another. Every job of the SLURM
-   run must have gone through SLURM (the executor's "submitted with SLURM jobid N" lines, one
-   SLURM log file per job, and `scontrol show job N` = COMPLETED with the copy as WorkDir), and
-   every result (Parquet data + provenance minus volatile keys, LaTeX, JSON, safetensors) must
-   equal the local run's.
+1. `test_slurm_run_matches_local`: the smoke config with tests/slurm/dag.yaml over it (every
+   rule of the smoke DAG, on one model and two methods) is run with `--profile profiles/local`
+   in one copy of the repository and with `--profile profiles/slurm` in another. Every job of
+   the SLURM run must have gone through SLURM (the executor's "submitted with SLURM jobid N"
+   lines, one SLURM log file per job, and `scontrol show job N` = COMPLETED with the copy as
+   WorkDir), every rule of the DAG must have run, and every result (Parquet data + provenance
+   minus volatile keys, LaTeX, JSON, safetensors) must equal the local run's.
 2. `test_killed_calibration_resumes`: a calibration job is cancelled (`scancel`) right after its
    first block is saved; Snakemake resubmits it (attempt 2, with more memory), the retry resumes
    from the saved block, and the final output is complete.
@@ -19,8 +20,9 @@ localhost and .ci/slurm.sh runs this file against it. Skipped unless FAIR_CALIB_
 
 Environment: FAIR_CALIB_SLURM_TEST=1 (run), FAIR_CALIB_SLURM_REQUIRE=1 (fail instead of skip
 when no cluster answers; CI sets it), FAIR_CALIB_SLURM_STATE (slurm_up.sh's state folder),
-FAIR_CALIB_SLURM_CONFIG (default config/smoke.yaml), FAIR_CALIB_SLURM_TARGET (default
-results/tables/main.tex), FAIR_CALIB_SLURM_RUN_TIMEOUT (seconds per Snakemake run, default 1500),
+FAIR_CALIB_SLURM_CONFIG (default config/smoke.yaml), FAIR_CALIB_SLURM_OVERLAY (default
+tests/slurm/dag.yaml, merged over it; empty: the config's whole DAG), FAIR_CALIB_SLURM_TARGET
+(default results/tables/main.tex), FAIR_CALIB_SLURM_RUN_TIMEOUT (seconds per Snakemake run, default 1500),
 FAIR_CALIB_SLURM_JOBS (concurrent SLURM jobs, default 4), FAIR_CALIB_SLURM_WORKDIR (keep the
 copies there instead of a pytest tmp dir, for inspection).
 """
@@ -42,6 +44,8 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 STATE = Path(os.environ.get("FAIR_CALIB_SLURM_STATE", "/tmp/fair-calib-slurm"))
 CONFIG = os.environ.get("FAIR_CALIB_SLURM_CONFIG", "config/smoke.yaml")
+OVERLAY = os.environ.get("FAIR_CALIB_SLURM_OVERLAY", "tests/slurm/dag.yaml")
+CONFIGS = [CONFIG, *([OVERLAY] if OVERLAY else [])]
 TARGET = os.environ.get("FAIR_CALIB_SLURM_TARGET", "results/tables/main.tex")
 RUN_TIMEOUT = int(os.environ.get("FAIR_CALIB_SLURM_RUN_TIMEOUT", "1500"))
 JOBS = os.environ.get("FAIR_CALIB_SLURM_JOBS", "4")
@@ -89,7 +93,7 @@ def _cluster_problem() -> str | None:
         return ("SLURM end-to-end test: set FAIR_CALIB_SLURM_TEST=1 with a cluster up "
                 "(tests/slurm/slurm_up.sh, or run .ci/slurm.sh)")
     if shutil.which("sinfo") is None:
-        return "SLURM end-to-end test: `sinfo` not found (apt-get install slurm-wlm)"
+        return "SLURM end-to-end test: `sinfo` not found (tests/slurm/slurm_up.sh installs it)"
     try:
         out = subprocess.run(["sinfo", "-h", "-o", "%T"], env=_env(), capture_output=True,
                              text=True, timeout=30)
@@ -147,7 +151,16 @@ def run_snakemake(repo: Path, args: list[str], log: Path) -> tuple[int, str, flo
 def config_args(*extra: str) -> list[str]:
     # in the copy's own root, whatever folder the config names for itself (smoke.yaml's
     # workdir: runs/smoke): this test compares and kills files there
-    return ["--configfile", CONFIG, *extra, "--config", "workdir=.", "--"]
+    return ["--configfile", *CONFIGS, *extra, "--config", "workdir=.", "--"]
+
+
+def planned_rules(repo: Path, configs: list[str]) -> set[str]:
+    """The rules of TARGET's whole DAG under ``configs`` (a dry run from scratch)."""
+    out = subprocess.run(snakemake_cmd("-n", "--forceall", "--configfile", *configs, "--config",
+                                       "workdir=.", "--", TARGET, timeout=300),
+                         cwd=repo, env=_env(repo), capture_output=True, text=True)
+    assert out.returncode == 0, tail(out.stdout + out.stderr)
+    return set(re.findall(r"^(?:local)?rule (\w+):", out.stdout, re.M)) - {"all"}
 
 
 def scontrol_job(jobid: str) -> dict[str, str]:
@@ -163,11 +176,11 @@ def scontrol_job(jobid: str) -> dict[str, str]:
 
 
 def resource_table(repo: Path) -> dict:
-    """`resources:` of config/config.yaml overlaid with the test config's (one level deep)."""
+    """`resources:` of config/config.yaml overlaid with the test configs' (one level deep)."""
     import yaml
 
     table = {}
-    for path in (repo / "config" / "config.yaml", repo / CONFIG):
+    for path in (repo / "config" / "config.yaml", *(repo / c for c in CONFIGS)):
         for rule, res in ((yaml.safe_load(path.read_text()) or {}).get("resources") or {}).items():
             table.setdefault(rule, {}).update(res)
     return table
@@ -335,6 +348,12 @@ def test_slurm_run_matches_local(local_run, slurm_run):
     n_jobs = len([r for r in finished_rules if r not in local_rules])
     assert len(submits) == n_jobs, f"{len(submits)} SLURM submissions for {n_jobs} jobs"
     assert len({jid for _, jid, _ in submits}) == len(submits)
+    # the overlay's smaller DAG runs every rule of the config's whole DAG, each non-local one
+    # through SLURM
+    whole = planned_rules(repo, [CONFIG])
+    assert set(finished_rules) - {"all"} == whole, whole ^ set(finished_rules)
+    submitted = {re.search(r"/rule_(\w+)/", lf).group(1) for _, _, lf in submits}
+    assert submitted == whole - local_rules, submitted ^ (whole - local_rules)
     for _, jid, logfile in submits:
         # the executor's per-job SLURM log (kept: slurm-keep-successful-logs) ...
         path = Path(logfile)
@@ -401,7 +420,7 @@ def _start_calibration(repo: Path, workdir: Path, name: str, extra: list[str]):
     fh = open(log, "w")
     proc = subprocess.Popen(
         snakemake_cmd("--profile", "profiles/slurm", *SLURM_TEST_FLAGS, *extra,
-                      "--configfile", CONFIG, str(_fault_overlay(workdir)), "--", target),
+                      "--configfile", *CONFIGS, str(_fault_overlay(workdir)), "--", target),
         cwd=repo, env=_env(repo), stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
     return proc, fh, log
 
@@ -489,12 +508,12 @@ def test_interrupted_run_is_not_taken_as_complete(slurm_repo, workdir):
     (cdir / "stats.parquet").write_bytes(b"PAR1")
     meta.write_text('{"partial": true}\n')
     # the SIGKILLed Snakemake left its lock behind, as on a lost login node
-    subprocess.run(snakemake_cmd("--unlock", "--configfile", CONFIG, str(_fault_overlay(workdir)),
+    subprocess.run(snakemake_cmd("--unlock", "--configfile", *CONFIGS, str(_fault_overlay(workdir)),
                                  timeout=300), cwd=repo,
                    env=_env(repo), capture_output=True, check=True)
     # without --rerun-incomplete Snakemake refuses to go on and names the incomplete outputs
     dry = subprocess.run(
-        snakemake_cmd("-n", "--configfile", CONFIG, str(_fault_overlay(workdir)), "--",
+        snakemake_cmd("-n", "--configfile", *CONFIGS, str(_fault_overlay(workdir)), "--",
                       str(meta.relative_to(repo)), timeout=300),
         cwd=repo, env=_env(repo), capture_output=True, text=True)
     text = dry.stdout + dry.stderr
@@ -502,7 +521,7 @@ def test_interrupted_run_is_not_taken_as_complete(slurm_repo, workdir):
     assert str(meta.relative_to(repo)) in text, tail(text)
     # the profile's rerun-incomplete plans the job again (the files are not taken as done)
     dry = subprocess.run(
-        snakemake_cmd("-n", "--profile", "profiles/slurm", "--configfile", CONFIG,
+        snakemake_cmd("-n", "--profile", "profiles/slurm", "--configfile", *CONFIGS,
                       str(_fault_overlay(workdir)), "--", str(meta.relative_to(repo)),
                       timeout=300),
         cwd=repo, env=_env(repo), capture_output=True, text=True)
