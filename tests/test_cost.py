@@ -149,7 +149,9 @@ def test_cost_prints_one_total_its_json_total(repo_root, tmp_path, capsys, monke
 SHIPPED = {"config": [], "smoke": ["smoke.yaml"], "hub_layout": ["smoke.yaml", "hub_layout.yaml"],
            "paper": ["paper.yaml"], "qdlm": ["qdlm.yaml"],
            "qdlm_tiny": ["smoke.yaml", "qdlm_tiny.yaml"], "gpu_dag": ["gpu_dag.yaml"],
-           "gpu_dag_cpu": ["gpu_dag.yaml", "gpu_dag_cpu.yaml"]}
+           "gpu_dag_cpu": ["gpu_dag.yaml", "gpu_dag_cpu.yaml"],
+           "gpu_trained": ["gpu_trained.yaml"],
+           "gpu_trained_cpu": ["gpu_trained.yaml", "gpu_trained_cpu.yaml"]}
 FIRST_DOCS = 2
 NO_OFFLINE_COPY = ("mbpp", "minerva_math")      # config/qdlm.yaml's: no offline definition
 

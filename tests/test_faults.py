@@ -831,7 +831,8 @@ def test_cost_file_errors_are_one_line_and_it_reads_the_current_checkout(tmp_pat
                     "missing.yaml: file not found", str(tmp_path))
     binary = tmp_path / "model.bin"
     binary.write_bytes(bytes(range(256)))
-    _one_line_error(_cli("cost", "--configfile", str(binary)), str(binary), "not a text file")
+    _one_line_error(_cli("cost", "--configfile", str(binary)), str(binary),
+                    "not a YAML config file")
     scalar = tmp_path / "note.yaml"
     scalar.write_text("just a sentence\n")
     _one_line_error(_cli("cost", "--configfile", str(scalar)), str(scalar), "keys at the top level")

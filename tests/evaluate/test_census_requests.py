@@ -42,7 +42,8 @@ def _recorded_run(settings, loaded, tmp_path):
 
 
 def _census_side(settings, loaded):
-    lm = census.recording_lm(census.encoding_args(settings, loaded.tokenizer, 128))
+    context = int(loaded.model.config.max_position_embeddings)    # the tiny model's: 128
+    lm = census.recording_lm(census.encoding_args(settings, loaded.tokenizer, context))
     requests = census.evaluation_requests(settings, lm)
     items = [(p, s) for p, s, _ in lm.likelihood_items(
         [(a[0], a[1]) for a in requests.get("loglikelihood", [])])]
@@ -60,17 +61,19 @@ CHAT = ("{% for m in messages %}<{{ m['role'] }}> {{ m['content'] }} .{% endfor 
         "{% if add_generation_prompt %}<assistant>{% endif %}")
 
 
-def _tiny(family, chat):
+def _tiny(family, chat, context=None):
     loaded = make_loaded(family)
     if chat:
         loaded.tokenizer.chat_template = CHAT
+    if context:     # room for few-shot prompts (a prompt that does not fit is refused, uncut)
+        loaded.model.config.max_position_embeddings = context
     return loaded
 
 
-def _check(settings, family, tmp_path, chat=False):
-    loaded = _tiny(family, chat)
+def _check(settings, family, tmp_path, chat=False, context=None):
+    loaded = _tiny(family, chat, context)
     run = _recorded_run(settings, loaded, tmp_path)
-    items, prompts, forwards = _census_side(settings, _tiny(family, chat))
+    items, prompts, forwards = _census_side(settings, _tiny(family, chat, context))
     assert items == run["items"]                 # the same requests, the same ids
     assert sorted(prompts) == sorted(run["prompts"])
     assert _shapes(forwards) == run["forwards"]  # the same forwards, rows x tokens
@@ -117,5 +120,5 @@ def test_offline_tasks_with_guidance_and_few_shots(offline_data_dir, tmp_path):
     gsm = base_settings({"name": "gsm8k_cot", "kind": "lm_eval", "lm_eval_task": "gsm8k_cot",
                          "limit": 2, "num_fewshot": 2, "early_exit": False, "batch_size": 1},
                         data=offline_data_dir)
-    fwd = _check(gsm, "tiny-dream", tmp_path / "gsm")
+    fwd = _check(gsm, "tiny-dream", tmp_path / "gsm", context=1024)
     assert sum(fwd.values()) == 2 * 16
