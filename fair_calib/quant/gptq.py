@@ -25,53 +25,34 @@ from ..registry import check_arithmetic
 from .quantizers import qmax
 
 
-def _prepare(w: torch.Tensor, hessian: torch.Tensor, damp: float, act_order: bool = False):
-    """(W, U, perm): W float64 with dead columns zeroed (permuted by decreasing diag H under
-    ``act_order``), U the upper Cholesky factor of the damped H^{-1}, perm or None."""
-    W = w.detach().double().clone()
-    H = hessian.detach().double().clone().to(W.device)
+def _prepare(w: torch.Tensor, hessian: torch.Tensor, damp: float, act_order: bool = False,
+             authors: bool = False):
+    """(W, U, perm): W with dead columns zeroed (permuted by decreasing diag H under
+    ``act_order``), U the upper Cholesky factor of the damped H^{-1}, perm or None. In float64;
+    ``authors``: as AutoGPTQ's ``fasterquant`` orders it, in float32, diag H read through
+    ``torch.diag`` (a contiguous copy: its mean sums in another order than a strided view's),
+    the damping added by index."""
+    dtype = torch.float32 if authors else torch.float64
+    diag = torch.diag if authors else torch.diagonal
+    W = w.detach().to(dtype).clone()
+    H = hessian.detach().to(dtype).clone().to(W.device)
     n = W.shape[1]
     if H.shape != (n, n):
         raise ValueError(f"Hessian {tuple(H.shape)} does not match weight {tuple(W.shape)}")
-    dead = torch.diagonal(H) == 0
+    dead = diag(H) == 0
     H[dead, dead] = 1.0
     W[:, dead] = 0.0
     perm = None
     if act_order:
-        perm = torch.argsort(torch.diagonal(H), descending=True)
+        perm = torch.argsort(diag(H), descending=True)
         W = W[:, perm]
         H = H[perm][:, perm]
-    H += damp * torch.diagonal(H).mean() * torch.eye(n, dtype=H.dtype, device=H.device)
-    L = torch.linalg.cholesky(H)
-    Hinv = torch.cholesky_inverse(L)
-    U = torch.linalg.cholesky(Hinv, upper=True)        # upper Cholesky factor of H^{-1}
-    return W, U, perm
-
-
-def _prepare_autogptq(w: torch.Tensor, hessian: torch.Tensor, damp: float,
-                      act_order: bool = False):
-    """:func:`_prepare` as ``fasterquant`` orders it, in float32: diag H read through
-    ``torch.diag`` (a contiguous copy: its mean sums in another order than a strided view's),
-    the damping added by index."""
-    W = w.detach().float().clone()
-    H = hessian.detach().float().clone().to(W.device)
-    n = W.shape[1]
-    if H.shape != (n, n):
-        raise ValueError(f"Hessian {tuple(H.shape)} does not match weight {tuple(W.shape)}")
-    dead = torch.diag(H) == 0
-    H[dead, dead] = 1
-    W[:, dead] = 0
-    perm = None
-    if act_order:
-        perm = torch.argsort(torch.diag(H), descending=True)
-        W = W[:, perm]
-        H = H[perm][:, perm]
-    d = damp * torch.mean(torch.diag(H))
-    diag = torch.arange(n, device=H.device)
-    H[diag, diag] += d
-    H = torch.linalg.cholesky(H)
-    H = torch.cholesky_inverse(H)
-    U = torch.linalg.cholesky(H, upper=True)
+    if authors:
+        index = torch.arange(n, device=H.device)
+        H[index, index] += damp * torch.mean(torch.diag(H))
+    else:
+        H += damp * torch.diagonal(H).mean() * torch.eye(n, dtype=H.dtype, device=H.device)
+    U = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(H)), upper=True)
     return W, U, perm
 
 
@@ -132,10 +113,7 @@ def gptq_grouped(w: torch.Tensor, hessian: torch.Tensor, bits: int, group_size: 
     n = w.shape[1]
     per_row = group_size is None or group_size <= 0
     gs = n if per_row else int(group_size)
-    if arithmetic == "authors":
-        W, U, perm = _prepare_autogptq(w, hessian, damp, act_order)
-    else:
-        W, U, perm = _prepare(w, hessian, damp, act_order)
+    W, U, perm = _prepare(w, hessian, damp, act_order, authors=arithmetic == "authors")
     codes = torch.zeros_like(W)
     ng = n_groups(n, gs)
     scales = torch.zeros(W.shape[0], ng, dtype=W.dtype, device=W.device)
