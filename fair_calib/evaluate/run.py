@@ -222,10 +222,11 @@ def run_per_docs(eval_path: str | os.PathLike) -> list[dict[str, Any]]:
     return [io.read_json(p)["per_doc"] for p in shards]
 
 
-def arithmetic_of(per_doc: Mapping[str, Any]) -> str:
-    """One run's arithmetic (its shards': ``mixed`` where they differ)."""
-    records = per_doc.get("executions") or ([per_doc["execution"]] if per_doc.get("execution")
-                                            else [])
+def arithmetic_of(*per_docs: Mapping[str, Any]) -> str:
+    """One run's arithmetic from its per-document records (a shard's ``execution``, a gathered
+    run's ``executions``): ``mixed`` where they differ, "" without a record."""
+    records = [r for d in per_docs
+               for r in (d.get("executions") or ([d["execution"]] if d.get("execution") else []))]
     names = sorted({r["arithmetic"] for r in records})
     return names[0] if len(names) == 1 else ("mixed" if names else "")
 

@@ -730,8 +730,7 @@ def _eval_arithmetic(eval_path: Path) -> str:
     """The arithmetic an evaluation recorded (evaluate/run.py), "" without a record."""
     from fair_calib.evaluate.run import arithmetic_of, run_per_docs
 
-    names = sorted({arithmetic_of(d) for d in run_per_docs(eval_path)} - {""})
-    return names[0] if len(names) == 1 else ("mixed" if names else "")
+    return arithmetic_of(*run_per_docs(eval_path))
 
 
 def build_table(name: str | None, settings: Mapping[str, Any],
