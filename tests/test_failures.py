@@ -19,6 +19,7 @@ import pytest
 from fair_calib import job_lock
 from fair_calib.cli import JOB_LINE
 from fair_calib.failures import summary_lines
+from fixtures.held_stage import held_stage_hook
 
 REPO = Path(__file__).resolve().parents[1]
 SETTINGS = json.dumps({"seed": 0, "corpus": {"seed": 0, "n_train_docs": 300, "n_calib_docs": 8,
@@ -238,27 +239,7 @@ def test_failed_line_reads_a_second_jobs_own_log_of_this_run(tmp_path):
         f": error: fair-calib calibrate: x is being written by another job (...) [log: {mine}]")
 
 
-HELD_STAGE = '''
-import importlib, os, time
-_import = importlib.import_module
-
-def import_module(name, *args, **kwargs):
-    module = _import(name, *args, **kwargs)
-    hold = os.environ.get("FAIR_CALIB_TEST_HOLD")
-    if hold and name == "fair_calib.models.tiny.corpus" and not hasattr(module, "_held"):
-        run = module.run_cli
-
-        def held(argv):
-            print("computing", flush=True)
-            while not os.path.exists(hold):
-                time.sleep(0.05)
-            return run(argv)
-
-        module.run_cli, module._held = held, True
-    return module
-
-importlib.import_module = import_module
-'''
+HELD_STAGE = held_stage_hook('computing')
 
 
 def test_a_stage_killed_by_sigkill_says_so_in_its_log(tmp_path):

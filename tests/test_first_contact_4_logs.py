@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from fixtures.held_stage import held_stage_hook
 
 REPO = Path(__file__).resolve().parents[1]
 CORPUS = {"seed": 0, "n_train_docs": 300, "n_calib_docs": 8, "n_probe": 128, "n_facts": 128,
@@ -29,28 +30,7 @@ LOG = "logs/make_data/make_data.log"
 TARGET = "resources/data/manifest.json"
 
 # make-data's computation waits for the file FAIR_CALIB_TEST_HOLD names (run A only)
-HOLD_HOOK = '''
-import importlib, os, time
-_import = importlib.import_module
-
-def import_module(name, *args, **kwargs):
-    module = _import(name, *args, **kwargs)
-    hold = os.environ.get("FAIR_CALIB_TEST_HOLD")
-    if hold and name == "fair_calib.models.tiny.corpus" and not hasattr(module, "_held"):
-        run = module.run_cli
-
-        def held(argv):
-            print("held until the test lets go", flush=True)
-            deadline = time.time() + 120
-            while not os.path.exists(hold) and time.time() < deadline:
-                time.sleep(0.05)
-            return run(argv)
-
-        module.run_cli, module._held = held, True
-    return module
-
-importlib.import_module = import_module
-'''
+HOLD_HOOK = held_stage_hook('held until the test lets go')
 
 
 def _default_sigint():
