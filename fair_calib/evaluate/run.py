@@ -474,7 +474,8 @@ def evaluate(settings: Mapping[str, Any], model_dir: str | os.PathLike | None,
     stats = summarize(per_doc, task.get("mean_over"))
     df = _rows_frame(settings, stats)
     prov = io.provenance(settings, seed=seed, shard=shard, num_shards=num_shards,
-                         model_dir=str(model_dir), calib_dir=str(calib_dir) if calib_dir else None)
+                         model_dir=str(model_dir), calib_dir=str(calib_dir) if calib_dir else None,
+                         arithmetic=arithmetic_of(per_doc))
     io.write_json(raw_json_path(out_path), {"lm_eval": raw, "per_doc": per_doc, "settings": settings,
                                             "shard": shard, "num_shards": num_shards})
     io.write_parquet(df, out_path, EVAL_SCHEMA, provenance=prov)
@@ -516,7 +517,8 @@ def gather(shard_paths: Iterable[str | os.PathLike], out_path: str | os.PathLike
             merged.setdefault("executions", []).append(rec["per_doc"]["execution"])
     df = _rows_frame(settings, summarize(merged, settings["task"].get("mean_over")))
     prov = io.provenance(settings, seed=settings.get("seed"),
-                         gathered_from=[str(p) for p in shard_paths])
+                         gathered_from=[str(p) for p in shard_paths],
+                         arithmetic=arithmetic_of(merged))
     io.write_json(raw_json_path(out_path), {"lm_eval_shards": raws, "per_doc": merged,
                                             "settings": settings})
     io.write_parquet(df, out_path, EVAL_SCHEMA, provenance=prov)

@@ -706,9 +706,9 @@ def load_inputs(paths: Sequence[str | Path]) -> dict[str, pd.DataFrame]:
                 mems.append({"model": m, "method": x, "bits": b,
                              "export_bytes": r.get("export_bytes"), "fp_bytes": r.get("fp_bytes", r.get("fp_bf16_bytes"))})
             continue
-        df, _ = read_parquet(p)
+        df, prov = read_parquet(p)
         if "task" in df.columns:
-            evals.append(split_seed(df.assign(arithmetic=_eval_arithmetic(p))))
+            evals.append(split_seed(df.assign(arithmetic=_eval_arithmetic(p, prov))))
         elif "peak_mem_mb" in df.columns:
             m, x, b = _key3(p)
             stats.append(df.assign(model=m, method=x, bits=b))
@@ -726,8 +726,11 @@ def load_inputs(paths: Sequence[str | Path]) -> dict[str, pd.DataFrame]:
             "memory": cat(mems, ["model", "method", "bits", "export_bytes", "fp_bytes"])}
 
 
-def _eval_arithmetic(eval_path: Path) -> str:
-    """The arithmetic an evaluation recorded (evaluate/run.py), "" without a record."""
+def _eval_arithmetic(eval_path: Path, prov: Mapping[str, Any]) -> str:
+    """The arithmetic an evaluation recorded: its Parquet file's provenance (evaluate/run.py),
+    else its raw JSON records (an eval file whose provenance lacks the key)."""
+    if "arithmetic" in prov:
+        return str(prov["arithmetic"])
     from fair_calib.evaluate.run import arithmetic_of, run_per_docs
 
     return arithmetic_of(*run_per_docs(eval_path))
