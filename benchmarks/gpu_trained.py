@@ -384,6 +384,8 @@ class Runner:
         self.card_rows = [] if self.smoke else cuda_cards()
         self.cards = [c[0] for c in self.card_rows]
         self.tables = ["main"] if self.smoke else args.tables.split(",")
+        # the 256-token evaluations serve the decode phase: run only beside it
+        self.long = "decode" in args.phases.split(",")
 
     def left(self) -> float:
         return self.args.deadline - (time.perf_counter() - self.t0)
@@ -466,7 +468,7 @@ class Runner:
     def wide_targets(self) -> list[str]:
         """The tables and the long-generation evaluations (FP and ``--decode-method``)."""
         cfg, targets = wide_config(self.smoke), [f"results/tables/{t}.tex" for t in self.tables]
-        if LONG_TASK in cfg.get("tasks", {}) and "main" in self.tables:
+        if LONG_TASK in cfg.get("tasks", {}) and "main" in self.tables and self.long:
             targets += [f"results/eval/{model}/{m}/{LONG_TASK}.parquet"
                         for model in cfg["tables"]["main"]["models"]
                         for m in ("fp/fp", f"{self.args.decode_method}/w4a4")]
@@ -498,7 +500,7 @@ class Runner:
         return list(dict.fromkeys(out))
 
     def rerun_evals(self, name: str, lowbit: str, device: str | None,
-                    targets: list[str] | None = None) -> Path | None:
+                    targets: list[str] | None = None, cores: int | None = None) -> Path | None:
         """A copy of the wide run whose evaluations run again (``lowbit``, ``device``)."""
         src, run = self.base / "wide", self.base / name
         if not table_of(src / "runs" / "gpu_trained").is_file():
@@ -512,7 +514,8 @@ class Runner:
                                                                  *extra, "--configfile",
                                                                  *configs_of(self.smoke)],
                    f"(FAIR_CALIB_LOWBIT={lowbit}, device {device or 'cuda'})", work, 10,
-                   FAIR_CALIB_LOWBIT=lowbit)
+                   FAIR_CALIB_LOWBIT=lowbit,
+                   **({"GPU_TRAINED_CORES": str(cores)} if cores else {}))
         self.keep(table_of(work), f"{name}.main.tex")
         return work
 
@@ -637,12 +640,40 @@ def run(args) -> int:
             os.environ["CUDA_VISIBLE_DEVICES"] = r.cards[1]
         else:
             r.default(r.cards[0] if r.cards else None)
-    for phase in phases:
-        run_phase(r, phase, args)
+    run_phases(r, phases, args)
     if side is not None:
         side.join()
     r.write_summary()
     return 0
+
+
+def run_phases(r: Runner, phases: list[str], args) -> None:
+    """The phases in order; ``cpu`` beside ``fake`` when both run (the CPU's evaluations leave
+    the cards free; each Snakemake gets half the cores), compared once both are done."""
+    side = None
+    if {"fake", "cpu"} <= set(phases):
+        half = max(1, int(os.environ.get("GPU_TRAINED_CORES") or os.cpu_count() or 2) // 2)
+        phases = [p for p in phases if p != "cpu"]
+        side = threading.Thread(target=r.rerun_evals, args=("cpu", "fake", "cpu"),
+                                kwargs={"targets": r.cpu_targets(), "cores": half})
+    for phase in phases:
+        if phase == "fake" and side is not None:
+            if r.left() < PHASE_MIN_S["cpu"]:
+                r.note(f"cpu: skipped, {r.left():.0f} s left before the deadline")
+                side = None
+            else:
+                os.environ["GPU_TRAINED_CORES"] = str(half)
+                side.start()
+        run_phase(r, phase, args)
+    if side is not None:
+        side.join()
+        compare_cpu(r)
+
+
+def compare_cpu(r: Runner) -> None:
+    fake, cpu = (r.base / p / "runs" / "gpu_trained" for p in ("fake", "cpu"))
+    if fake.is_dir() and cpu.is_dir():
+        r.compare(fake, cpu, ("cardfake", "cpufake"), "fake_card_vs_cpu.json")
 
 
 def run_phase(r: Runner, phase: str, args) -> None:
@@ -655,10 +686,8 @@ def run_phase(r: Runner, phase: str, args) -> None:
         r.grid()
     elif phase == "fake" and r.rerun_evals("fake", "fake", None):
         r.compare(wide, fake, ("real", "fake"), "real_vs_fake.json")
-    elif phase == "cpu" and r.rerun_evals("cpu", "fake", "cpu", r.cpu_targets()) \
-            and fake.is_dir():
-        r.compare(fake, r.base / "cpu" / "runs" / "gpu_trained", ("cardfake", "cpufake"),
-                  "fake_card_vs_cpu.json")
+    elif phase == "cpu" and r.rerun_evals("cpu", "fake", "cpu", r.cpu_targets()):
+        compare_cpu(r)
     elif phase == "decode":
         for line in measure_decodes(wide, args):
             r.note(line)
@@ -681,7 +710,8 @@ def main(argv=None) -> int:
     rp.add_argument("--grid-layers", type=int, help="blocks a grid model (4; smoke 2)")
     rp.add_argument("--grid-jobs", type=int, help="the grid's GPU jobs at once (4; smoke 2)")
     rp.add_argument("--decode-n", type=int, default=40, help="questions the decode phase times")
-    rp.add_argument("--tables", default="main,w2a4,w8a8", help="config/gpu_trained.yaml's")
+    rp.add_argument("--tables", default="main,w8a8", help="config/gpu_trained.yaml's (plain: "
+                    "the models without outliers)")
     rp.add_argument("--decode-method", default="fair-calib-seeds@s0",
                     help="the W4A4 calibration the decode phase times against FP")
     rp.add_argument("--cpu-smoke", action="store_true", help="tiny widths, fake quantization")

@@ -45,8 +45,11 @@ def check_config(cfg):
             raise ConfigError(f"config: models.{name}.source = 'train' is only valid for tiny families")
         if m["source"] == "convert":
             _check_convert(cfg, name, m)
-        elif "convert_from" in m:
-            raise ConfigError(f"config: models.{name}.convert_from is only read with source: convert")
+        else:
+            for key in ("convert_from", "outliers"):
+                if key in m:
+                    raise ConfigError(f"config: models.{name}.{key} is only read with "
+                                      "source: convert")
     for name, b in cfg["bits"].items():
         if not re.fullmatch(r"w\d+a\d+", name):
             raise ConfigError(f"config: bits.{name}: names must look like w4a4 (weight bits, "

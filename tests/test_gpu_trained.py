@@ -58,8 +58,8 @@ def test_the_gpu_width_configs_plan():
     """`snakemake -n` plans every table of config/gpu_trained.yaml on a machine without a GPU
     (the bar's CPU half), and the CPU smoke's config."""
     for configs, targets in ((["config/gpu_trained.yaml"],
-                              ["results/tables/main.tex", "results/tables/w2a4.tex",
-                               "results/tables/w8a8.tex"]),
+                              ["results/tables/main.tex", "results/tables/w8a8.tex",
+                               "results/tables/plain.tex"]),
                              (G.SMOKE_CONFIGS, ["results/tables/main.tex"])):
         out = subprocess.run([sys.executable, "-m", "snakemake", "-n", *targets,
                               "--configfile", *configs], cwd=REPO,
@@ -70,12 +70,13 @@ def test_the_gpu_width_configs_plan():
 
 @pytest.mark.slow
 def test_the_cpu_smoke_runs_its_phases_end_to_end(tmp_path):
-    """The script as a user runs it, on the CPU: the wide run (tiny widths), its evaluations
-    again by fake quantization (identical: the same arithmetic), and the decode phase."""
+    """The script as a user runs it, on the CPU: the wide run (tiny widths, activation
+    outliers), its evaluations again by fake quantization (identical: the same arithmetic),
+    beside them the CPU's share, and the decode phase."""
     out = tmp_path / "out"
     proc = subprocess.run(
         [sys.executable, "benchmarks/gpu_trained.py", "run", "--cpu-smoke", "--phases",
-         "wide,fake,decode", "--decode-method", "rtn", "--decode-n", "2", "--runs",
+         "wide,fake,cpu,decode", "--decode-method", "rtn", "--decode-n", "2", "--runs",
          str(tmp_path / "runs"), "--out", str(out), "--deadline", "1500"],
         cwd=REPO, capture_output=True, text=True, timeout=1200)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -89,14 +90,15 @@ def test_the_cpu_smoke_runs_its_phases_end_to_end(tmp_path):
         ("fp", "fp", "synth_gen"), ("fp", "fp", "synth_gen_long"),
         ("rtn", "w4a4", "synth_gen"), ("rtn", "w4a4", "synth_gen_long")]
     assert all(r["identical"] == r["generations"] > 0 and r["max_dll"] == 0 for r in rows)
-    assert "decode wide-llada: W4A4 / bf16 time" in summary
+    assert "cpu (FAIR_CALIB_LOWBIT=fake, device cpu): exit 0" in summary
+    assert "decode wide-llada-outliers: W4A4 / bf16 time" in summary
     # each phase's jobs read off the stages' job lines, each method next to FP
     assert re.search(r"wide jobs with a job line: \d+; not ok: 0;", summary)
-    assert "| wide-llada | synth_gen | " in summary
+    assert "| wide-llada-outliers | synth_gen | " in summary
     with tarfile.open(out / "results.tgz") as tar:
         names = tar.getnames()
     assert {"kept/wide.jobs.md", "kept/fake.jobs.json", "kept/real_vs_fake.json",
-            "kept/wide.main.tex"} <= set(names)
+            "kept/wide.main.tex", "kept/fake_card_vs_cpu.json"} <= set(names)
 
 
 def test_compare_runs_and_jobs_are_commands(tmp_path, capsys):

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from .. import io
 from .hub import LAYOUTS, HubLayout, save_hub_layout
+from .outliers import SITES, inject_outliers
 from .tiny.tokenizer import BOS, EOS, MASK, PAD
 
 # The tiny tokenizer's special tokens under each family's names. Dream's pad is its eos; the
@@ -60,10 +61,13 @@ def _rename_in(node, names: dict[str, str]):
 
 
 def convert_tiny(src: str | Path, family: str, out_dir: str | Path,
-                 max_shard_bytes: int = 256 * 1024) -> Path:
+                 max_shard_bytes: int = 256 * 1024, outliers: dict | None = None) -> Path:
     """Write the tiny model at ``src`` in ``family``'s hub layout at ``out_dir`` (atomically).
 
-    Shards are small on purpose so the sharded-index path is the one exercised."""
+    Shards are small on purpose so the sharded-index path is the one exercised. ``outliers``
+    (``channels``, ``scale``, ``seed``, ``sites``): give the model activation outliers first,
+    function-preserving (``fair_calib.models.outliers``); what was done goes to
+    ``outliers.json`` beside the weights."""
     from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
     from .adapters import get_adapter
@@ -77,12 +81,19 @@ def convert_tiny(src: str | Path, family: str, out_dir: str | Path,
     tokenizer = rename_special_tokens(PreTrainedTokenizerFast.from_pretrained(str(src)),
                                       HUB_SPECIAL_TOKENS[layout.name])
     mask_id = tokenizer.convert_tokens_to_ids(adapter.mask_token)
+    record = None
+    if outliers:
+        record = inject_outliers(model, int(outliers["channels"]), float(outliers["scale"]),
+                                 int(outliers.get("seed", 0)),
+                                 tuple(outliers.get("sites", SITES)))
     with io.atomic_dir(out_dir) as tmp:
         save_hub_layout(model, layout, tmp, max_shard_bytes=max_shard_bytes,
                         extra_config={"mask_token_id": int(mask_id),
                                       "pad_token_id": int(tokenizer.pad_token_id),
                                       "eos_token_id": int(tokenizer.eos_token_id)})
         tokenizer.save_pretrained(tmp)
+        if record is not None:
+            (Path(tmp) / "outliers.json").write_text(json.dumps(record, indent=1) + "\n")
     return Path(out_dir)
 
 
@@ -93,7 +104,10 @@ def run_cli(argv: list[str] | None = None) -> None:
     ap.add_argument("--src", required=True, help="tiny model folder (train-tiny output)")
     ap.add_argument("--family", required=True, help="hub family whose layout to write")
     ap.add_argument("--out", required=True, help="folder to write")
+    ap.add_argument("--outliers", default="", help="JSON: channels, scale, seed, sites "
+                                                   "(function-preserving activation outliers)")
     args = ap.parse_args(argv)
-    out = convert_tiny(args.src, args.family, args.out)
+    out = convert_tiny(args.src, args.family, args.out,
+                       outliers=json.loads(args.outliers) if args.outliers else None)
     print(json.dumps({"family": args.family, "out": str(out),
                       "files": sorted(p.name for p in out.iterdir())}))

@@ -49,10 +49,13 @@ rule convert_hub:
         directory("resources/hub/{model}"),
     params:
         family=lambda wc: config["models"][wc.model]["family"],
+        outliers=lambda wc: json.dumps(config["models"][wc.model].get("outliers") or {},
+                                       sort_keys=True),
     log:
         "logs/convert_hub/{model}.log",
     threads: 1
     resources:
         **resources_for("convert_hub"),
     shell:
-        "{PY} convert-hub --src {input} --family {params.family} --out {output} --log {log}"
+        "{PY} convert-hub --src {input} --family {params.family} --outliers {params.outliers:q}"
+        " --out {output} --log {log}"

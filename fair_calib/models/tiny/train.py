@@ -214,6 +214,34 @@ def diffusion_loss(model, input_ids, attn, maskable, mask_id: int, shift: bool, 
     return per_row.mean()
 
 
+def _train_loop(model, opt, batcher, bar, train: dict, ids: dict, shift: bool, gen,
+                device) -> list[dict]:
+    """The optimisation steps of ``bar``; a record per step (loss, lr, seconds so far)."""
+    log, t0 = [], time.perf_counter()
+    steps, bs = int(train["steps"]), int(train["batch_size"])
+    for step in bar:
+        lr = lr_at(step, steps, float(train["lr"]), float(train["warmup"]),
+                   float(train["min_lr_ratio"]))
+        for g in opt.param_groups:
+            g["lr"] = lr
+        x, attn, maskable = batcher.batch(bs)
+        loss = diffusion_loss(model, x.to(device), attn.to(device), maskable.to(device),
+                              ids[MASK], shift, float(train["eps"]), gen,
+                              norm=str(train["loss_norm"]), t_power=float(train["t_power"]))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        if train["grad_clip"]:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), float(train["grad_clip"]))
+        opt.step()
+        val = float(loss.detach())
+        if not math.isfinite(val):
+            raise FloatingPointError(f"train-tiny: loss became {val} at step {step}")
+        log.append({"step": step, "loss": val, "lr": lr, "seconds": time.perf_counter() - t0})
+        if step % 20 == 0:
+            bar.set_postfix(loss=f"{val:.3f}")
+    return log
+
+
 def train_tiny(settings: dict, data_dir: Path, out_dir: Path, progress: bool = True) -> dict:
     """Train one tiny model from ``data_dir/train.txt`` and save it as an HF folder at ``out_dir``."""
     from tqdm import tqdm
@@ -230,6 +258,9 @@ def train_tiny(settings: dict, data_dir: Path, out_dir: Path, progress: bool = T
     # `train.dtype`: a model trained in float32 and evaluated in the config's bfloat16 (the
     # GPU-width models, config/gpu_trained.yaml); default the config's dtype
     dtype = getattr(torch, train.pop("dtype", None) or settings.get("dtype", "float32"))
+    # `train.matmul: tf32`: a card's float32 matmuls on TF32 tensor cores (a 1,024-wide model
+    # trains several times faster; weights and optimiser stay float32); no effect on a CPU
+    tf32 = train.pop("matmul", "highest") == "tf32"
     if train.get("threads"):
         torch.set_num_threads(int(train["threads"]))
 
@@ -258,31 +289,16 @@ def train_tiny(settings: dict, data_dir: Path, out_dir: Path, progress: bool = T
                              {"params": no_decay, "weight_decay": 0.0}],
                             lr=float(train["lr"]), betas=(0.9, 0.98), eps=1e-8)
 
-    steps, bs = int(train["steps"]), int(train["batch_size"])
-    log: list[dict] = []
+    steps = int(train["steps"])
     t0 = time.perf_counter()
     bar = tqdm(range(steps), desc=f"train {mcfg.get('name', family)}", disable=not progress,
                mininterval=5.0)
-    for step in bar:
-        lr = lr_at(step, steps, float(train["lr"]), float(train["warmup"]),
-                   float(train["min_lr_ratio"]))
-        for g in opt.param_groups:
-            g["lr"] = lr
-        x, attn, maskable = batcher.batch(bs)
-        loss = diffusion_loss(model, x.to(device), attn.to(device), maskable.to(device),
-                              ids[MASK], shift, float(train["eps"]), gen,
-                              norm=str(train["loss_norm"]), t_power=float(train["t_power"]))
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        if train["grad_clip"]:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), float(train["grad_clip"]))
-        opt.step()
-        val = float(loss.detach())
-        if not math.isfinite(val):
-            raise FloatingPointError(f"train-tiny: loss became {val} at step {step}")
-        log.append({"step": step, "loss": val, "lr": lr, "seconds": time.perf_counter() - t0})
-        if step % 20 == 0:
-            bar.set_postfix(loss=f"{val:.3f}")
+    was_tf32 = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    try:
+        log = _train_loop(model, opt, batcher, bar, train, ids, shift, gen, device)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = was_tf32
     seconds = time.perf_counter() - t0
     model = untie(model, family, len(tokenizer), train, ids).to(device)
     model.eval()
