@@ -465,9 +465,26 @@ class Runner:
             self.note(f"default: card table sha256 {sha[:12]}; the CPU's recorded "
                       f"{CPU_TABLE_SHA[:12]} ({'same' if sha == CPU_TABLE_SHA else 'differs'})")
 
+    def cell_targets(self, methods: list[str]) -> list[str]:
+        """The evaluations of ``methods`` (``fp``, a method, or one seed's run ``name@s<k>``)
+        in the tables' cells: every model and task of a table that lists the method."""
+        cfg, out = wide_config(self.smoke), []
+        for name in self.tables:
+            table = cfg["tables"][name]
+            for x in methods:
+                if x == "fp" or x.split("@")[0] in table["methods"]:
+                    bits = "fp" if x == "fp" else table.get("bits", "w4a4")
+                    out += [f"results/eval/{m}/{x}/{bits}/{t}.parquet" for m in table["models"]
+                            for t in table["tasks"]]
+        return list(dict.fromkeys(out))
+
     def wide_targets(self) -> list[str]:
-        """The tables and the long-generation evaluations (FP and ``--decode-method``)."""
-        cfg, targets = wide_config(self.smoke), [f"results/tables/{t}.tex" for t in self.tables]
+        """The tables (or ``--methods``' cells of them) and the long-generation evaluations
+        (FP and ``--decode-method``)."""
+        cfg = wide_config(self.smoke)
+        methods = [m for m in (self.args.methods or "").split(",") if m]
+        targets = (self.cell_targets(methods) if methods
+                   else [f"results/tables/{t}.tex" for t in self.tables])
         if LONG_TASK in cfg.get("tasks", {}) and "main" in self.tables and self.long:
             targets += [f"results/eval/{model}/{m}/{LONG_TASK}.parquet"
                         for model in cfg["tables"]["main"]["models"]
@@ -486,36 +503,35 @@ class Runner:
             self.keep(tex, f"wide.{tex.name}")
 
     def cpu_targets(self) -> list[str]:
-        """The CPU's share (bf16 on CPU cores is slow): FP, RTN and the decode phase's method
-        on the tables' tasks, every model."""
-        cfg, out = wide_config(self.smoke), []
-        for name in self.tables:
-            table = cfg["tables"][name]
-            bits = table.get("bits", "w4a4")
-            cells = [("fp", "fp"), ("rtn", bits)] + [(self.args.decode_method, bits)] * (
-                not self.smoke)
-            out += [f"results/eval/{m}/{x}/{b}/{t}.parquet" for m in table["models"]
-                    for x, b in cells for t in table["tasks"] if x in table["methods"]
-                    or x.split("@")[0] in table["methods"] or x == "fp"]
-        return list(dict.fromkeys(out))
+        """The CPU's share (bf16 on CPU cores is slow): FP and the decode phase's method."""
+        return self.cell_targets(["fp", self.args.decode_method])
 
     def rerun_evals(self, name: str, lowbit: str, device: str | None,
                     targets: list[str] | None = None, cores: int | None = None) -> Path | None:
-        """A copy of the wide run whose evaluations run again (``lowbit``, ``device``)."""
+        """A copy of the wide run whose evaluations run again (``lowbit``, ``device``). The
+        copy's evaluations of ``targets`` are deleted first (every evaluation, for a table), so
+        a rerun stopped by the deadline leaves cells missing, never the wide run's copies. On
+        the CPU, the CPU's own fastest kernels (FAIR_CALIB_CPU_NUMERICS=native: oneDNN's bf16
+        GEMMs; the pinned AVX2 path is several times slower in bf16)."""
         src, run = self.base / "wide", self.base / name
-        if not table_of(src / "runs" / "gpu_trained").is_file():
-            return self.note(f"{name}: skipped (the wide run has no table)")
+        targets = targets or self.wide_targets()
+        if not (src / "runs" / "gpu_trained" / "results" / "eval").is_dir():
+            return self.note(f"{name}: skipped (the wide run has no evaluations)")
         shutil.rmtree(run, ignore_errors=True)
         shutil.copytree(src, run, symlinks=True)
-        extra = ["--config", f"device={device}"] * bool(device)
-        extra += ["--set-threads", "evaluate_shard=4"] * (device == "cpu")
         work = run / "runs" / "gpu_trained"
-        self.snake(name, run, (targets or self.wide_targets()) + ["--forcerun", "evaluate_shard",
-                                                                 *extra, "--configfile",
-                                                                 *configs_of(self.smoke)],
-                   f"(FAIR_CALIB_LOWBIT={lowbit}, device {device or 'cuda'})", work, 10,
-                   FAIR_CALIB_LOWBIT=lowbit,
-                   **({"GPU_TRAINED_CORES": str(cores)} if cores else {}))
+        drop_evaluations(work, targets)
+        env = {"FAIR_CALIB_LOWBIT": lowbit}
+        extra = ["--config", f"device={device}"] * bool(device)
+        if cores:
+            env["GPU_TRAINED_CORES"] = str(cores)
+        if device == "cpu":
+            threads = max(1, min(8, (cores or os.cpu_count() or 2) // max(1, len(targets))))
+            extra += ["--set-threads", f"evaluate_shard={threads}"]
+            env["FAIR_CALIB_CPU_NUMERICS"] = "native"
+        self.snake(name, run, targets + ["--forcerun", "evaluate_shard", *extra, "--configfile",
+                                         *configs_of(self.smoke)],
+                   f"(FAIR_CALIB_LOWBIT={lowbit}, device {device or 'cuda'})", work, 10, **env)
         self.keep(table_of(work), f"{name}.main.tex")
         return work
 
@@ -536,6 +552,18 @@ class Runner:
                 for path in sorted(self.base.glob(sub)):
                     rel = str(path.relative_to(self.base))
                     tar.add(path, arcname="kept" if rel == "_out" else rel)
+
+
+def drop_evaluations(work: Path, targets: list[str]) -> None:
+    """Delete ``targets``' evaluations in the run ``work`` (gathered file and shards); every
+    evaluation and table where a target is a table."""
+    if any(t.startswith("results/tables/") for t in targets):
+        for sub in ("results/eval", "results/tables"):
+            shutil.rmtree(work / sub, ignore_errors=True)
+        return
+    for t in targets:
+        (work / t).unlink(missing_ok=True)
+        shutil.rmtree(work / t.removesuffix(".parquet"), ignore_errors=True)
 
 
 # ------------------------------------------------------------------------ decodes
@@ -649,20 +677,22 @@ def run(args) -> int:
 
 def run_phases(r: Runner, phases: list[str], args) -> None:
     """The phases in order; ``cpu`` beside ``fake`` when both run (the CPU's evaluations leave
-    the cards free; each Snakemake gets half the cores), compared once both are done."""
+    the cards free: they get three quarters of the cores, the card's jobs the rest), compared
+    once both are done."""
     side = None
     if {"fake", "cpu"} <= set(phases):
-        half = max(1, int(os.environ.get("GPU_TRAINED_CORES") or os.cpu_count() or 2) // 2)
+        cores = int(os.environ.get("GPU_TRAINED_CORES") or os.cpu_count() or 2)
+        cpu_cores, card_cores = max(1, cores * 3 // 4), max(1, cores - cores * 3 // 4)
         phases = [p for p in phases if p != "cpu"]
         side = threading.Thread(target=r.rerun_evals, args=("cpu", "fake", "cpu"),
-                                kwargs={"targets": r.cpu_targets(), "cores": half})
+                                kwargs={"targets": r.cpu_targets(), "cores": cpu_cores})
     for phase in phases:
         if phase == "fake" and side is not None:
             if r.left() < PHASE_MIN_S["cpu"]:
                 r.note(f"cpu: skipped, {r.left():.0f} s left before the deadline")
                 side = None
             else:
-                os.environ["GPU_TRAINED_CORES"] = str(half)
+                os.environ["GPU_TRAINED_CORES"] = str(card_cores)
                 side.start()
         run_phase(r, phase, args)
     if side is not None:
@@ -709,6 +739,8 @@ def main(argv=None) -> int:
     rp.add_argument("--data", default=".gpu_dag_data", help="the grid's documents (`data`)")
     rp.add_argument("--grid-layers", type=int, help="blocks a grid model (4; smoke 2)")
     rp.add_argument("--grid-jobs", type=int, help="the grid's GPU jobs at once (4; smoke 2)")
+    rp.add_argument("--methods", help="only these methods' cells of the tables (fp, a method, "
+                    "or one seed's run: fair-calib-seeds@s0), comma-separated")
     rp.add_argument("--decode-n", type=int, default=40, help="questions the decode phase times")
     rp.add_argument("--tables", default="main,w8a8", help="config/gpu_trained.yaml's (plain: "
                     "the models without outliers)")

@@ -115,3 +115,19 @@ def test_compare_runs_and_jobs_are_commands(tmp_path, capsys):
         C.run_cli([str(tmp_path / "nowhere"), str(tmp_path / "b")])
     with pytest.raises(SystemExit, match="logs does not exist"):
         jobs.run_cli([str(tmp_path / "a")])
+
+
+def test_a_rerun_drops_the_copied_evaluations_it_redoes(tmp_path):
+    """A rerun (fake, cpu) starts from a copy of the wide run: the evaluations it redoes are
+    deleted first, so a rerun stopped by its deadline leaves cells missing, not the real
+    path's results under the rerun's name; a table target drops every evaluation."""
+    cell = "results/eval/m/fp/fp/synth_gen"
+    for rel in (f"{cell}.parquet", f"{cell}/shard-0.parquet", "results/eval/m/rtn/w4a4/x.parquet",
+                "results/tables/main.tex"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text("x")
+    G.drop_evaluations(tmp_path, [f"{cell}.parquet"])
+    assert not (tmp_path / f"{cell}.parquet").exists() and not (tmp_path / cell).exists()
+    assert (tmp_path / "results/eval/m/rtn/w4a4/x.parquet").is_file()
+    G.drop_evaluations(tmp_path, ["results/tables/main.tex"])
+    assert not (tmp_path / "results/eval").exists() and not (tmp_path / "results/tables").exists()
