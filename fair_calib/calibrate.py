@@ -32,7 +32,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from . import io
+from . import io, numerics
 from .memory import PeakMemory
 from .methods import make_method
 from .methods.base import GroupStats, QuantMethod
@@ -476,8 +476,9 @@ def _fit_block(s: _Settings, block: nn.Module, groups, gstats, inputs: BlockInpu
             return call_block(block, inputs, b)
     method.fit_block(block, groups, inputs, i, run_batch)
     if method.trainable:
-        rows = _train_block(method, block, inputs, targets, s.w, i, s.tr, method.seed,
-                            s.device, s.mem, s.log, s.amp_dtype)
+        with numerics.deterministic_attention(s.device):
+            rows = _train_block(method, block, inputs, targets, s.w, i, s.tr, method.seed,
+                                s.device, s.mem, s.log, s.amp_dtype)
     else:
         t0 = time.time()
         loss = _eval_loss(block, inputs, targets, s.w, s.amp_dtype)

@@ -24,6 +24,7 @@ recorded hashes are kept per CPU vendor (:func:`environment_key`).
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import sys
@@ -89,6 +90,24 @@ def pin_torch(torch, threads: int | None = None) -> None:
     torch.backends.mkldnn.enabled = False
     if threads:
         torch.set_num_threads(int(threads))
+
+
+@contextlib.contextmanager
+def deterministic_attention(device):
+    """Attention's backward on a card by SDPA's math kernels while gradients flow through it
+    (training, calibration) in pinned mode: under warn-only deterministic algorithms the
+    memory-efficient kernel's backward stays nondeterministic (it warns), and two trainings of
+    the same model on one H200 ended with different weights (2026-11-28). The forward kernels
+    are deterministic and are left alone; no effect on the CPU."""
+    import torch
+
+    if mode() != "pinned" or torch.device(device).type != "cuda":
+        yield
+        return
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    with sdpa_kernel([SDPBackend.MATH]):
+        yield
 
 
 def describe() -> dict:

@@ -120,3 +120,21 @@ def test_check_files_names_every_mismatch_and_an_unrecorded_environment(tmp_path
                                                "default": {"a.bin": good}}]}))
     [problem] = numerics.check_files(record, "default", tmp_path)
     assert "records no 'default' hashes for this environment" in problem
+
+
+def test_gradients_through_attention_on_a_card_use_deterministic_kernels(monkeypatch):
+    """Training and calibration on a card run attention by SDPA's math kernels in pinned mode
+    (the memory-efficient backward is nondeterministic: two trainings of one model on one H200
+    gave different weights); the other kernels come back afterwards; the CPU is untouched."""
+    cuda = torch.backends.cuda
+    before = (cuda.flash_sdp_enabled(), cuda.mem_efficient_sdp_enabled(), cuda.math_sdp_enabled())
+    with numerics.deterministic_attention("cuda"):
+        assert (cuda.flash_sdp_enabled(), cuda.mem_efficient_sdp_enabled(),
+                cuda.math_sdp_enabled()) == (False, False, True)
+    assert (cuda.flash_sdp_enabled(), cuda.mem_efficient_sdp_enabled(),
+            cuda.math_sdp_enabled()) == before
+    with numerics.deterministic_attention("cpu"):
+        assert cuda.mem_efficient_sdp_enabled() == before[1]
+    monkeypatch.setenv(numerics.MODE_VAR, "native")
+    with numerics.deterministic_attention("cuda"):
+        assert cuda.mem_efficient_sdp_enabled() == before[1]

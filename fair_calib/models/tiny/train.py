@@ -296,7 +296,8 @@ def train_tiny(settings: dict, data_dir: Path, out_dir: Path, progress: bool = T
     was_tf32 = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = tf32
     try:
-        log = _train_loop(model, opt, batcher, bar, train, ids, shift, gen, device)
+        with numerics.deterministic_attention(device):
+            log = _train_loop(model, opt, batcher, bar, train, ids, shift, gen, device)
     finally:
         torch.backends.cuda.matmul.allow_tf32 = was_tf32
     seconds = time.perf_counter() - t0
