@@ -385,7 +385,7 @@ class Runner:
         self.cards = [c[0] for c in self.card_rows]
         self.tables = ["main"] if self.smoke else args.tables.split(",")
         # the 256-token evaluations serve the decode phase: run only beside it
-        self.long = "decode" in args.phases.split(",")
+        self.long = "decode" in (getattr(args, "phases", "") or "").split(",")
 
     def left(self) -> float:
         return self.args.deadline - (time.perf_counter() - self.t0)
