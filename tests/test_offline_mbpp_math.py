@@ -179,3 +179,12 @@ def test_census_names_the_missing_copy_folders(qdlm, tmp_path, data_dir):
     msg = str(err.value)
     assert f"mbpp (mbpp): its offline copy {bare / 'mbpp'} is missing" in msg
     assert f"minerva_math (minerva_math): its offline copy {bare / 'math'} is missing" in msg
+
+
+def test_only_the_copies_present_are_rendered_by_default(tmp_path, data_dir):
+    """`fair-calib render-tasks` (write_offline_tasks' default) skips absent copies, names
+    present ones."""
+    assert {"mbpp", "minerva_math"} <= set(offline_data.available_offline_tasks(data_dir))
+    bare = tmp_path / "bare"
+    (bare / "gsm8k").mkdir(parents=True)
+    assert offline_data.available_offline_tasks(bare) == ["gsm8k_cot", "gsm8k"]

@@ -305,13 +305,19 @@ def _render(template: str, subs: dict[str, str]) -> str:
     return template
 
 
+def available_offline_tasks(data_dir: str | os.PathLike) -> list[str]:
+    """The offline tasks whose copy folders ``data_dir`` holds (MBPP's and MATH's are the
+    user's to add, docs/data.md)."""
+    return [t for t in OFFLINE_TASKS if (Path(data_dir) / TASK_DATA[t]).exists()]
+
+
 def write_offline_tasks(data_dir: str | os.PathLike, cache_dir: str | os.PathLike,
                         include_dir: str | os.PathLike,
-                        tasks: Iterable[str] = OFFLINE_TASKS, stand_ins: bool = False) -> Path:
-    """Render offline YAMLs for ``tasks`` (standard lm-eval names) into ``include_dir``;
-    ``stand_ins`` (the census only): a copy without the few-shot pool draws its examples from
-    its evaluation split (:func:`census_stand_ins`)."""
-    tasks = list(tasks)
+                        tasks: Iterable[str] | None = None, stand_ins: bool = False) -> Path:
+    """Render offline YAMLs for ``tasks`` (standard lm-eval names; default: those whose copies
+    ``data_dir`` holds) into ``include_dir``; ``stand_ins`` (the census only): a copy without
+    the few-shot pool draws its examples from its evaluation split (:func:`census_stand_ins`)."""
+    tasks = list(available_offline_tasks(data_dir) if tasks is None else tasks)
     unknown = [t for t in tasks if t not in OFFLINE_TASKS]
     if unknown:
         raise KeyError(f"no offline definition for tasks {unknown}; offline tasks: {list(OFFLINE_TASKS)}")
