@@ -86,7 +86,7 @@ def render_tasks(out: str | Path, tasks: list[str] | None, data_dir: str | None 
     if tasks is None:  # every task the given folders hold
         tasks = list(offline_data.SYNTHETIC_TASKS) if synthetic_dir else []
         if data_dir or not synthetic_dir:
-            tasks += list(offline_data.OFFLINE_TASKS)
+            tasks += offline_data.available_offline_tasks(data_dir or offline_data.default_data_dir())
     synth = [t for t in tasks if t in offline_data.SYNTHETIC_TASKS]
     recipes = [t for t in tasks if t in offline_data.RECIPE_TASKS]   # named only, never default
     real = [t for t in tasks if t not in offline_data.SYNTHETIC_TASKS and t not in recipes]
@@ -108,7 +108,8 @@ def render_tasks_cli(argv: list[str]) -> None:
     ap.add_argument("--out", required=True, help="folder for lm-eval's --include_path")
     ap.add_argument("--tasks", nargs="+", default=None,
                     help=f"default: {' '.join(SYNTHETIC_TASKS)} with --synthetic-dir, and "
-                         f"{' '.join(OFFLINE_TASKS)} with --data-dir or without either")
+                         f"those of {' '.join(OFFLINE_TASKS)} whose copies the data dir holds, with "
+                         f"--data-dir or without either")
     ap.add_argument("--data-dir", default=None, help="offline data copies (FAIR_CALIB_DATA_DIR)")
     ap.add_argument("--synthetic-dir", default=None, help="embedded synthetic tasks (make-data)")
     args = ap.parse_args(argv)

@@ -92,13 +92,15 @@ def test_census_refuses_a_missing_data_folder(tiny_grid, tmp_path):
 
 
 def test_census_refuses_what_it_cannot_count_by_name(tiny_grid, tmp_path):
-    """A task without an offline definition (MBPP) or copy is named before anything runs."""
+    """A task without an offline definition (LAMBADA) or copy is named before anything runs."""
     data = _tiny_data(tmp_path / "data")
-    tiny_grid["tasks"]["mbpp"] = {"kind": "lm_eval", "lm_eval_task": "mbpp", "label": "MBPP"}
-    tiny_grid["tables"]["main"]["tasks"].append("mbpp")
-    with pytest.raises(census.CensusError, match=r"mbpp \(mbpp\): no offline definition"):
+    tiny_grid["tasks"]["lambada"] = {"kind": "lm_eval", "lm_eval_task": "lambada_openai",
+                                     "label": "LAMBADA"}
+    tiny_grid["tables"]["main"]["tasks"].append("lambada")
+    with pytest.raises(census.CensusError,
+                       match=r"lambada \(lambada_openai\): no offline definition"):
         census.census(tiny_grid, data)
-    tiny_grid["tables"]["main"]["tasks"].remove("mbpp")
+    tiny_grid["tables"]["main"]["tasks"].remove("lambada")
     shutil.rmtree(data / "piqa")
     with pytest.raises(census.CensusError, match=r"piqa \(piqa\): its offline copy"):
         census.census(tiny_grid, data)

@@ -31,9 +31,9 @@ def test_the_key_is_the_override_that_set_it(paper):
         cfg, "arc_easy", "llada-1.5")
     # LLaDA runs `gsm8k` (lm-eval's 5-shot task, set by_family), defined offline (train pool)
     assert offline_task_error(paper, "gsm8k_cot", "llada-8b-base") is None
-    cfg["tasks"]["gsm8k_cot"]["by_family"]["llada"]["lm_eval_task"] = "mbpp"
+    cfg["tasks"]["gsm8k_cot"]["by_family"]["llada"]["lm_eval_task"] = "lambada_openai"
     err = offline_task_error(cfg, "gsm8k_cot", "llada-8b-base")
-    assert "tasks.gsm8k_cot.by_family.llada.lm_eval_task = 'mbpp'" in err
+    assert "tasks.gsm8k_cot.by_family.llada.lm_eval_task = 'lambada_openai'" in err
     assert "no offline definition" in err
     assert offline_task_error(paper, "gsm8k_cot", "dream-7b-base") is None   # 8-shot, in YAML
     # Dream-Instruct's HumanEval is the eval_instruct fork's task, defined offline too

@@ -29,7 +29,7 @@ TEMPLATE_DIR = Path(__file__).resolve().parent / "tasks"
 # authors' Base recipe; humaneval_instruct, QDLM's Dream-Instruct), under lm-eval's names.
 OFFLINE_TASKS = ("piqa", "boolq", "winogrande", "arc_easy", "arc_challenge", "hellaswag",
                  "truthfulqa_mc2", "mmlu", "humaneval", "gsm8k_cot", "gsm8k",
-                 "humaneval_instruct")
+                 "humaneval_instruct", "mbpp", "minerva_math")
 
 MMLU_CATEGORIES_FILE = "mmlu_subjects.json"
 
@@ -39,6 +39,16 @@ OFFICIAL_YAMLS = {"GSM8K_COT_YAML": "gsm8k/gsm8k-cot.yaml", "GSM8K_YAML": "gsm8k
                   "HELLASWAG_YAML": "hellaswag/hellaswag.yaml", "PIQA_YAML": "piqa/piqa.yaml",
                   "ARC_EASY_YAML": "arc/arc_easy.yaml", "ARC_CHALLENGE_YAML": "arc/arc_challenge.yaml",
                   "WINOGRANDE_YAML": "winogrande/default.yaml"}
+
+# MBPP's original release (mbpp.jsonl) split by task_id as the hub's google-research-datasets/mbpp
+# "full" config splits it (inclusive ranges).
+MBPP_SPLITS = {"prompt": (1, 10), "test": (11, 510), "validation": (511, 600), "train": (601, 974)}
+# lm-eval's minerva_math subject tasks (suffix) -> the Hendrycks MATH release's subject folder,
+# which is also EleutherAI/hendrycks_math's config name (lm-eval's dataset_name).
+MINERVA_SUBJECTS = {"algebra": "algebra", "counting_and_prob": "counting_and_probability",
+                    "geometry": "geometry", "intermediate_algebra": "intermediate_algebra",
+                    "num_theory": "number_theory", "prealgebra": "prealgebra",
+                    "precalc": "precalculus"}
 
 # lm-eval draws these tasks' few-shot examples from `train`, which the offline copies lack
 # (they hold the evaluation split only): offline they run 0-shot, or fail saying so.
@@ -190,6 +200,24 @@ def read_gsm8k(data_dir: Path, split: str = "test") -> list[dict[str, Any]]:
     return _read_jsonl(Path(data_dir) / "gsm8k" / f"{split}.jsonl")
 
 
+def read_mbpp(data_dir: Path, split: str = "test") -> list[dict[str, Any]]:
+    """Rows of the hub's ``full`` config split ``split`` from the original ``mbpp.jsonl``."""
+    lo, hi = MBPP_SPLITS[split]
+    rows = _read_jsonl(Path(data_dir) / "mbpp" / "mbpp.jsonl")
+    return [r for r in rows if lo <= int(r["task_id"]) <= hi]
+
+
+def read_math(data_dir: Path, subject: str, split: str = "test") -> list[dict[str, Any]]:
+    """One subject folder of the Hendrycks MATH release (``<n>.json`` a problem) -> the rows
+    of EleutherAI/hendrycks_math (problem, level, type, solution), in the order of ``n``."""
+    folder = Path(data_dir) / "math" / split / subject
+    files = sorted(folder.glob("*.json"), key=lambda p: (len(p.stem), p.stem))
+    if not files:
+        raise FileNotFoundError(f"no MATH problems under {folder} (docs/data.md)")
+    keys = ("problem", "level", "type", "solution")
+    return [{k: d[k] for k in keys} for d in (json.loads(f.read_text(encoding="utf-8")) for f in files)]
+
+
 # ----------------------------------------------------------------------------- cache
 def _write_jsonl(path: Path, rows: Iterable[dict[str, Any]]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -249,6 +277,16 @@ def prepare_offline_data(data_dir: str | os.PathLike, cache_dir: str | os.PathLi
     if "gsm8k_cot" in tasks or "gsm8k" in tasks:
         subs["GSM8K_TEST"] = str(data_dir / "gsm8k" / "test.jsonl")
         subs["GSM8K_TRAIN"] = str(data_dir / "gsm8k" / "train.jsonl")
+    if "mbpp" in tasks:
+        for split in ("test", "prompt"):
+            subs[f"MBPP_{split.upper()}"] = str(_cached(cache_dir, f"mbpp/{split}.jsonl",
+                                                        lambda sp=split: read_mbpp(data_dir, sp)))
+    if "minerva_math" in tasks:
+        for subject in MINERVA_SUBJECTS.values():
+            for split in ("test", "train"):
+                _cached(cache_dir, f"math/{split}/{subject}.jsonl",
+                        lambda s=subject, sp=split: read_math(data_dir, s, sp))
+        subs["MATH"] = str(cache_dir / "math")
     return subs
 
 
@@ -267,13 +305,19 @@ def _render(template: str, subs: dict[str, str]) -> str:
     return template
 
 
+def available_offline_tasks(data_dir: str | os.PathLike) -> list[str]:
+    """The offline tasks whose copy folders ``data_dir`` holds (MBPP's and MATH's are the
+    user's to add, docs/data.md)."""
+    return [t for t in OFFLINE_TASKS if (Path(data_dir) / TASK_DATA[t]).exists()]
+
+
 def write_offline_tasks(data_dir: str | os.PathLike, cache_dir: str | os.PathLike,
                         include_dir: str | os.PathLike,
-                        tasks: Iterable[str] = OFFLINE_TASKS, stand_ins: bool = False) -> Path:
-    """Render offline YAMLs for ``tasks`` (standard lm-eval names) into ``include_dir``;
-    ``stand_ins`` (the census only): a copy without the few-shot pool draws its examples from
-    its evaluation split (:func:`census_stand_ins`)."""
-    tasks = list(tasks)
+                        tasks: Iterable[str] | None = None, stand_ins: bool = False) -> Path:
+    """Render offline YAMLs for ``tasks`` (standard lm-eval names; default: those whose copies
+    ``data_dir`` holds) into ``include_dir``; ``stand_ins`` (the census only): a copy without
+    the few-shot pool draws its examples from its evaluation split (:func:`census_stand_ins`)."""
+    tasks = list(available_offline_tasks(data_dir) if tasks is None else tasks)
     unknown = [t for t in tasks if t not in OFFLINE_TASKS]
     if unknown:
         raise KeyError(f"no offline definition for tasks {unknown}; offline tasks: {list(OFFLINE_TASKS)}")
@@ -288,6 +332,9 @@ def write_offline_tasks(data_dir: str | os.PathLike, cache_dir: str | os.PathLik
     for task in tasks:
         if task == "mmlu":
             _write_mmlu(Path(data_dir), Path(subs["MMLU"]), include_dir)
+            continue
+        if task == "minerva_math":
+            _write_minerva_math(Path(subs["MATH"]), include_dir)
             continue
         text = _render((TEMPLATE_DIR / f"{task}.yaml").read_text(), subs)
         if stand_ins and task in NO_OFFLINE_FEWSHOT_POOL:
@@ -346,6 +393,30 @@ def _write_mmlu(data_dir: Path, mmlu_cache: Path, include_dir: Path) -> None:
              "aggregate_metric_list": [{"metric": "acc", "weight_by_size": True}],
              "metadata": {"version": 2}}
     (include_dir / "mmlu_group.yaml").write_text(json.dumps(group, indent=1))
+
+
+def _write_minerva_math(math_cache: Path, include_dir: Path) -> None:
+    """lm-eval's 7 subject tasks (its own YAMLs included: prompt, fixed 4 few-shot examples,
+    answer extraction, metrics) over the converted copy, and its group ``minerva_math``."""
+    template = (TEMPLATE_DIR / "minerva_math_subject.yaml").read_text()
+    lm_eval_dir = _lm_eval_tasks_dir() / "minerva_math"
+    sub_dir = include_dir / "minerva_math"
+    sub_dir.mkdir(exist_ok=True)
+    for suffix, subject in MINERVA_SUBJECTS.items():
+        task = f"minerva_math_{suffix}"
+        subs = {"MINERVA_YAML": str(lm_eval_dir / f"{task}.yaml"),
+                "TEST": str(math_cache / "test" / f"{subject}.jsonl"),
+                "TRAIN": str(math_cache / "train" / f"{subject}.jsonl")}
+        (sub_dir / f"{task}.yaml").write_text(_render(template, subs))
+    # lm-eval's benchmarks/minerva_math.yaml, which include_defaults=False does not index
+    group = _lm_eval_group("benchmarks/minerva_math.yaml")
+    (include_dir / "minerva_math_group.yaml").write_text(json.dumps(group, indent=1))
+
+
+def _lm_eval_group(rel: str) -> dict[str, Any]:
+    import yaml
+
+    return yaml.safe_load((_lm_eval_tasks_dir() / rel).read_text())
 
 
 SYNTHETIC_TASKS = {"synth_mc": "synth_mc.jsonl", "synth_gen": "synth_gen.jsonl"}
@@ -525,7 +596,7 @@ RECIPE_TASKS = {**OC_TASKS, **DREAM_TASKS}
 TASK_DATA = {"piqa": "piqa", "boolq": "boolq", "winogrande": "winogrande", "arc_easy": "arc",
              "arc_challenge": "arc", "hellaswag": "hellaswag", "truthfulqa_mc2": "truthfulqa",
              "mmlu": "mmlu", "humaneval": "humaneval", "gsm8k_cot": "gsm8k", "gsm8k": "gsm8k",
-             "humaneval_instruct": "humaneval",
+             "humaneval_instruct": "humaneval", "mbpp": "mbpp", "minerva_math": "math",
              "oc_arc_c_gen": "arc", "oc_arc_e_gen": "arc", "oc_hellaswag_gen": "hellaswag",
              "oc_mmlu_gen": "mmlu", "oc_gsm8k_gen": "gsm8k", "oc_humaneval_gen": "humaneval",
              "oc_piqa_gen": "piqa", "oc_boolq_gen": "boolq", "oc_winogrande_gen": "winogrande",

@@ -56,7 +56,7 @@ def pass_at_k(references, predictions, k=None, timeout: float = 3.0):
     from fair_calib.evaluate.code_exec import run_program
 
     if os.environ.get("HF_ALLOW_CODE_EVAL") != "1":
-        raise PermissionError("HumanEval executes model-written code; it runs only with "
+        raise PermissionError("HumanEval / MBPP execute model-written code; they run only with "
                               "task.allow_code_execution: true (which sets HF_ALLOW_CODE_EVAL=1)")
     if sorted(set(k if isinstance(k, (list, tuple)) else [k or 1])) != [1]:
         raise ValueError(f"only pass@1 is computed (one sample per problem), got k={k}")
@@ -65,6 +65,40 @@ def pass_at_k(references, predictions, k=None, timeout: float = 3.0):
         pred = preds[0] if isinstance(preds, (list, tuple)) else preds
         passed.append(float(run_program(pred + "\n" + ref, timeout) == "passed"))
     return {"pass@1": float(np.mean(passed)) if passed else 0.0}
+
+
+def pass_at_1(references, predictions):
+    """MBPP: lm-eval's ``mbpp/utils.py`` ``pass_at_1`` (code_eval's pass@1 of ``prediction +
+    "\\n" + tests``, 3 s), through :func:`pass_at_k` and its opt-in."""
+    if isinstance(references, str):
+        references = [references]
+    if isinstance(predictions[0], str):
+        predictions = [[p] for p in predictions]
+    return pass_at_k(references, predictions, k=[1])["pass@1"]
+
+
+def _lm_eval_literal(rel_path, function):
+    """The literal that lm-eval's function ``function`` in ``lm_eval/tasks/<rel_path>`` returns,
+    read from its source without importing the module (MBPP's utils.py downloads code_eval
+    and runs code at import)."""
+    import ast
+
+    import lm_eval.tasks
+
+    path = os.path.join(os.path.dirname(lm_eval.tasks.__file__), rel_path)
+    with open(path, encoding="utf-8") as fh:
+        tree = ast.parse(fh.read())
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and node.name == function:
+            ret = node.body[-1]
+            if isinstance(ret, ast.Return):
+                return ast.literal_eval(ret.value)
+    raise ValueError(f"{path}: no function {function} returning a literal")
+
+
+def mbpp_fewshot_samples():
+    """lm-eval's MBPP few-shot examples (task_ids 2-4, ``is_fewshot``)."""
+    return _lm_eval_literal("mbpp/utils.py", "list_fewshot_samples")
 
 
 # ----------------------------------------------------------------------------- OpenCompass
