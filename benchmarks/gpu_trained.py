@@ -1,9 +1,9 @@
 """The pipeline itself on one lent GPU (issues 30, 40): the grid's DAG at the real widths, the
-embedded default, trained GPU-width models (real kernels against fake quantization), decodes.
+embedded default, trained GPU-width models (real kernels against fake quantization).
 
     python benchmarks/gpu_trained.py wheels    # CPU machine: .whl/, what the lent machine lacks
     python benchmarks/gpu_trained.py data [--src ../shared/data] [--out .gpu_dag_data]   # CPU
-    python benchmarks/gpu_trained.py run [--phases default,wide,fake,decode,cpu,grid] [--out DIR]
+    python benchmarks/gpu_trained.py run [--phases default,wide,fake,cpu,grid] [--out DIR]
     python benchmarks/gpu_trained.py run --cpu-smoke [--phases ...]   # tiny widths on the CPU
     fair-calib compare-runs RUN_A RUN_B; fair-calib jobs RUN   # read a run folder afterwards
 
@@ -21,13 +21,15 @@ leaves it time (one call stays inside 10 minutes); ``grid`` is not in the defaul
 - ``default``: the embedded default with ``--config device=cuda``, twice cold (two cards: on the
   first, the other phases on the second); tables compared with each other and the CPU's.
 - ``wide``: config/gpu_trained.yaml: LLaDA- and Dream-layout models 1,024 wide trained on the
-  card, W4A4 RTN / QuaRot / FlatQuant / FAIR-Calib, W8A8 RTN / SmoothQuant, evaluated in bf16
-  under ``FAIR_CALIB_LOWBIT=auto`` (integer codes), and a 256-token generation task.
+  card and given activation outliers, W4A4 RTN / QuaRot / FlatQuant / FAIR-Calib, W8A8 RTN /
+  SmoothQuant, evaluated in bf16 under ``FAIR_CALIB_LOWBIT=auto`` (integer codes); ``--tables``
+  and ``--methods`` choose the cells.
 - ``fake``: the wide run's evaluations again under ``FAIR_CALIB_LOWBIT=fake``; real vs fake.
-- ``cpu``: the same by fake quantization on the CPU (bf16): the card-to-CPU noise of bf16.
-- ``decode``: batch-1 decodes of the wide models at the grid's length (256 tokens, 256 steps,
-  LLaDA in blocks of 32), graphs replayed: exact early exit's steps against the full schedule,
-  W4A4 ``--decode-method`` against bf16 time.
+- ``cpu``: FP and ``--cpu-method`` by fake quantization on the CPU's own bf16 kernels, beside
+  ``fake``: the card-to-CPU noise of bf16 fake quantization, against ``fake``.
+
+The decode phase (early exit and W4A4 / bf16 time on the trained models) is retired: its
+answers are in docs/benchmarks.md, its code at ``git show c9349df:benchmarks/gpu_trained.py``.
 
 Each phase's jobs are summarised (``fair-calib jobs``), runs compared (``fair-calib
 compare-runs``). ``--out`` (default ``$OUT``): summary.md and results.tgz (kept files, logs).
@@ -52,15 +54,14 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from fair_calib.report.compare import compare_runs, format_rows  # noqa: E402
-from fair_calib.report.jobs import METHOD_ORDER, job_records, methods_table, summary_lines  # noqa: E402,F401
+from fair_calib.report.jobs import job_records, methods_table, summary_lines  # noqa: E402
 
-PHASES = ("default", "wide", "fake", "decode", "cpu", "grid")     # the default list: all but grid
+PHASES = ("default", "wide", "fake", "cpu", "grid")     # the default list: all but grid
 # the CPU's table of the embedded default (tests/recorded_hashes.json, "default")
 CPU_TABLE_SHA = "97503071140723f312317f6c4951d7a3cc51852c2c534e57d00bcdb18d15c988"
 SMOKE_CONFIGS = ["config/gpu_trained.yaml", "config/gpu_trained_cpu.yaml"]
-LONG_TASK = "synth_gen_long"
 # the phase's Snakemake runs need at least this much time left (seconds)
-PHASE_MIN_S = {"default": 200, "wide": 240, "fake": 60, "cpu": 90, "decode": 60, "grid": 120}
+PHASE_MIN_S = {"default": 200, "wide": 240, "fake": 60, "cpu": 90, "grid": 120}
 NEEDED = ("snakemake", "lm-eval", "datasets")   # what the wheels bring; refused without
 # What the lent machine's Python lacks (it has torch, triton, transformers, tokenizers, numpy,
 # pandas, pyarrow, ...), at the project environment's versions; typing-extensions and fsspec are
@@ -384,8 +385,6 @@ class Runner:
         self.card_rows = [] if self.smoke else cuda_cards()
         self.cards = [c[0] for c in self.card_rows]
         self.tables = ["main"] if self.smoke else args.tables.split(",")
-        # the 256-token evaluations serve the decode phase: run only beside it
-        self.long = "decode" in (getattr(args, "phases", "") or "").split(",")
 
     def left(self) -> float:
         return self.args.deadline - (time.perf_counter() - self.t0)
@@ -479,17 +478,10 @@ class Runner:
         return list(dict.fromkeys(out))
 
     def wide_targets(self) -> list[str]:
-        """The tables (or ``--methods``' cells of them) and the long-generation evaluations
-        (FP and ``--decode-method``)."""
-        cfg = wide_config(self.smoke)
+        """The tables, or ``--methods``' cells of them."""
         methods = [m for m in (self.args.methods or "").split(",") if m]
-        targets = (self.cell_targets(methods) if methods
-                   else [f"results/tables/{t}.tex" for t in self.tables])
-        if LONG_TASK in cfg.get("tasks", {}) and "main" in self.tables and self.long:
-            targets += [f"results/eval/{model}/{m}/{LONG_TASK}.parquet"
-                        for model in cfg["tables"]["main"]["models"]
-                        for m in ("fp/fp", f"{self.args.decode_method}/w4a4")]
-        return targets
+        return (self.cell_targets(methods) if methods
+                else [f"results/tables/{t}.tex" for t in self.tables])
 
     def wide(self) -> None:
         run = self.base / "wide"
@@ -503,8 +495,8 @@ class Runner:
             self.keep(tex, f"wide.{tex.name}")
 
     def cpu_targets(self) -> list[str]:
-        """The CPU's share (bf16 on CPU cores is slow): FP and the decode phase's method."""
-        return self.cell_targets(["fp", self.args.decode_method])
+        """The CPU's share (bf16 on CPU cores is slow): FP and ``--cpu-method``."""
+        return self.cell_targets(["fp", self.args.cpu_method])
 
     def rerun_evals(self, name: str, lowbit: str, device: str | None,
                     targets: list[str] | None = None, cores: int | None = None) -> Path | None:
@@ -564,79 +556,6 @@ def drop_evaluations(work: Path, targets: list[str]) -> None:
     for t in targets:
         (work / t).unlink(missing_ok=True)
         shutil.rmtree(work / t.removesuffix(".parquet"), ignore_errors=True)
-
-
-# ------------------------------------------------------------------------ decodes
-# The grid's generation (config/paper.yaml): 256 tokens in 256 steps, LLaDA in blocks of 32.
-GRID_DECODE = {"llada": {"gen_length": 256, "steps": 256, "block_length": 32},
-               "dream": {"gen_length": 256, "steps": 256}}
-
-
-def measure_decodes(work: Path, args) -> list[str]:
-    """Batch-1 decodes of the wide models at the grid's generation length on the synthetic
-    recall questions: FP (bf16) and W4A4 ``--decode-method`` as the evaluation loads them, CUDA
-    graphs replayed, exact early exit at the first EOS; steps run against the full schedule,
-    and the quantized model's time against FP's."""
-    import torch
-
-    corpus = work / "resources" / "data" / "synth_gen.jsonl"
-    if not corpus.is_file():
-        return ["decode: skipped (the wide run made no corpus)"]
-    cfg = wide_config(args.cpu_smoke)
-    questions = [json.loads(x)["question"] for x in corpus.read_text().splitlines()[:args.decode_n]]
-    lines = []
-    for model in cfg["tables"]["main"]["models"]:
-        calib = work / "results" / "calib" / model / args.decode_method / "w4a4"
-        runs = {}
-        for variant, calib_dir in (("bf16", None), ("w4a4", calib)):
-            if calib_dir is not None and not (calib_dir / "meta.json").is_file():
-                lines.append(f"decode {model}: no calibration at {calib_dir}")
-                continue
-            runs[variant] = decode_questions(work / "resources" / "hub" / model,
-                                             cfg["models"][model]["family"], calib_dir, questions,
-                                             cfg["dtype"], cfg["device"])
-            torch.cuda.empty_cache() if torch.cuda.is_available() else None
-        lines += [f"decode {model} {v}: {len(questions)} questions, batch 1, {r['seconds']:.2f} s, "
-                  f"steps run {r['steps']} of {r['full']} ({100 * (1 - r['steps'] / r['full']):.1f}"
-                  " % saved by early exit)" for v, r in runs.items()]
-        if len(runs) == 2:
-            a, b = runs["bf16"], runs["w4a4"]
-            same = sum(x == y for x, y in zip(a["tokens"], b["tokens"]))
-            lines.append(f"decode {model}: W4A4 / bf16 time {b['seconds'] / a['seconds']:.3f}; "
-                         f"per step {(b['seconds'] / b['steps']) / (a['seconds'] / a['steps']):.3f}; "
-                         f"{same} of {len(questions)} answers identical")
-    return lines
-
-
-def decode_questions(model_dir: Path, family: str, calib_dir: Path | None, questions, dtype,
-                     device) -> dict:
-    """Decode each question alone (the grid's batch 1); wall time after one warm-up decode."""
-    import torch
-
-    from fair_calib.decoding import decode, make_policy
-    from fair_calib.decoding.early_exit import StopRule
-    from fair_calib.methods import load_quantized
-    from fair_calib.models.adapters import load_model
-
-    loaded = load_model(model_dir, family, dtype=dtype, device=device)
-    if calib_dir is not None:
-        loaded = load_quantized(loaded, calib_dir)
-    if device == "cuda":
-        loaded.replay_graphs()
-    policy = make_policy(loaded.adapter.decoding, GRID_DECODE[family])
-    stop = StopRule(frozenset({int(loaded.eos_id)}))
-    prompts = [loaded.tokenizer(f"Question: {q}\nAnswer:")["input_ids"] for q in questions]
-    decode(loaded, prompts[:1], policy, stop=stop)           # capture / compile
-    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
-    sync()
-    t0, steps, tokens = time.perf_counter(), 0, []
-    for p in prompts:
-        out = decode(loaded, [p], policy, stop=stop)
-        steps += int(out.steps[0])
-        tokens.append(out.tokens[0].tolist())
-    sync()
-    return {"seconds": time.perf_counter() - t0, "steps": steps,
-            "full": policy.steps * len(prompts), "tokens": tokens}
 
 
 # ------------------------------------------------------------------------ CLI
@@ -718,9 +637,6 @@ def run_phase(r: Runner, phase: str, args) -> None:
         r.compare(wide, fake, ("real", "fake"), "real_vs_fake.json")
     elif phase == "cpu" and r.rerun_evals("cpu", "fake", "cpu", r.cpu_targets()):
         compare_cpu(r)
-    elif phase == "decode":
-        for line in measure_decodes(wide, args):
-            r.note(line)
 
 
 def main(argv=None) -> int:
@@ -741,11 +657,10 @@ def main(argv=None) -> int:
     rp.add_argument("--grid-jobs", type=int, help="the grid's GPU jobs at once (4; smoke 2)")
     rp.add_argument("--methods", help="only these methods' cells of the tables (fp, a method, "
                     "or one seed's run: fair-calib-seeds@s0), comma-separated")
-    rp.add_argument("--decode-n", type=int, default=40, help="questions the decode phase times")
     rp.add_argument("--tables", default="main,w8a8", help="config/gpu_trained.yaml's (plain: "
                     "the models without outliers)")
-    rp.add_argument("--decode-method", default="fair-calib-seeds@s0",
-                    help="the W4A4 calibration the decode phase times against FP")
+    rp.add_argument("--cpu-method", default="fair-calib-seeds@s0",
+                    help="the method whose cells the cpu phase evaluates again, beside FP")
     rp.add_argument("--cpu-smoke", action="store_true", help="tiny widths, fake quantization")
     args = ap.parse_args(argv)
     if args.cmd == "wheels":
