@@ -3,8 +3,6 @@ math/<split>/<subject>/<n>.json) beside the real offline copies, built through t
 stage's own task construction; their prompts are lm-eval's; qdlm.yaml's census counts them;
 without the copies the census names the missing folders."""
 import json
-import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -151,19 +149,18 @@ def test_minerva_subjects_are_lm_evals(data_dir):
     assert [r["problem"] for r in rows] == [_math_row("algebra", "test", n)["problem"] for n in (2, 10)]
 
 
-@pytest.mark.slow
-def test_qdlm_cost_prices_every_task(repo_root, qdlm, data_dir, capsys, monkeypatch):
-    """`fair-calib cost --configfile config/qdlm.yaml --json` over the copies, the whole grid
-    (about a minute on two cores)."""
-    monkeypatch.chdir(repo_root)
-    start = time.time()
-    cost.run_cli(["--configfile", "config/qdlm.yaml", "--data-dir",
-                  str(data_dir), "--json"])
-    res = json.loads(capsys.readouterr().out)
-    print(f"qdlm cost: {time.time() - start:.0f} s", file=sys.stderr)
+def test_qdlm_cost_prices_every_task(qdlm, data_dir, capsys):
+    """With the copies, config/qdlm.yaml's census and cost run and price every task above 0
+    (the first 4 documents of each lm-eval task: test_cost.py runs the CLI on whole configs)."""
+    for entry in qdlm["tasks"].values():
+        if entry.get("kind", "lm_eval") == "lm_eval":
+            entry["limit"] = 4
+    res = cost.project(qdlm, census.census(qdlm, data_dir))
     tasks = {t for _, _, _, t in plan.eval_cells(qdlm)}
     assert {"mbpp", "minerva_math"} <= tasks and set(res["evaluate_by_task"]) == tasks
     assert all(h > 0 for h in res["evaluate_by_task"].values()), res["evaluate_by_task"]
+    cost.print_projection(res)
+    assert f"**{res['total_gpu_hours']}**" in capsys.readouterr().out
 
 
 def test_census_names_the_missing_copy_folders(qdlm, tmp_path, data_dir):
