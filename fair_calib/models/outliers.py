@@ -46,11 +46,13 @@ def _inject_norm(norm: nn.Module, linears, cols: torch.Tensor, scale: float) -> 
     _scale_columns(linears, cols, 1.0 / scale)
 
 
+def _head_dim(cfg) -> int:
+    return getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+
+
 def _inject_v_o(attn: nn.Module, cfg, cols: torch.Tensor, scale: float) -> torch.Tensor:
     """``cols`` index v_proj's output (kv heads x head_dim); the o_proj columns they feed."""
-    heads, kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
-    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
-    group = heads // kv_heads
+    head_dim, group = _head_dim(cfg), cfg.num_attention_heads // cfg.num_key_value_heads
     kv_head, dim = cols // head_dim, cols % head_dim
     o_cols = torch.cat([(kv_head * group + g) * head_dim + dim for g in range(group)]).sort().values
     _scale_rows(attn.v_proj, cols, scale)
@@ -68,9 +70,7 @@ def inject_outliers(model: nn.Module, channels: int, scale: float, seed: int = 0
     if unknown:
         raise ValueError(f"outliers.sites: {sorted(unknown)} unknown; choose from {list(SITES)}")
     cfg = model.config
-    heads = cfg.num_attention_heads
-    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
-    widths = {"norm": cfg.hidden_size, "v_o": cfg.num_key_value_heads * head_dim,
+    widths = {"norm": cfg.hidden_size, "v_o": cfg.num_key_value_heads * _head_dim(cfg),
               "up_down": cfg.intermediate_size}
     too_wide = {s: widths[s] for s in sites if channels > widths[s]}
     if too_wide:

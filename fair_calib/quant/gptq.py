@@ -163,6 +163,16 @@ def mse_clip_scale(w: torch.Tensor, bits: int, norm: float = 2.4, grid: int = 10
     return scale.reshape(-1, 1)
 
 
+def _feed(linear, pre_hook, n_batches: int, run) -> None:
+    """``run(b)`` for b < n_batches with ``pre_hook`` on ``linear``'s input."""
+    handle = linear.register_forward_pre_hook(pre_hook)
+    try:
+        for b in range(n_batches):
+            run(b)
+    finally:
+        handle.remove()
+
+
 @torch.no_grad()
 def group_hessian(block, group, n_batches: int, run) -> torch.Tensor:
     """sum x x^T (float64) of the input of ``group``'s first linear (a ``QuantLinear``) over
@@ -177,12 +187,7 @@ def group_hessian(block, group, n_batches: int, run) -> torch.Tensor:
             acc[0] += h
         else:
             acc.append(h)
-    handle = first.register_forward_pre_hook(hook)
-    try:
-        for b in range(n_batches):
-            run(b)
-    finally:
-        handle.remove()
+    _feed(first, hook, n_batches, run)
     H = acc[0]
     inq = getattr(first, "inq", None)
     if inq is not None and inq.rotation is not None:
@@ -197,6 +202,10 @@ def autogptq_hessian(block, group, n_batches: int, run) -> torch.Tensor:
     ``run(b)``, b < n_batches: one update per sequence, as ``quantize()`` feeds its examples
     (``batch_size`` 1): H *= n / (n + 1); n += 1; x = sqrt(2 / n) * x; H += x x^T."""
     first = block.get_submodule(group.names[0])
+    # refused before any batch runs
+    if getattr(first, "inq", None) is not None and first.inq.rotation is not None:
+        raise ValueError("autogptq_hessian: the group's input is rotated online; AutoGPTQ's "
+                         "Hessian has no rotation (use group_hessian)")
     state: dict = {"H": None, "n": 0}
 
     def add_batch(inp: torch.Tensor) -> None:
@@ -218,13 +227,5 @@ def autogptq_hessian(block, group, n_batches: int, run) -> torch.Tensor:
         x = args[0].detach()
         for seq in (x.split(1) if x.dim() == 3 else (x,)):
             add_batch(seq)
-    handle = first.register_forward_pre_hook(hook)
-    try:
-        for b in range(n_batches):
-            run(b)
-    finally:
-        handle.remove()
-    if getattr(first, "inq", None) is not None and first.inq.rotation is not None:
-        raise ValueError("autogptq_hessian: the group's input is rotated online; AutoGPTQ's "
-                         "Hessian has no rotation (use group_hessian)")
+    _feed(first, hook, n_batches, run)
     return state["H"]
