@@ -134,30 +134,71 @@ def cpu_vendor() -> str:
     return "unknown"
 
 
+# The packages besides torch whose versions each record lists under ``measured_with``: they
+# compute or write the recorded files (the model code, the tokenizer, the file format, the
+# corpus generator), so a record names the versions it was measured with and a mismatch names
+# the one that moved. torch's version is part of the key itself: its kernels compute the bits.
+MEASURED_WITH = ("transformers", "tokenizers", "safetensors", "numpy")
+
+
 def environment_key() -> dict:
-    """What the recorded hashes depend on besides the code: the packages whose kernels compute
-    the weights, the CPU architecture and vendor, and the numerics mode. The vendor, because
+    """What the recorded hashes were measured to depend on besides the code: torch's version
+    (its kernels), the CPU architecture and vendor, and the numerics mode. The vendor, because
     pinned mode's bits were measured to differ between an AMD EPYC and an Intel Xeon
-    (2026-11-28, docs/benchmarks.md); within one vendor they do not depend on the CPU's
-    vector width or thread count."""
+    (2026-11-28, docs/benchmarks.md); within one vendor they do not depend on the CPU's vector
+    width or thread count. The other packages' versions are not part of the key (transformers
+    5.24.0 and 5.25.0 train the same bits): :func:`measured_with` lists them beside it."""
     from importlib import metadata
 
-    return {"torch": metadata.version("torch"), "transformers": metadata.version("transformers"),
-            "machine": platform.machine(), "cpu_vendor": cpu_vendor(), "cpu_numerics": mode()}
+    return {"torch": metadata.version("torch"), "machine": platform.machine(),
+            "cpu_vendor": cpu_vendor(), "cpu_numerics": mode()}
 
 
-def recorded_hashes(record_path, group: str) -> dict[str, str] | None:
-    """The recorded sha256 values of ``group`` for this environment ("test": per tiny family,
-    tests/models/test_repro.py; "default": per file of the embedded default's run, relative to
-    the repository root), or None where none was recorded for it."""
+def measured_with() -> dict[str, str]:
+    """This environment's versions of :data:`MEASURED_WITH`."""
+    from importlib import metadata
+
+    return {name: metadata.version(name) for name in MEASURED_WITH}
+
+
+def _record_for_this_environment(record_path) -> dict | None:
     import json
 
     env = environment_key()
     with open(record_path) as fh:
         for rec in json.load(fh)["records"]:
             if rec["environment"] == env:
-                return rec.get(group)
+                return rec
     return None
+
+
+def recorded_hashes(record_path, group: str) -> dict[str, str] | None:
+    """The recorded sha256 values of ``group`` for this environment ("test": per tiny family,
+    tests/models/test_repro.py; "default": per file of the embedded default's run, relative to
+    the repository root), or None where none was recorded for it."""
+    rec = _record_for_this_environment(record_path)
+    return None if rec is None else rec.get(group)
+
+
+def unmeasured_versions(record_path) -> list[str]:
+    """The packages of :data:`MEASURED_WITH` installed here at a version the record of this
+    environment was not measured with, one phrase each ("transformers 5.26.0 (recorded with
+    5.24.0, 5.25.0)"); empty where every version was measured or no record exists."""
+    rec = _record_for_this_environment(record_path)
+    if rec is None:
+        return []
+    known = rec.get("measured_with", {})
+    return [f"{name} {version} (recorded with {', '.join(known.get(name, [])) or 'none'})"
+            for name, version in measured_with().items() if version not in known.get(name, [])]
+
+
+def mismatch_hint(record_path) -> str:
+    """Why recorded bits may have moved besides the code: the packages at unmeasured versions."""
+    moved = unmeasured_versions(record_path)
+    if not moved:
+        return ("every package is at a version the record was measured with, so the code "
+                "changed the bits")
+    return "packages at versions the record was not measured with: " + "; ".join(moved)
 
 
 def check_files(record_path, group: str = "default", root=".") -> list[str]:
@@ -177,6 +218,8 @@ def check_files(record_path, group: str = "default", root=".") -> list[str]:
             problems.append(f"{path}: missing")
         elif file_sha256(path) != sha:
             problems.append(f"{path}: sha256 {file_sha256(path)} != recorded {sha}")
+    if problems:
+        problems.append(mismatch_hint(record_path))
     return problems
 
 

@@ -86,7 +86,7 @@ def test_tiny_training_reproduces_the_recorded_hash(family, pinned):
     assert meta["provenance"]["numerics"]["ATEN_CPU_CAPABILITY"] == "avx2"
     assert sha == want[family], (
         f"{family}: tiny training no longer reproduces the recorded weights ({sha} != "
-        f"{want[family]}); a change in training, data or kernels. If intended, re-record "
+        f"{want[family]}); {numerics.mismatch_hint(RECORD)}. If intended, re-record "
         f"{RECORD.name} and the default's hashes (docs/benchmarks.md)")
 
 
@@ -113,13 +113,47 @@ def test_check_files_names_every_mismatch_and_an_unrecorded_environment(tmp_path
     record.write_text(json.dumps({"records": [{"environment": env, "default": {
         "a.bin": good, "b.tex": "0" * 64, "c.tex": good}}]}))
     problems = numerics.check_files(record, "default", tmp_path)
-    assert len(problems) == 2
+    assert len(problems) == 3
     assert "b.tex: sha256" in problems[0] and "recorded 000" in problems[0]
     assert "c.tex: missing" in problems[1]
+    assert "transformers" in problems[2]         # measured with no version of it: named
     record.write_text(json.dumps({"records": [{"environment": {**env, "torch": "0.0"},
                                                "default": {"a.bin": good}}]}))
     [problem] = numerics.check_files(record, "default", tmp_path)
     assert "records no 'default' hashes for this environment" in problem
+
+
+def test_records_are_keyed_on_what_changes_the_bits_and_a_mismatch_names_the_package(tmp_path):
+    """The key holds torch, machine, CPU vendor and numerics mode only: another version of
+    transformers finds the record (so a patch release that keeps the bits passes), and where
+    the bits then differ the message names the package and the versions that were measured."""
+    env = numerics.environment_key()
+    assert set(env) == {"torch", "machine", "cpu_vendor", "cpu_numerics"}
+    here = numerics.measured_with()
+    record = tmp_path / "record.json"
+    (tmp_path / "a.bin").write_bytes(b"weights")
+    record.write_text(json.dumps({"records": [{
+        "environment": env, "measured_with": {**{k: [v] for k, v in here.items()},
+                                              "transformers": ["0.0.1", "0.0.2"]},
+        "default": {"a.bin": "0" * 64}}]}))
+    assert numerics.recorded_hashes(record, "default") == {"a.bin": "0" * 64}
+    [moved] = numerics.unmeasured_versions(record)
+    assert moved == f"transformers {here['transformers']} (recorded with 0.0.1, 0.0.2)"
+    problems = numerics.check_files(record, "default", tmp_path)
+    assert problems[-1].endswith(moved)
+    record.write_text(json.dumps({"records": [{
+        "environment": env, "measured_with": {k: [v] for k, v in here.items()},
+        "default": {"a.bin": "0" * 64}}]}))
+    assert "the code changed the bits" in numerics.check_files(record, "default", tmp_path)[-1]
+
+
+def test_the_recorded_environments_name_only_the_key_and_measured_versions():
+    """Every record of the shipped file has the key's fields and lists what it was measured
+    with, so an unmeasured version can be named."""
+    for rec in json.loads(RECORD.read_text())["records"]:
+        assert set(rec["environment"]) == {"torch", "machine", "cpu_vendor", "cpu_numerics"}
+        assert set(rec["measured_with"]) <= set(numerics.MEASURED_WITH)
+        assert rec["measured_with"]["transformers"]
 
 
 def test_gradients_through_attention_on_a_card_use_deterministic_kernels(monkeypatch):
