@@ -1,5 +1,12 @@
 """``mcs``: Quant-dLLM's Masked Calibration Simulation (Zhang et al., ICLR 2026, arXiv 2510.03274,
-Sec. 3.1 "Masked Calibration Simulation") as the calibration data of a FlatQuant calibration.
+its method section's "Masked Calibration Simulation") as the calibration data of a FlatQuant
+calibration.
+
+Sources: the paper's abstract and its formulas as quoted by two notes on it (the
+papernotes.org ICLR 2026 note; a paper note reproducing its S_MCS and forward-process
+equations); its full text was not readable where this was written, so the section and equation
+numbers are not given: the formulas are named by what they define (docs/fidelity.md, "TMAS and
+MCS").
 
 Quant-dLLM calibrates on masked, timestep-aware copies of fully visible calibration sequences
 instead of the sequences themselves: "masked-denoising activations in dLLMs differ from the
@@ -9,7 +16,7 @@ fully visible signals assumed by standard PTQ methods". What MCS prescribes:
   y + (1 - alpha_t) m)``, ``m`` the mask token: each position of ``y`` keeps its token with
   probability ``alpha_t`` (its visibility) and is the mask token otherwise;
 * a deterministic, always visible prefix ``P = {1, ..., floor(gamma L)}`` of every length-``L``
-  sequence, ``gamma = 0.25`` (its implementation details);
+  sequence, ``gamma = 0.25`` (its implementation details, default gamma = 0.25);
 * for each timestep ``t`` of a grid ``T``, the visibility ``alpha(t)`` of the schedule, a binary
   mask ``r in {0,1}^L`` with ``r_i = 1`` on ``P`` and ``r_i ~ Bernoulli(alpha(t))`` i.i.d. on the
   other positions, and the simulated input ``x~_i(t) = x_i`` where ``r_i = 1``, ``[MASK]``

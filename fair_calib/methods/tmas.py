@@ -1,6 +1,10 @@
 """``tmas``: DLLMQuant's Temporal-Mask Adaptive Sampling (Xu & Yang, arXiv 2508.14090, the TMAS
 part of its method section) as the calibration data of a FlatQuant calibration.
 
+Sources: the paper's abstract (arXiv 2508.14090v2) and secondary accounts of its method
+section, quoted below; its full method text was not readable where this was written, so its
+section and equation numbers are not given (docs/fidelity.md, "TMAS and MCS").
+
 DLLMQuant's first issue: "iterative generation and dynamic masking ratios lead to distinct token
 distributions across decoding steps, which are not adequately captured by existing PTQ
 calibration methods". TMAS, "a calibration method that accounts for both time and mask
@@ -15,12 +19,14 @@ stage of the generation).
 What is implemented:
 
 * states from the FP model's own denoising trajectory, not random masks: each calibration
-  window ``x`` (length ``L``) is split into a prompt ``x[:P]``, ``P = floor(prompt_ratio * L)``,
-  and a generation window of ``G = L - P`` positions, fully masked at the start; the FP teacher
-  decodes it with its family's default decoding policy (``adapter.decoding``: LLaDA's
-  low-confidence remasking in semi-autoregressive blocks, Dream's entropy order), ``gen_length
-  = G`` and ``steps`` (default ``G``: one token a step, as the families' defaults); overrides in
-  ``decoding``;
+  window ``x`` (length ``L``) is split into a prompt ``x[:L-G]`` and a generation window of
+  ``G`` positions, fully masked at the start, ``G = L - floor(prompt_ratio * L)`` cut down to
+  whole blocks of a block policy (LLaDA's), or ``decoding.gen_length``; the FP teacher decodes
+  it with its family's default decoding policy (``adapter.decoding``: LLaDA's low-confidence
+  remasking in semi-autoregressive blocks, Dream's entropy order), ``gen_length = G`` and
+  ``steps`` (default ``G``: one token a step, as the families' defaults); overrides in
+  ``decoding``. A window's decoding stops once its snapshot is taken (the later steps would be
+  discarded), so the cost is about half of ``n`` full generations;
 * the timeline split into ``S = len(stage_proportions)`` contiguous stages of the ``T`` decoding
   steps (in decoding order, step index ``s = 0..T-1``; stage ``j`` covers ``[floor(j T / S),
   floor((j + 1) T / S))``), stage ``j`` receiving ``n_j`` of the ``n`` calibration sequences,
@@ -86,8 +92,13 @@ def snapshot_steps(steps: int, proportions, n: int) -> list[int]:
     return out
 
 
+class _Done(Exception):
+    """Every snapshot of a chunk is taken: its decoding stops there."""
+
+
 class _Snapshots:
-    """Decoding recorder keeping row r's window at the start of step index ``want[r]``."""
+    """Decoding recorder keeping row r's window at the start of step index ``want[r]``; raises
+    :class:`_Done` once it has them all (the later steps would be discarded)."""
 
     def __init__(self, want: list[int], mask_id: int):
         self.want = want
@@ -105,6 +116,8 @@ class _Snapshots:
             if s == self.index:
                 self.states[r] = before[r].clone()
         self.index += 1
+        if self.index > max(self.want):
+            raise _Done
 
     def finish(self, tokens):
         pass
@@ -133,13 +146,27 @@ class TMASMethod(FlatQuantMethod):
     def stage_proportions(self) -> list[float]:
         return [float(x) for x in self.cfg.get("stage_proportions", STAGE_PROPORTIONS)]
 
-    def policy(self, loaded, gen_length: int):
-        from ..decoding import make_policy
+    def policy(self, loaded, length: int):
+        """The teacher's decoding policy for windows of ``length`` tokens: the family's default
+        with the ``decoding`` overrides; ``gen_length`` G: the override, else the rest after
+        ``floor(prompt_ratio * length)`` prompt tokens, cut down to whole blocks of a block
+        policy (LLaDA's); ``steps``: the override, else G."""
+        from ..decoding import BLOCK_POLICIES, make_policy
 
         over = dict(self.cfg.get("decoding") or {})
-        over.pop("gen_length", None)
-        over.setdefault("steps", gen_length)
-        return make_policy(loaded, over, gen_length=gen_length)
+        gen = over.pop("gen_length", None)
+        if gen is None:
+            gen = length - int(self.prompt_ratio * length)
+            defaults = dict(loaded.adapter.decoding)
+            name = over.get("policy", over.get("name", defaults.get("policy", defaults.get("name"))))
+            block = over.get("block_length", defaults.get("block_length"))
+            if name in BLOCK_POLICIES and block:
+                gen -= gen % int(block)
+        if not 1 <= int(gen) < length:
+            raise ValueError(f"tmas: a generation window of {gen} tokens leaves no prompt or no "
+                             f"window in calibration sequences of {length} tokens")
+        over.setdefault("steps", int(gen))
+        return make_policy(loaded, over, gen_length=int(gen))
 
     @torch.no_grad()
     def calibration_inputs(self, loaded, ids, generator):
@@ -147,11 +174,8 @@ class TMASMethod(FlatQuantMethod):
 
         ids = torch.as_tensor(ids).long().cpu()
         n, length = ids.shape
-        prompt = int(self.prompt_ratio * length)
-        if prompt < 1 or prompt >= length:
-            raise ValueError(f"tmas: prompt_ratio {self.prompt_ratio} leaves no prompt or no "
-                             f"generation window in sequences of {length} tokens")
-        policy = self.policy(loaded, length - prompt)
+        policy = self.policy(loaded, length)
+        prompt = length - policy.gen_length
         mask_id = int(loaded.mask_id)
         if bool((ids[:, :prompt] == mask_id).any()):
             raise ValueError("tmas: a calibration prompt contains the mask token")
@@ -163,12 +187,17 @@ class TMASMethod(FlatQuantMethod):
         out = ids.clone()
         was_training = loaded.model.training
         loaded.model.eval()
+        # windows decoded together in order of their snapshot step: a chunk stops at its last
+        by_step = sorted(range(n), key=lambda r: (want[r], r))
         try:
             for lo in range(0, n, DECODE_CHUNK):
-                rows = list(range(lo, min(n, lo + DECODE_CHUNK)))
+                rows = by_step[lo:lo + DECODE_CHUNK]
                 rec = _Snapshots([want[r] for r in rows], mask_id)
-                generate(loaded, [ids[r, :prompt].tolist() for r in rows], policy,
-                         generator=generator, recorder=rec)
+                try:
+                    generate(loaded, [ids[r, :prompt].tolist() for r in rows], policy,
+                             generator=generator, recorder=rec)
+                except _Done:
+                    pass
                 for i, r in enumerate(rows):
                     if rec.states[i] is None:
                         raise RuntimeError(f"tmas: decoding never reached step {want[r]}")

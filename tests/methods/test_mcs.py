@@ -106,11 +106,11 @@ def test_calibrates_end_to_end(tmp_path, layout):
 
 
 @pytest.mark.parametrize("method", [{"type": "mcs", "timesteps": 2},
-                                    {"type": "tmas", "decoding": {"block_length": 9}}])
+                                    {"type": "tmas"}])
 def test_the_stage_calibrates_on_the_methods_rows(tmp_path, method):
     """``calibrate.run`` (the Snakemake job's entry) builds the windows, hands them to the
     method's ``calibration_inputs`` and calibrates on what comes back: MCS's n * K rows, TMAS's
-    n snapshots (seq_len 12: a 3-token prompt, a 9-token window in one block)."""
+    n snapshots (seq_len 12: a 9-token rest cut to one 8-token LLaDA block, a 4-token prompt)."""
     import json
 
     from fair_calib import io

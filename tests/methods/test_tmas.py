@@ -125,6 +125,18 @@ def test_bad_settings_are_refused(bad):
         make_method({"type": "tmas", **bad}, 4, 4)
 
 
+def test_window_is_whole_blocks_or_the_given_length():
+    """LLaDA's block policy (block 8): seq_len 40 leaves 30 after a 10-token prompt, cut to 24
+    (3 blocks) and a 16-token prompt; ``decoding.gen_length`` sets the window outright."""
+    lm = loaded()
+    assert make_method({"type": "tmas"}, 4, 4).policy(lm, 40).gen_length == 24
+    p = make_method({"type": "tmas", "decoding": {"gen_length": 16, "steps": 8}}, 4, 4).policy(lm, 40)
+    assert (p.gen_length, p.steps, p.block_length) == (16, 8, 8)
+    assert make_method({"type": "tmas"}, 4, 4).policy(loaded("dream"), 40).gen_length == 30
+    with pytest.raises(ValueError, match="tmas"):
+        make_method({"type": "tmas", "decoding": {"gen_length": 40}}, 4, 4).policy(lm, 40)
+
+
 @pytest.mark.parametrize("layout", ["llada", "dream"])
 def test_calibrates_end_to_end(tmp_path, layout):
     ids = windows(4)
