@@ -249,11 +249,51 @@ def _context_recall(rng: random.Random, world: World) -> tuple[str, str, dict]:
     return q, f"it is {gold} .\n#### {gold}", meta
 
 
+COPY_WORDS = COLOURS + NAMES[:24]   # what a copy question lists (one token each)
+COPY_LENGTH = (3, 6)                # words a copy question lists
+
+
+def _copy_words(rng: random.Random) -> list[str]:
+    return rng.sample(COPY_WORDS, rng.randint(COPY_LENGTH[0], COPY_LENGTH[1]))
+
+
+def _copy_recall(rng: random.Random, world: World) -> tuple[str, str, dict]:
+    """Copying: a list of words drawn afresh is to be repeated, the whole list the answer
+    (``#### red Tom blue``). Every item is an independent draw, and the answer is several
+    tokens long, so the order in which a diffusion decoder commits them matters."""
+    words = _copy_words(rng)
+    return (f"Repeat : {' '.join(words)} .", f"#### {' '.join(words)}",
+            {"kind": "copy", "gold": " ".join(words)})
+
+
+def _copy_q(rng: random.Random, world: World) -> tuple[str, str, dict]:
+    """Copying as multiple choice: the list, then the list with one word replaced, with two
+    neighbours swapped, and with another word replaced (all of the list's length)."""
+    words = _copy_words(rng)
+    k = len(words)
+    options = []
+    for how in ("replace", "swap", "replace"):
+        for _ in range(100):
+            w = list(words)
+            i = rng.randrange(k)
+            if how == "swap":
+                j = min(i + 1, k - 1) if i < k - 1 else i - 1
+                w[i], w[j] = w[j], w[i]
+            else:
+                w[i] = rng.choice([x for x in COPY_WORDS if x not in words])
+            if w != words and " ".join(w) not in options:
+                options.append(" ".join(w))
+                break
+    gold = " ".join(words)
+    return (f"Repeat : {gold} .", f"#### {gold}",
+            {"kind": "copy", "gold": f"#### {gold}", "distractors": [f"#### {o}" for o in options]})
+
+
 CONTEXT_PAIRS = (2, 4)     # people (and colours) in an in-context recall question
 QA_GENERATORS = {"arith": _arith, "colour": _colour_recall, "kind": _kind_q,
-                 "compare": _compare_q, "context": _context_recall}
-MC_GENERATORS = {"colour": _colour_q, "kind": _kind_q, "context": _context_q}
-GEN_GENERATORS = {"colour": _colour_recall, "context": _context_recall}
+                 "compare": _compare_q, "context": _context_recall, "copy": _copy_recall}
+MC_GENERATORS = {"colour": _colour_q, "kind": _kind_q, "context": _context_q, "copy": _copy_q}
+GEN_GENERATORS = {"colour": _colour_recall, "context": _context_recall, "copy": _copy_recall}
 
 
 def format_qa(question: str, answer: str) -> str:
