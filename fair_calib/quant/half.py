@@ -187,6 +187,14 @@ class QKVQuant:
             x = x.reshape(-1, self.hadamard).matmul(hadamard_matrix(self.hadamard).to(x)).view(shape)
         return uaq_fake_quant(x, self.bits, self.lac)
 
+    def qk(self, x: torch.Tensor) -> torch.Tensor:
+        """``qkt_matmul.quant_x1`` / ``quant_x2`` on Q or K in the layer's dtype."""
+        return x if self.bits >= 16 else self._qk(x)
+
+    def v(self, x: torch.Tensor) -> torch.Tensor:
+        """``pv_matmul.quant_x2`` on V."""
+        return x if self.bits >= 16 else uaq_fake_quant(x, self.bits)
+
     def __call__(self, q, k, v):
         # Q and K come rotated by RoPE in float32 where sin/cos are float32 (LLaDA's
         # full-precision rotary): back to the layer's dtype first, as ``type_as(q)``
