@@ -21,9 +21,11 @@ The roles (q, v/o, up/down) are found by running the block, not by names. ``alph
 float16 activation maxima and the weight in its dtype, then the layer in float16
 (``qlayer.half()``: truncation, folding, weight codes and every quantizer in float16,
 ``fair_calib.quant.half``) and the attention matmuls' inputs quantized too (Q, K, V per
-(token, head), ``int_llama_layer.py``'s ``qkt_matmul`` / ``pv_matmul``). ``precise``: scales,
-folding and quantizers in float32, the layer in the model's dtype, attention matmuls in full
-precision.
+(token, head), ``int_llama_layer.py``'s ``qkt_matmul`` / ``pv_matmul``); the quantized block
+computes as DuQuant's own layer classes (``int_llada_layer`` / ``int_dream_layer`` /
+``int_llama_layer`` by family: norms, rotary, attention, MLP in their dtypes and order,
+``fair_calib.quant.duquant_layer``). ``precise``: scales, folding and quantizers in float32,
+the layer in the model's dtype and classes, attention matmuls in full precision.
 """
 from __future__ import annotations
 

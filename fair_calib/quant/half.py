@@ -15,7 +15,9 @@
 * :func:`install_qkv_attention`: the attention matmuls' inputs quantized (``qkt_matmul``:
   Q and K per (token, head), DuQuant also rotating them by a Hadamard of ``block_size`` first,
   with ``lac``; ``pv_matmul``: V per (token, head), the attention probabilities at 16 bits,
-  i.e. not quantized), through an attention implementation that wraps the model's own.
+  i.e. not quantized), through an attention implementation that wraps the model's own; in a
+  quantized block, whose forward is DuQuant's layer (:mod:`.duquant_layer`), they are applied
+  inside its attention instead (:meth:`QKVQuant.qk`, :meth:`QKVQuant.v`).
 """
 from __future__ import annotations
 
