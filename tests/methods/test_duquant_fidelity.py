@@ -255,14 +255,14 @@ def wrap_layer(layer, w_bits, a_bits, online, half=False):
 
 
 @torch.no_grad()
-def ref_duquant(lm, w_bits, a_bits, half=False, seed=0, style=None, rope32=False):
+def ref_duquant(lm, w_bits, a_bits, half=False, seed=0, style=None, rope32=False, scales=None):
     """``duquant()`` on every layer, in place; returns each layer's RefQuantLinears. ``half``:
     as DuQuant runs (float16 layers, Q/K/V quantized, ``torch.manual_seed(seed)`` once before
     the first layer); else float32 and ``get_rot`` from a generator seeded per block.
     ``style``: the layers compute as DuQuant's layer class of that name
     (``tests/fixtures/duquant_layers.py``: llama, dream, llada; ``rope32``: LLaDA's
     ``rope_full_precision``); None: the model's own layer code (with ``half``, Q/K/V quantized
-    before its SDPA)."""
+    before its SDPA). ``scales``: a list given the float16 smoothing scales of each layer."""
     model = lm.model
     act_scales = act_scales_of(model)
     layers = model.model.layers
@@ -281,7 +281,9 @@ def ref_duquant(lm, w_bits, a_bits, half=False, seed=0, style=None, rope32=False
     out = []
     for i, layer in enumerate(layers):
         if half:
-            _, online = duquant_smoothing.smooth_layer_half(layer, i, act_scales, ALPHA)
+            sc, online = duquant_smoothing.smooth_layer_half(layer, i, act_scales, ALPHA)
+            if scales is not None:
+                scales.append(sc)
         else:
             online = smooth_layer(layer, i, act_scales)
             GEN[0] = torch.Generator().manual_seed(i)           # the project's per-block seed
@@ -346,8 +348,8 @@ def test_duquant_equals_duquants_layers_bit_for_bit(tmp_path, monkeypatch, layou
     """The default against DuQuant run as it runs, through its own layer classes
     (``int_llada_layer`` / ``int_dream_layer`` / ``int_llama_layer``: the norm's
     multiply-then-cast, rotary, attention in their dtypes and order): every rotation search's
-    input, every rotation, permutation, quantized weight, folded norm, each quantized block's
-    output and the logits ``torch.equal``."""
+    input, smoothing scale, rotation, permutation, quantized weight, folded norm, each quantized
+    block's output and the logits ``torch.equal``."""
     make, rope32 = LAYOUTS[layout]
     style = layout.split("-")[0]
     lm, ref = make(), make()
@@ -355,7 +357,12 @@ def test_duquant_equals_duquants_layers_bit_for_bit(tmp_path, monkeypatch, layou
     m = make_method({"type": "duquant", "block_size": BLOCK}, *bits, seed=3)
     calibrate(lm, m, IDS, tmp_path, batch_size=4, log=lambda s: None)
     assert lm.blocks[0]._duquant_layer == style
-    want = ref_duquant(ref, *bits, half=True, seed=3, style=style, rope32=rope32)
+    want_scales = []
+    want = ref_duquant(ref, *bits, half=True, seed=3, style=style, rope32=rope32,
+                       scales=want_scales)
+    for i, sc in enumerate(want_scales):        # the smoothing (activation statistics)
+        for j, key in enumerate(["qkv", "out", "fc1", "down"]):
+            assert torch.equal(m.scales[i][j], sc[key]), (i, key)
     assert len(got_x) == len(want_x) == 4 * len(want)     # q/k/v, o, gate/up, down per block
     for k, (g, w) in enumerate(zip(got_x, want_x)):
         assert g.dtype == w.dtype == torch.float16 and torch.equal(g, w), k

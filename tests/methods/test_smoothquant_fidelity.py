@@ -106,7 +106,7 @@ def test_smoothquant_equals_duquants_layers_bit_for_bit(tmp_path, layout, bits):
     """The default against DuQuant's float16 layer classes (``int_llada_layer`` /
     ``int_dream_layer`` / ``int_llama_layer``): every activation statistic (its scale), folded
     norm, quantized weight, each quantized block's output and the logits equal."""
-    from fair_calib.quant.blockio import call_block, capture_block_inputs
+    from fair_calib.quant.blockio import BlockInputs, call_block, capture_block_inputs
 
     make, rope32 = duquant_layers.LAYOUTS[layout]
     style = layout.split("-")[0]
@@ -132,6 +132,19 @@ def test_smoothquant_equals_duquants_layers_bit_for_bit(tmp_path, layout, bits):
             out = call_block(lm.blocks[i], inputs, 0, h)
             assert torch.equal(out, call_block(ref.blocks[i], inputs, 0, h)), i
             h = out
+        if style != "llada":       # a padded batch: the mask as Llama's / Dream's layer adds it
+            pad = torch.ones(IDS[:4].shape, dtype=torch.long)
+            pad[0, :5] = pad[2, :3] = 0
+            inputs = capture_block_inputs(lm.model, lm.blocks[0], IDS[:4], 4, attention_mask=pad)
+            mask = inputs.kwargs[0]["attention_mask"]
+            assert mask.dtype == torch.bool and not mask.all()
+            additive = torch.zeros(mask.shape, dtype=torch.float16).masked_fill(
+                ~mask, torch.finfo(torch.float16).min)
+            with_mask = lambda m: BlockInputs(inputs.hidden, inputs.args,       # noqa: E731
+                                              [{**inputs.kwargs[0], "attention_mask": m}])
+            out = call_block(lm.blocks[0], inputs, 0)
+            assert torch.equal(out, call_block(ref.blocks[0], with_mask(additive), 0))
+            assert not torch.equal(out, call_block(lm.blocks[0], with_mask(None), 0))
         want = ref.logits(IDS)
         got = load_quantized(make(), tmp_path).logits(IDS)
         fp = make().logits(IDS)
