@@ -94,7 +94,9 @@ rule diagnostic_figures:
         # each figure: PDF, PNG (caption in their metadata) and the caption sidecar .txt
         expand("results/figures/{name}_{model}.{ext}", name=FIGURE_NAMES,
                model=DIAG.get("models", []), ext=FIGURE_EXTS),
-        expand("results/figures/stability_lag_ccdf_models.{ext}", ext=FIGURE_EXTS),
+        # the models' FP lag CCDFs side by side: only where there are two to compare
+        expand("results/figures/stability_lag_ccdf_models.{ext}", ext=FIGURE_EXTS)
+        if len(DIAG.get("models", [])) > 1 else [],
         expand("results/figures/prior_cross_corpus.{ext}", ext=FIGURE_EXTS)
         if DIAG.get("cross_corpus") else [],
     params:
