@@ -299,6 +299,9 @@ class DiffusionLM(RequestEncoding, LM):
         inputs run once) where ``exact_below`` allows, else the seeded MC estimate."""
         items = [self._fit(p, self._scored(t)) + (len(t),) for p, t in pairs]
         values = score_requests(self.loaded, [(p, s) for p, s, _ in items], self.lik, self.seed)
+        from fair_calib.models.finite import check_finite_scores
+
+        check_finite_scores(values, "evaluation")
         return [(v, self._greedy(p, s, min(n, len(s)))) for v, (p, s, n) in zip(values, items)]
 
     # ------------------------------------------------------------------ lm-eval API
@@ -325,6 +328,9 @@ class DiffusionLM(RequestEncoding, LM):
                 ll, _ = mc_loglikelihood(self.loaded, special, chunk, self.lik, gen)
                 total += ll
             out.append(total)
+        from fair_calib.models.finite import check_finite_scores
+
+        check_finite_scores(out, "evaluation (rolling)")
         return out
 
     def postprocess(self, ids: Sequence[int], until: Sequence[str]) -> str:
