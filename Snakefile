@@ -114,6 +114,14 @@ if workflow.is_main_process and "--unlock" not in sys.argv and not LOCKED:
         print(report_line(*moved, dry_run=dry), file=sys.stderr)
 
 
+# A job killed whole (its watcher too) leaves no line in its log; its command's exit status
+# names the signal (fair_calib/failures.py, read by onerror below).
+if workflow.is_main_process:
+    from fair_calib.failures import record_shell_exits
+
+    record_shell_exits()
+
+
 rule all:
     input:
         expand("results/tables/{table}.tex", table=config["tables"]),
