@@ -96,6 +96,10 @@ if workflow.is_main_process:
 
     # (the command line's words: Snakemake's parsed targets are not known yet while parsing)
     problem = unknown_table_target(sys.argv[1:], config["tables"])
+    if not problem:     # a file inside a model folder (a directory output): the folder instead
+        from fair_calib.preflight import file_in_model_folder
+
+        problem = file_in_model_folder(sys.argv[1:], config["models"])
     if problem:
         sys.exit(f"Error: {problem}")
 

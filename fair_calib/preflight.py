@@ -219,3 +219,25 @@ def unknown_table_target(targets, tables) -> str | None:
             return (f"target {target}: this config has no table {m.group(1)!r}; its tables are "
                     f"{known} (`snakemake` alone builds all of them)")
     return None
+
+
+def file_in_model_folder(targets, models) -> str | None:
+    """A requested file inside a model folder the pipeline writes whole
+    (``resources/models/<m>/model.safetensors``: a directory output, which Snakemake cannot
+    target file by file), named with the folder to target instead (one line)."""
+    import re
+
+    for target in sorted(map(str, targets)):
+        m = re.fullmatch(r"(?:\./)?resources/(models|hub)/([^/]+)/(.+)", target)
+        if not m:
+            continue
+        folder = f"resources/{m.group(1)}/{m.group(2)}"
+        source = (models.get(m.group(2)) or {}).get("source")
+        writes = {"models": "train", "hub": "convert"}[m.group(1)]
+        if source != writes:
+            known = sorted(k for k, v in models.items() if v.get("source") == writes)
+            return (f"target {target}: this config has no model {m.group(2)!r} with source: "
+                    f"{writes}, which would write {folder}; those it has: {known}")
+        return (f"target {target} is a file inside the model folder {folder}, which its job "
+                f"writes whole: target the folder (snakemake ... {folder})")
+    return None
