@@ -169,6 +169,45 @@ def killed_whole_line(sig: int, last: str | None, rule: str, mem_mb: str | None)
             + hint(sig).replace("resources.<rule>.mem_mb", f"resources.{rule}.mem_mb"))
 
 
+def metadata_line(job_name: str, where: str, what: str) -> str:
+    """A finished job Snakemake could not record in ``where`` (its .snakemake/; Snakemake's own
+    message, "Error recording metadata ... Please ensure write permissions", names neither the
+    job nor the cause), as what happened and what to do."""
+    full = "No space left on device" in what or "Errno 28" in what or "quota" in what.lower()
+    cause = ("the disk (or quota) holding it is full: free space" if full else
+             "make it writable" if "ermission" in what else "fix that")
+    return (f"Failed: {job_name}: its outputs are written, but Snakemake could not record the "
+            f"job in {where} ({what}); {cause}, then rerun with --rerun-incomplete, which redoes "
+            "it (safe: no other run is writing it)")
+
+
+def report_metadata_errors() -> None:
+    """Print :func:`metadata_line` when Snakemake fails to record a finished job (its error
+    then ends the run, without the onerror handler)."""
+    import sys
+
+    import snakemake.persistence as P
+
+    run = P.PersistenceBase.finished
+    if getattr(run, "_fair_calib", False):
+        return
+
+    said = set()
+
+    async def finished(self, job, *args, **kwargs):
+        try:
+            return await run(self, job, *args, **kwargs)
+        except OSError as err:
+            line = metadata_line(_job_name(job), str(self.path), str(err))
+            if line not in said:        # Snakemake may record a job twice on its way out
+                said.add(line)
+                print(line, file=sys.stderr, flush=True)
+            raise
+
+    finished._fair_calib = True
+    P.PersistenceBase.finished = finished
+
+
 def summary_lines(snakemake_logs, exits=None) -> list[str]:
     """``Failed: <rule> (<wildcards>): <the log's error line> [log: <path>]`` per failed job;
     ``exits``: the failed commands' exit statuses (:data:`SHELL_EXITS`)."""
