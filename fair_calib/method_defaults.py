@@ -1,7 +1,8 @@
 """Every method type's defaults, as its module reads them (``self.cfg.get(key, default)``),
 importable without torch: a job's settings hold a method's resolved values
-(``resolved_method``), so writing a documented default explicitly (``alpha: 0.3``,
-``arithmetic: authors``) gives the same settings and reruns nothing.
+(``resolved_method``; a tiny model's ``train`` entry likewise, ``resolved_train``), so writing a
+documented default explicitly (``alpha: 0.3``, ``arithmetic: authors``, ``steps: 1500``) gives
+the same settings and reruns nothing.
 ``tests/test_resolved_settings.py`` reads the defaults out of each method class and checks
 they equal these; a method type that reads a new default adds it here."""
 from __future__ import annotations
@@ -31,7 +32,7 @@ METHOD_DEFAULTS: dict[str, dict[str, Any]] = {
 }
 
 
-def _same(a: Any, b: Any) -> bool:
+def same_value(a: Any, b: Any) -> bool:
     """Equal as the method reads them (``0.3`` and ``.3``, ``128`` and ``128.0``), not
     ``True`` and ``1``."""
     if isinstance(a, bool) or isinstance(b, bool):
@@ -46,6 +47,16 @@ def resolved_method(entry: Mapping[str, Any]) -> dict[str, Any]:
     defaults = METHOD_DEFAULTS.get(entry.get("type"), {})
     out = {**defaults, **entry}
     for key, value in defaults.items():
-        if _same(out[key], value):
+        if same_value(out[key], value):
             out[key] = value
     return out
+
+
+def resolved_train(train: Mapping[str, Any] | None) -> dict[str, Any]:
+    """A tiny model's ``train`` entry with the trainer's defaults filled in
+    (``fair_calib.models.tiny.defaults.DEFAULT_TRAIN``, which the trainer reads the same way)."""
+    from fair_calib.models.tiny.defaults import DEFAULT_TRAIN
+
+    out = {**DEFAULT_TRAIN, **(train or {})}
+    return {k: DEFAULT_TRAIN[k] if k in DEFAULT_TRAIN and same_value(v, DEFAULT_TRAIN[k]) else v
+            for k, v in out.items()}

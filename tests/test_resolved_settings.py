@@ -63,3 +63,11 @@ def test_the_workflow_passes_resolved_methods():
 
     text = (Path(__file__).resolve().parents[1] / "workflow/rules/common.smk").read_text()
     assert "resolved_method(" in text
+
+
+def test_a_tiny_models_train_defaults_are_resolved_too():
+    from fair_calib.method_defaults import resolved_train
+
+    assert resolved_train({"lr": 0.005, "layers": 4.0, "steps": 1500}) == resolved_train(None)
+    assert resolved_train({"hidden": 64})["hidden"] == 64
+    assert repr(resolved_train({"layers": 4.0})) == repr(resolved_train({}))

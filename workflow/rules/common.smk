@@ -312,6 +312,10 @@ def model_entry(model, decoding=False):
     entry = {"name": model, **_without(config["models"][model], DISPLAY_KEYS)}
     if not decoding:
         entry.pop("decoding", None)
+    if entry.get("source") == "train":   # resolved: a default written out reruns nothing
+        from fair_calib.method_defaults import resolved_train
+
+        entry["train"] = resolved_train(entry.get("train"))
     if "train" in entry:
         entry["train"] = _without(entry["train"], RUNTIME_TRAIN_KEYS)
     return entry
