@@ -56,7 +56,7 @@ def test_a_scale_that_is_not_finite_is_refused_before_any_job(tmp_path, scale):
 def test_the_convert_job_refuses_an_infinite_scale_too():
     from fair_calib.models.outliers import inject_outliers
 
-    with pytest.raises(ValueError, match="must be finite"):
+    with pytest.raises(ValueError, match="must be > 1 and finite"):
         inject_outliers(None, 4, math.inf)
 
 
@@ -95,3 +95,28 @@ def test_non_finite_log_likelihoods_are_refused():
     with pytest.raises(NonFiniteError, match="1 of 3 log-likelihoods are not finite"):
         check_finite_scores([-1.0, math.nan, -2.0], "evaluation")
     check_finite_scores([-1.0, -2.0], "evaluation")
+
+
+def test_a_diverged_calibration_writes_nothing(tmp_path, monkeypatch):
+    """Calibrated parameters holding NaN: one line, and no stats, params or meta.json."""
+    from fixtures.hub_checkpoints import llada_checkpoint
+
+    from fair_calib import calibrate as C
+    from fair_calib.methods import make_method
+    from fair_calib.models.adapters import load_model
+    from fair_calib.models.finite import NonFiniteError
+
+    llada_checkpoint(tmp_path / "m")
+    real = C._Calibrated.add
+
+    def poisoned(self, i, *rest):
+        real(self, i, *rest)
+        self.params = {k: torch.full_like(v, math.nan) if v.is_floating_point() else v
+                       for k, v in self.params.items()}
+    monkeypatch.setattr(C._Calibrated, "add", poisoned)
+    ids = torch.randint(0, 90, (4, 16), generator=torch.Generator().manual_seed(0))
+    with pytest.raises(NonFiniteError, match=r"calibrated parameters hold 0 inf and \d+ NaN"):
+        C.calibrate(load_model(tmp_path / "m", "llada"), make_method({"type": "flatquant", "epochs": 1}, 4, 4),
+                    ids, tmp_path / "calib", batch_size=4, run_info={}, log=lambda *_: None)
+    assert not (tmp_path / "calib/meta.json").exists()
+    assert not (tmp_path / "calib/params.safetensors").exists()

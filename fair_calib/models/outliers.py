@@ -67,7 +67,7 @@ def inject_outliers(model: nn.Module, channels: int, scale: float, seed: int = 0
     import math
 
     if not math.isfinite(scale) or scale <= 1 or channels < 1:
-        raise ValueError(f"outliers: scale {scale} must be finite and > 1, and channels {channels} >= 1")
+        raise ValueError(f"outliers: scale {scale} must be > 1 and finite, and channels {channels} >= 1")
     unknown = set(sites) - set(SITES)
     if unknown:
         raise ValueError(f"outliers.sites: {sorted(unknown)} unknown; choose from {list(SITES)}")
