@@ -636,6 +636,13 @@ def position_weights_from_prior(prior_path: str | Path, seq_len: int) -> torch.T
     return expand_prior(df, float(prov["floor"]), int(seq_len))
 
 
+def calibration_generator(seed: int) -> torch.Generator:
+    """The generator a method's :meth:`~fair_calib.methods.base.QuantMethod.calibration_inputs`
+    draws from: seeded by the calibration seed alone (same seed, same calibration sequences),
+    apart from the window offsets' stream and torch's global one."""
+    return torch.Generator().manual_seed(1_000_003 * int(seed) + 7919)
+
+
 def run(settings: dict[str, Any], model_dir: str | Path, out_dir: str | Path,
         prior_path: str | Path | None = None, log: Callable[[str], None] = print) -> dict[str, Any]:
     """Load the model and calibration data named by ``settings`` and calibrate (see module doc)."""
@@ -666,7 +673,12 @@ def run(settings: dict[str, Any], model_dir: str | Path, out_dir: str | Path,
                                    source=settings.get("data_source") or "local")
     seq_len = int(calib["seq_len"])
     ids = data.calibration_batch(loaded.tokenizer, texts, int(calib["n_samples"]), seq_len, seed)
-    weights = None
+    # the method's calibration sequences (tmas, mcs: masked states of the windows; every other
+    # method: the windows themselves), drawn from their own seeded stream
+    ids, weights = method.calibration_inputs(loaded, ids, calibration_generator(seed))
+    if weights is not None and method.weighting == "prior":
+        raise ValueError(f"method {settings['method'].get('name')!r} weights positions twice "
+                         "(its calibration inputs and the Stage I prior)")
     if method.weighting == "prior":
         if prior_path is None:
             raise ValueError(f"method {settings['method'].get('name')!r} weights positions by the "

@@ -29,6 +29,10 @@ METHOD_DEFAULTS: dict[str, dict[str, Any]] = {
     "smoothquant": {"alpha": 0.5, "arithmetic": "authors", "propagate": "fp", **_EXPORT},
     "duquant": {"alpha": 0.5, "arithmetic": "authors", "block_size": 128, "lac": 0.9,
                 "max_rotation_step": 256, "propagate": "fp", "swc": 0.8, **_EXPORT},
+    "tmas": {**_FLATQUANT, "propagate": "fp", "weighting": "uniform", "decoding": {},
+             "prompt_ratio": 0.25, "stage_proportions": [0.3, 0.2, 0.2, 0.3]},
+    "mcs": {**_FLATQUANT, "propagate": "fp", "weighting": "uniform", "prefix_ratio": 0.25,
+            "timesteps": 4},
 }
 
 
@@ -37,6 +41,8 @@ def same_value(a: Any, b: Any) -> bool:
     ``True`` and ``1``."""
     if isinstance(a, bool) or isinstance(b, bool):
         return a is b
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(same_value(x, y) for x, y in zip(a, b))
     return a == b
 
 
@@ -44,7 +50,9 @@ def resolved_method(entry: Mapping[str, Any]) -> dict[str, Any]:
     """``entry`` (a ``methods:`` entry) with its type's defaults filled in: the values its job
     runs with. A written value equal to its default is stored as the default (``.3`` as
     ``0.3``, ``128.0`` as ``128``), so it yields the same settings."""
-    defaults = METHOD_DEFAULTS.get(entry.get("type"), {})
+    import copy
+
+    defaults = copy.deepcopy(METHOD_DEFAULTS.get(entry.get("type"), {}))
     out = {**defaults, **entry}
     for key, value in defaults.items():
         if same_value(out[key], value):

@@ -287,6 +287,12 @@ def _check_method_bits(cfg, tname, t) -> None:
     from .registry import WEIGHT_ONLY_TYPES
 
     mb = t.get("method_bits", {})
+    for key in ("significance", "reference"):
+        if key in t and t["kind"] != "main":
+            raise ConfigError(f"config: tables.{tname}.{key}: only main tables take it "
+                              f"(kind {t['kind']})")
+    if "reference" in t and t["reference"] not in t["methods"]:
+        _fail(f"tables.{tname}.reference", t["reference"], t["methods"])
     if mb and t["kind"] != "main":
         raise ConfigError(f"config: tables.{tname}.method_bits: only main tables take it "
                           f"(kind {t['kind']})")

@@ -17,7 +17,7 @@ LOADERS = ("native", "remote")
 # Calibration/quantization method types (fair_calib.methods.REGISTRY). A config ``methods:``
 # entry names one of these in its ``type`` key; ``fp`` is the unquantized reference.
 METHOD_TYPES = ("fp", "rtn", "quarot", "flatquant", "fair_calib", "qdrop", "gptq", "awq", "smoothquant",
-                "duquant")
+                "duquant", "tmas", "mcs")
 
 # Method types that quantize weights only (their bits need a_bits 16).
 WEIGHT_ONLY_TYPES = ("gptq", "awq")
@@ -80,6 +80,12 @@ METHOD_SETTINGS: dict[str, tuple[str, ...]] = {
     # DuQuant: SmoothQuant's smoothing, then rotations + zigzag permutation, fixed clip ratios
     "duquant": _QUANT_SETTINGS + ("alpha", "propagate", "block_size", "max_rotation_step",
                                   "lac", "swc", "arithmetic"),
+    # the field's dLLM calibration data (issue 48) on FlatQuant's calibration: DLLMQuant's
+    # Temporal-Mask Adaptive Sampling, Quant-dLLM's Masked Calibration Simulation
+    "tmas": _QUANT_SETTINGS + _TRAINED_SETTINGS + _FLATQUANT_SETTINGS
+            + ("prompt_ratio", "stage_proportions", "decoding"),
+    "mcs": _QUANT_SETTINGS + _TRAINED_SETTINGS + _FLATQUANT_SETTINGS
+           + ("timesteps", "prefix_ratio"),
 }
 
 

@@ -78,6 +78,20 @@ def test_calibration_seeds_plan_one_run_per_seed(ws):
     assert '"seeds"' not in shown
 
 
+def test_dllm_calibration_baselines_plan_by_path_outside_the_main_table(ws):
+    """Issue 48: tmas-seeds and mcs-seeds plan one calibration + evaluation per seed when asked
+    for by path, with their type reaching the job; the main table does not list them."""
+    targets = ["results/eval/tiny-llada/tmas-seeds@s0/w2a4/synth_gen.parquet",
+               "results/eval/tiny-dream/mcs-seeds@s2/w2a4/synth_mc.parquet"]
+    res = subprocess.run(["snakemake", "-n", "-p", "--cores", "1", *targets], cwd=ws,
+                         capture_output=True, text=True)
+    assert res.returncode == 0, (res.stdout + res.stderr)[-3000:]
+    assert '"type": "tmas"' in res.stdout and '"type": "mcs"' in res.stdout
+    assert "results/calib/tiny-dream/mcs-seeds@s2/w2a4/meta.json" in res.stdout
+    main = _plan(ws)
+    assert main.returncode == 0 and "tmas" not in main.stdout and "mcs-seeds" not in main.stdout
+
+
 def test_wrong_type_names_the_key(ws):
     res = _plan(ws, {"probes": {"default": {"n_samples": "many"}}})
     assert res.returncode != 0
@@ -108,8 +122,11 @@ def test_paper_config_plans_the_full_grid(ws):
     # 5 models x (4 quantized methods + FP) + ablations + W3A4 + QDrop; no tiny-model jobs.
     assert "train_tiny" not in out and "make_data" not in out
     for table in ("main", "components", "nprobe", "schedule", "w3a4", "qdrop", "calib_memory",
-                  "deploy_memory"):
+                  "deploy_memory", "dllm_calibration"):
         assert f"results/tables/{table}.tex" in out
+    # the optional rows (issue 48): DLLMQuant's TMAS and Quant-dLLM's MCS on Dream-Base
+    for method in ("tmas", "mcs"):
+        assert f"results/calib/dream-7b-base/{method}/w4a4/meta.json" in out
     assert "resources: tmpdir=/tmp, runtime=240, gpu=1" in out      # calibrate asks for a GPU
 
 

@@ -419,7 +419,8 @@ def _lm_eval_group(rel: str) -> dict[str, Any]:
     return yaml.safe_load((_lm_eval_tasks_dir() / rel).read_text())
 
 
-SYNTHETIC_TASKS = {"synth_mc": "synth_mc.jsonl", "synth_gen": "synth_gen.jsonl"}
+SYNTHETIC_TASKS = {"synth_mc": "synth_mc.jsonl", "synth_gen": "synth_gen.jsonl",
+                   "synth_copy": "synth_gen.jsonl"}   # the bench's copy items (corpus.gen_kind)
 
 
 def write_synthetic_tasks(synthetic_dir: str | os.PathLike, include_dir: str | os.PathLike,

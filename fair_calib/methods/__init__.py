@@ -18,10 +18,12 @@ from .fair_calib import FairCalibMethod
 from .flatquant import FlatQuantMethod
 from .fp import FPMethod
 from .gptq import GPTQMethod
+from .mcs import MCSMethod
 from .qdrop import QDropMethod
 from .quarot import QuaRotMethod
 from .rtn import RTNMethod
 from .smoothquant import SmoothQuantMethod
+from .tmas import TMASMethod
 
 REGISTRY: dict[str, type[QuantMethod]] = {
     "fp": FPMethod,
@@ -34,6 +36,8 @@ REGISTRY: dict[str, type[QuantMethod]] = {
     "awq": AWQMethod,
     "smoothquant": SmoothQuantMethod,
     "duquant": DuQuantMethod,
+    "tmas": TMASMethod,
+    "mcs": MCSMethod,
 }
 
 

@@ -57,6 +57,19 @@ class QuantMethod:
                 "clip_lr_mult": 1.0, "eta_min_ratio": 0.0, "normalize_loss": False,
                 "shuffle": bool(self.cfg.get("shuffle", True))}
 
+    # --- calibration data ---------------------------------------------------------------------
+    def calibration_inputs(self, loaded, ids: torch.Tensor, generator: torch.Generator
+                           ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The calibration sequences the blocks are fitted on, from the fully observed windows
+        ``ids`` ``[n, L]`` (``fair_calib.data.calibration_batch``), and position weights ``[L]``
+        for the loss (None: uniform, or the method's own weighting). Called by
+        ``calibrate.run`` before anything else touches the model (the FP model: its own
+        denoising states may be drawn here); the FP teacher's targets are then its outputs on
+        the returned sequences. ``generator``: the only source of randomness (seeded from the
+        calibration seed). Default: the windows unchanged (every method but the dLLM
+        calibration-data baselines ``tmas`` and ``mcs``)."""
+        return ids, None
+
     # --- model-level hooks --------------------------------------------------------------------
     def prepare_model(self, loaded) -> None:
         """Change the FP model before calibration/loading (QuaRot: fold norms, rotate)."""

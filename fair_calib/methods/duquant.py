@@ -25,8 +25,9 @@ draw per ``rotation`` call.
 The rotations and permutation are saved with the group (``g{j}.rotation.R/perm``) and applied
 online to the activations at evaluation (fake quantization: zero points, not the integer GEMMs).
 
-``arithmetic``: ``authors`` (the default) as DuQuant's code computes: the layer in float16
-(smoothing as :mod:`.smoothquant`'s ``authors``; the rotation pass, its greedy search, the
+``arithmetic``: ``authors`` (the default) as DuQuant's code computes: the layer in float16,
+computing as DuQuant's layer classes (``fair_calib.quant.duquant_layer``; smoothing as
+:mod:`.smoothquant`'s ``authors``; the rotation pass, its greedy search, the
 rotations, weight codes and every quantizer in float16, ``fair_calib.quant.half``), the
 attention matmuls' inputs quantized (Q and K rotated by a Hadamard of ``block_size`` and
 quantized with ``lac``, V quantized; ``qkt_matmul`` / ``pv_matmul``), ``get_rot``'s Gaussian

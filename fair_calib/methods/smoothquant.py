@@ -21,15 +21,17 @@ The roles (q, v/o, up/down) are found by running the block, not by names. ``alph
 float16 activation maxima and the weight in its dtype, then the layer in float16
 (``qlayer.half()``: truncation, folding, weight codes and every quantizer in float16,
 ``fair_calib.quant.half``) and the attention matmuls' inputs quantized too (Q, K, V per
-(token, head), ``int_llama_layer.py``'s ``qkt_matmul`` / ``pv_matmul``). ``precise``: scales,
-folding and quantizers in float32, the layer in the model's dtype, attention matmuls in full
-precision.
+(token, head), ``int_llama_layer.py``'s ``qkt_matmul`` / ``pv_matmul``); the quantized block
+computes as DuQuant's own layer classes (``int_llada_layer`` / ``int_dream_layer`` /
+``int_llama_layer`` by family: norms, rotary, attention, MLP in their dtypes and order,
+``fair_calib.quant.duquant_layer``). ``precise``: scales, folding and quantizers in float32,
+the layer in the model's dtype and classes, attention matmuls in full precision.
 """
 from __future__ import annotations
 
 import torch
 
-from ..quant import half
+from ..quant import duquant_layer, half
 from ..quant.discovery import get_submodule
 from ..quant.groupwise import group_codes, minmax_asym_params, fake_quant_zp
 from ..quant.qlinear import InputQuant
@@ -114,6 +116,7 @@ class SmoothQuantMethod(GroupCodesMethod):
         self._traces: dict = {}
         self._attention: dict[int, list[str]] = {}   # per block: its attention modules
         self.scales: dict[int, dict[int, torch.Tensor]] = {}   # per block: group -> s (tests)
+        self._layer: duquant_layer.LayerArith | None = None    # authors: DuQuant's layer
 
     @property
     def alpha(self) -> float:
@@ -129,6 +132,7 @@ class SmoothQuantMethod(GroupCodesMethod):
         if not self.authors:
             self._traces = trace_model(loaded, feeders=True)
             return
+        self._layer = duquant_layer.layer_arith(loaded)
         half.install_qkv_attention(loaded.model)
         with half.record_attention() as seen:
             self._traces = trace_model(loaded, feeders=True)
@@ -139,6 +143,7 @@ class SmoothQuantMethod(GroupCodesMethod):
                                    "transformers' attention interface; its matmul inputs cannot be "
                                    "quantized (arithmetic: authors); use arithmetic: precise")
             self._attention[i] = names
+            duquant_layer.check_layout(block, i)
 
     def qkv_quant(self) -> half.QKVQuant:
         """SmoothQuant's ``qkt_matmul`` / ``pv_matmul`` inputs: a_bits, no clipping, no
@@ -198,7 +203,7 @@ class SmoothQuantMethod(GroupCodesMethod):
         scales = {j: scale_of(stats[j].x_absmax, lin(key).weight, self.alpha)
                   for j, (_, _, key) in plan.items()}
         if self.authors:
-            half.make_half(block)               # qlayer.half(), before the folding
+            self._half_layer(block)             # qlayer.half(), before the folding
         norms, biases = [], []
         for j, (kind, where, _) in plan.items():
             s = scales[j]
@@ -250,8 +255,16 @@ class SmoothQuantMethod(GroupCodesMethod):
                           group_codes(w.float(), self.w_bits, -1, minmax_asym_params))
                     self.set_codes(get_submodule(block, n), gc)
 
+    def _half_layer(self, block) -> None:
+        """DuQuant's quantized layer: its arithmetic (``fair_calib.quant.duquant_layer``) in
+        float16 (``qlayer.half()``)."""
+        if self._layer is None:
+            raise RuntimeError(f"{self.type_name}: prepare_model must run before quantize_block")
+        duquant_layer.install(block, self._layer)
+        half.make_half(block)
+
     @torch.no_grad()
     def load_block_state(self, block, groups, state):
         if self.authors:
-            half.make_half(block)
+            self._half_layer(block)
         super().load_block_state(block, groups, state)

@@ -15,7 +15,9 @@
 * :func:`install_qkv_attention`: the attention matmuls' inputs quantized (``qkt_matmul``:
   Q and K per (token, head), DuQuant also rotating them by a Hadamard of ``block_size`` first,
   with ``lac``; ``pv_matmul``: V per (token, head), the attention probabilities at 16 bits,
-  i.e. not quantized), through an attention implementation that wraps the model's own.
+  i.e. not quantized), through an attention implementation that wraps the model's own; in a
+  quantized block, whose forward is DuQuant's layer (:mod:`.duquant_layer`), they are applied
+  inside its attention instead (:meth:`QKVQuant.qk`, :meth:`QKVQuant.v`).
 """
 from __future__ import annotations
 
@@ -186,6 +188,14 @@ class QKVQuant:
             shape = x.shape
             x = x.reshape(-1, self.hadamard).matmul(hadamard_matrix(self.hadamard).to(x)).view(shape)
         return uaq_fake_quant(x, self.bits, self.lac)
+
+    def qk(self, x: torch.Tensor) -> torch.Tensor:
+        """``qkt_matmul.quant_x1`` / ``quant_x2`` on Q or K in the layer's dtype."""
+        return x if self.bits >= 16 else self._qk(x)
+
+    def v(self, x: torch.Tensor) -> torch.Tensor:
+        """``pv_matmul.quant_x2`` on V."""
+        return x if self.bits >= 16 else uaq_fake_quant(x, self.bits)
 
     def __call__(self, q, k, v):
         # Q and K come rotated by RoPE in float32 where sin/cos are float32 (LLaDA's

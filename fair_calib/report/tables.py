@@ -63,9 +63,10 @@ TABLES = ("main", "components", "nprobe", "schedule", "w3a4", "qdrop", "calib_me
 METRIC_PREFERENCE = ("acc", "exact_match", "pass@1", "mc2", "acc_norm")
 FILTER_PREFERENCE = ("none", "strict-match")
 Z = 1.96  # bold only where the difference to every other quantized value exceeds Z noise units
-CONVENTION = (r"Cells: value{\scriptsize$\pm$s}, s = standard error over the evaluated items"
-              r" (lm-eval), or the standard deviation over calibration seeds where several ran;"
-              r" Avg.\ combines them as independent. Bold: best quantized method of a column,"
+CELLS_CONVENTION = (r"Cells: value{\scriptsize$\pm$s}, s = standard error over the evaluated"
+                    r" items (lm-eval), or the standard deviation over calibration seeds where"
+                    r" several ran; Avg.\ combines them as independent.")
+CONVENTION = (CELLS_CONVENTION + r" Bold: best quantized method of a column,"
               r" only where it beats every other quantized method by more than"
               rf" ${Z}\sqrt{{s_1^2+s_2^2}}$.")
 DIGITS = 1  # decimals of every accuracy cell and of its ± (percent; SEs here are >= ~0.3 points)
@@ -74,7 +75,8 @@ CHANCE_NOTE = (r"Chance: the score of answering without reading the question; on
                r" items); on an exact-match task, always giving the task's most frequent answer"
                r" where the task has a closed answer set (the embedded tasks), else 0.")
 CELL_COLUMNS = ("table", "model", "method", "bits", "column", "value", "err", "err_kind",
-                "n_seeds", "n_items", "bold", "arithmetic")
+                "n_seeds", "n_items", "bold", "arithmetic", "reference", "diff_ref", "p_ref",
+                "mde_ref")
 # Which arithmetic computed a quantized cell (the evaluation's record, evaluate/run.py): fake
 # quantization (the reference, unmarked) or the real low-bit kernels on integer codes, marked.
 INTEGER_ARITHMETIC = ("integer", "emulated", "mixed")
@@ -284,13 +286,18 @@ def _best(rows: Sequence[Sequence[Cell]], z: float = Z) -> list[set[int]]:
 
 def _records(table: str, model: str, method: str, bits: str | None, columns: Sequence[str],
              cells: Sequence[Cell], bold: set[int] | Sequence[bool] = (),
-             arithmetic: str = "") -> list[dict]:
-    """Rows of the cells frame (:data:`CELL_COLUMNS`) for one table row."""
+             arithmetic: str = "", against: Sequence[Any] = (),
+             reference: str | None = None) -> list[dict]:
+    """Rows of the cells frame (:data:`CELL_COLUMNS`) for one table row; ``against`` holds
+    each column's paired comparison with ``reference`` (report/paired.py), where computed."""
+    against = list(against) or [None] * len(columns)
     return [{"table": table, "model": model, "method": method, "bits": bits, "column": col,
              "value": c.value, "err": c.err, "err_kind": c.err_kind or None,
              "n_seeds": c.n_seeds, "n_items": c.n_items, "bold": j in bold,
-             "arithmetic": arithmetic}
-            for j, (col, c) in enumerate(zip(columns, cells))]
+             "arithmetic": arithmetic, "reference": reference if a is not None else None,
+             "diff_ref": None if a is None else a.diff, "p_ref": None if a is None else a.p,
+             "mde_ref": None if a is None else a.mde}
+            for j, (col, c, a) in enumerate(zip(columns, cells, against))]
 
 
 def arithmetic_of_row(eval_df: pd.DataFrame, model: str, method: str, bits: str | None) -> str:
@@ -328,13 +335,98 @@ def _wrap(body: str, caption: str | None, label: str | None, env: str | None,
     return head + pre + body + f"\\end{{{env}}}\n"
 
 
+# ----------------------------------------------------------------------------- paired tests
+PAIRED_CONVENTION = (r"Bold: best quantized method of a column, only where a paired test over"
+                     r" the same items and the calibration seeds (two-sided, 5\,\%) finds it"
+                     r" above every other quantized method; $^{\uparrow}$/$^{\downarrow}$:"
+                     r" significantly above/below {ref} in the same test.")
+
+
+class _PairedScores:
+    """Per-item scores of a table's runs, for paired tests (report/paired.py)."""
+
+    def __init__(self, cells: "_Cells", fp_method: str):
+        self.cells = cells
+        self.fp_method = fp_method
+        self._cache: dict[tuple, list[list[np.ndarray]] | None] = {}
+
+    def runs(self, model: str, method: str, bits: str | None, tasks: Sequence[str]):
+        """[per seed: [per task: item scores]], or None where a run or its records are missing."""
+        key = (model, method, bits, tuple(tasks))
+        if key not in self._cache:
+            self._cache[key] = self._load(model, method, bits, tasks)
+        return self._cache[key]
+
+    def _load(self, model, method, bits, tasks):
+        from .paired import item_scores
+
+        d = self.cells.df
+        if "path" not in d.columns:
+            return None
+        per_seed: dict[int, list[np.ndarray]] = {}
+        for task in tasks:
+            metric = self.cells.metric(model, task)
+            sel = (d["model"] == model) & (d["method"] == method) & (d["task"] == task)
+            if metric is not None:
+                sel &= d["metric"] == metric
+            if method != self.fp_method and bits is not None:
+                sel &= d["bits"] == bits
+            rows = d.loc[sel & d["value"].notna()]
+            if rows.empty:
+                return None
+            for _, r in rows.iterrows():
+                seed = int(r["seed"]) if "seed" in rows.columns and not _is_nan(r["seed"]) else 0
+                per_seed.setdefault(seed, []).append(item_scores(r["path"], metric))
+        runs = [per_seed[k] for k in sorted(per_seed)]
+        return runs if all(len(r) == len(tasks) for r in runs) else None
+
+    def compare(self, model, a, b, bits_of, tasks):
+        from .paired import compare
+
+        ra, rb = self.runs(model, a, bits_of(a), tasks), self.runs(model, b, bits_of(b), tasks)
+        return None if ra is None or rb is None else compare(ra, rb)
+
+
+def _paired_best(model: str, quant: Sequence[str], qvals, columns, column_tasks,
+                 paired: _PairedScores, bits_of) -> list[set[int]]:
+    """Per column, the row whose value a paired test finds above every other row's."""
+    out = []
+    for j, _col in enumerate(columns):
+        vals = [(i, r[j]) for i, r in enumerate(qvals) if r[j].value is not None]
+        if len(vals) < 2:
+            out.append(set())
+            continue
+        top_i, _ = max(vals, key=lambda iv: iv[1].value)
+        tests = [paired.compare(model, quant[top_i], quant[i], bits_of, column_tasks[j])
+                 for i, _ in vals if i != top_i]
+        clear = all(t is not None and t.significant and t.diff > 0 for t in tests)
+        out.append({top_i} if clear else set())
+    return out
+
+
+def _direction_mark(test) -> str:
+    if test is None or not test.significant:
+        return ""
+    return "$^{\\uparrow}$" if test.diff > 0 else "$^{\\downarrow}$"
+
+
+def _mde_note(model_label: str, tests: Sequence[Any], reference_label: str) -> str:
+    mdes = [t.mde for t in tests if t is not None]
+    if not mdes:
+        return ""
+    return (f"{latex_escape(model_label)}: a paired difference of {min(mdes):.1f}--{max(mdes):.1f}"
+            f" points against {reference_label} is detected with 80\\,\\% power"
+            " (two-sided 5\\,\\%).")
+
+
 # ----------------------------------------------------------------------------- main tables
 def main_table(eval_df: pd.DataFrame, models: Sequence[str], methods: Sequence[str],
                tasks: Sequence[str], labels: Mapping[str, Any], *, bits: str | None = None,
                fp_method: str = "fp", chance: bool = True, caption: str | None = None,
                label: str | None = None, env: str | None = "table*",
                records: list[dict] | None = None, name: str = "main",
-               method_bits: Mapping[str, str] | None = None) -> str:
+               method_bits: Mapping[str, str] | None = None, significance: str = "unpaired",
+               reference: str | None = None) -> str:
     """One family table (paper Tables 1-2): a ``\\multirow`` group per model, the FP row shaded
     on every cell, then (when ``chance`` and eval rows carry it) an unshaded Chance row, then
     the quantized methods at ``bits``; per-task columns and Avg. (mean over tasks, ``--`` when
@@ -345,7 +437,15 @@ def main_table(eval_df: pd.DataFrame, models: Sequence[str], methods: Sequence[s
     optionally ``tasks.<t>.metric``. Quantized rows need ``bits`` when eval_df holds several;
     ``method_bits`` (method -> bits) gives single rows their own (QDLM's grid: W4A16 GPTQ next
     to W8A8 SmoothQuant and W4A4 FlatQuant).
+
+    ``significance: paired`` (the bench) replaces the noise rule by paired tests over the same
+    items and the seeds (report/paired.py): bold where the best row is significantly above
+    every other, an arrow where a row is significantly above or below ``reference``, and a
+    note of the minimum detectable difference against it.
     """
+    if significance not in ("unpaired", "paired"):
+        raise ValueError(f"table {name!r}: significance must be 'unpaired' or 'paired', got "
+                         f"{significance!r}")
     bits_of = dict(method_bits or {})
     cells = _Cells(eval_df, labels)
     records = [] if records is None else records
@@ -369,6 +469,14 @@ def main_table(eval_df: pd.DataFrame, models: Sequence[str], methods: Sequence[s
         vals = [cells.get(model, method, bits_of.get(method, bits), t, fp_method) for t in tasks]
         return vals + ([_avg(vals)] if with_avg else [])
 
+    paired = _PairedScores(cells, fp_method) if significance == "paired" else None
+    if paired is not None and reference is not None and reference not in quant:
+        raise ValueError(f"table {name!r}: reference {reference!r} is not one of its quantized "
+                         f"methods {quant}")
+    ref = reference or (quant[0] if quant else None)
+    column_tasks = [[t] for t in tasks] + ([list(tasks)] if with_avg else [])
+    bits_fn = lambda m: bits_of.get(m, bits)  # noqa: E731
+    mde_notes = []
     marked = False
     for model in models:
         lines.append("\\midrule")
@@ -386,23 +494,37 @@ def main_table(eval_df: pd.DataFrame, models: Sequence[str], methods: Sequence[s
             lines.append("& " + " & ".join(["Chance"] + [_fmt_cell(v) for v in cv]) + " \\\\")
             records += _records(name, model, "chance", None, columns, cv)
         qvals = [row_cells(model, m) for m in quant]
-        best = _best(qvals)
+        best = (_best(qvals) if paired is None else
+                _paired_best(model, quant, qvals, columns, column_tasks, paired, bits_fn))
+        model_tests = []
         for i, m in enumerate(quant):
             bold = {j for j in range(ncol) if i in best[j]}
             arith = arithmetic_of_row(eval_df, model, m, bits_of.get(m, bits))
             mark = ARITH_MARK if arith in INTEGER_ARITHMETIC else ""
             marked = marked or bool(mark)
+            against = ([paired.compare(model, m, ref, bits_fn, ct) if m != ref else None
+                        for ct in column_tasks] if paired is not None else [])
+            model_tests += [t for t in against if t is not None]
             row = [_label(labels, "methods", m)]
             row += [_fmt_cell(v, bold=j in bold) + (mark if v.value is not None else "")
+                    + (_direction_mark(against[j]) if against else "")
                     for j, v in enumerate(qvals[i])]
             lines.append("& " + " & ".join(row) + " \\\\")
             records += _records(name, model, m, bits_of.get(m, bits), columns, qvals[i], bold,
-                                arith)
+                                arith, against, ref if against else None)
+        if paired is not None:
+            mde_notes.append(_mde_note(_label(labels, "models", model), model_tests,
+                                       _label(labels, "methods", ref)))
     lines += ["\\bottomrule", "\\end{tabular}}"]
     also = _also_reported(cells, models, [m for m in methods if m == fp_method] + quant, tasks,
                           labels, lambda m: bits_of.get(m, bits), fp_method)
-    body = "\n".join(lines) + "\n" + _footnote(cells.missing) + also
-    full = (_with_convention(caption) + (" " + CHANCE_NOTE if show_chance else "")
+    notes = " ".join(n for n in mde_notes if n)
+    body = ("\n".join(lines) + "\n" + _footnote(cells.missing) + also
+            + (f"\\par\\smallskip{{\\footnotesize {notes}}}\n" if notes else ""))
+    convention = (_with_convention(caption) if paired is None else
+                  (f"{caption} " if caption else "") + CELLS_CONVENTION + " "
+                  + PAIRED_CONVENTION.replace("{ref}", _label(labels, "methods", ref)))
+    full = (convention + (" " + CHANCE_NOTE if show_chance else "")
             + (" " + ARITH_NOTE if marked else ""))
     return _wrap(body, full, label, env)
 
@@ -708,7 +830,7 @@ def load_inputs(paths: Sequence[str | Path]) -> dict[str, pd.DataFrame]:
             continue
         df, prov = read_parquet(p)
         if "task" in df.columns:
-            evals.append(split_seed(df.assign(arithmetic=_eval_arithmetic(p, prov))))
+            evals.append(split_seed(df.assign(arithmetic=_eval_arithmetic(p, prov), path=str(p))))
             # the weights each cell was computed on (evaluate/run.py), compared below
             weights += [(m, str(p), prov.get("model_content")) for m in df["model"].unique()]
         elif "peak_mem_mb" in df.columns:
@@ -786,7 +908,9 @@ def build_table(name: str | None, settings: Mapping[str, Any],
                 flab = f"{lab}_{slug}"
             parts.append(main_table(ev, ms, methods, tasks, labels, bits=bits, fp_method=fp,
                                     chance=chance, caption=fcap, label=flab, records=records,
-                                    name=tname, method_bits=opts.get("method_bits")))
+                                    name=tname, method_bits=opts.get("method_bits"),
+                                    significance=str(opts.get("significance", "unpaired")),
+                                    reference=opts.get("reference")))
         return "\n".join(parts)
     model = opts.get("model") or (models[0] if models else None)
     if name in ("components", "nprobe", "schedule"):
@@ -821,7 +945,9 @@ def cells_schema():
                       ("bits", pa.string()), ("column", pa.string()), ("value", pa.float64()),
                       ("err", pa.float64()), ("err_kind", pa.string()), ("n_seeds", pa.int64()),
                       ("n_items", pa.int64()), ("bold", pa.bool_()),
-                      ("arithmetic", pa.string())])
+                      ("arithmetic", pa.string()), ("reference", pa.string()),
+                      ("diff_ref", pa.float64()), ("p_ref", pa.float64()),
+                      ("mde_ref", pa.float64())])
 
 
 def run_cli(argv: Sequence[str]) -> None:

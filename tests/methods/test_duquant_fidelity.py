@@ -26,7 +26,7 @@ from fair_calib.methods.duquant import givens_spread
 from fair_calib.quant.blockio import call_block, capture_block_inputs
 from fair_calib.quant.discovery import get_submodule
 from fair_calib.quant.toy import tiny_random_loaded
-from fixtures import duquant_smoothing
+from fixtures import duquant_layers, duquant_smoothing
 from fixtures.duquant_smoothing import ref_uaq_half, register_ref_attention
 
 torch.set_num_threads(1)
@@ -155,12 +155,13 @@ class RefQuantizer:
         return weight[:, perm], perm
 
     def online_duquant_cali(self, weight):
+        weight_shape = weight.shape           # QDLM's copy returns the input's shape
         weight, _, R1 = self.rotation(weight.detach().clone())
         weight, perm = self.permutation_zigzag(weight)
         weight, _, R2 = self.rotation(weight)
         self.R = torch.stack([R1, R2])
         self.permutation_list = perm.unsqueeze(0)
-        return weight
+        return weight.reshape(weight_shape)
 
     def init_duquant(self, x):
         if not self.init:
@@ -254,10 +255,14 @@ def wrap_layer(layer, w_bits, a_bits, online, half=False):
 
 
 @torch.no_grad()
-def ref_duquant(lm, w_bits, a_bits, half=False, seed=0):
+def ref_duquant(lm, w_bits, a_bits, half=False, seed=0, style=None, rope32=False, scales=None):
     """``duquant()`` on every layer, in place; returns each layer's RefQuantLinears. ``half``:
     as DuQuant runs (float16 layers, Q/K/V quantized, ``torch.manual_seed(seed)`` once before
-    the first layer); else float32 and ``get_rot`` from a generator seeded per block."""
+    the first layer); else float32 and ``get_rot`` from a generator seeded per block.
+    ``style``: the layers compute as DuQuant's layer class of that name
+    (``tests/fixtures/duquant_layers.py``: llama, dream, llada; ``rope32``: LLaDA's
+    ``rope_full_precision``); None: the model's own layer code (with ``half``, Q/K/V quantized
+    before its SDPA). ``scales``: a list given the float16 smoothing scales of each layer."""
     model = lm.model
     act_scales = act_scales_of(model)
     layers = model.model.layers
@@ -265,8 +270,9 @@ def ref_duquant(lm, w_bits, a_bits, half=False, seed=0):
     one = capture_block_inputs(model, layers[0], IDS[:1], 1)    # batch-1 masks / positions
     if half:
         v = lambda x: ref_uaq_half(x, a_bits)     # noqa: E731
-        model.config._attn_implementation = register_ref_attention(
-            "ref_duquant_qkv", ref_qk_quant(a_bits), ref_qk_quant(a_bits), v)
+        if style is None:
+            model.config._attn_implementation = register_ref_attention(
+                "ref_duquant_qkv", ref_qk_quant(a_bits), ref_qk_quant(a_bits), v)
         rotate_inps = torch.cat(inps.hidden).half().mean(dim=0)
         GEN[0] = None
         torch.manual_seed(seed)                               # main.py
@@ -275,11 +281,16 @@ def ref_duquant(lm, w_bits, a_bits, half=False, seed=0):
     out = []
     for i, layer in enumerate(layers):
         if half:
-            _, online = duquant_smoothing.smooth_layer_half(layer, i, act_scales, ALPHA)
+            sc, online = duquant_smoothing.smooth_layer_half(layer, i, act_scales, ALPHA)
+            if scales is not None:
+                scales.append(sc)
         else:
             online = smooth_layer(layer, i, act_scales)
             GEN[0] = torch.Generator().manual_seed(i)           # the project's per-block seed
         qls = wrap_layer(layer, w_bits, a_bits, online, half)
+        if style is not None:
+            duquant_layers.use_layer(layer, model.config, style, duquant_layers.Quant(
+                ref_qk_quant(a_bits), ref_qk_quant(a_bits), v), rope32)
         rotate_inps = call_block(layer, one, 0, rotate_inps.unsqueeze(0))[0]
         for ql in qls.values():
             ql.quant_inplace()
@@ -308,16 +319,53 @@ def _per_sequence_logits(lm):
     return torch.cat([lm.logits(IDS[k:k + 1]) for k in range(IDS.shape[0])])
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2-gqa"])
-@pytest.mark.parametrize("bits", [(8, 8), (4, 4)])
-def test_duquant_equals_duquants_float16_run_bit_for_bit(tmp_path, arch, bits):
-    """The default: every rotation, permutation, quantized weight, folded norm and the
-    logits equal DuQuant run as it runs (float16, global RNG, attention matmuls quantized)."""
-    make = _maker(arch)
+LAYOUTS = duquant_layers.LAYOUTS
+
+
+def _record_rotation_inputs(monkeypatch):
+    """Every rotation search's input, in order: the project's and the reference's."""
+    from fair_calib.methods.duquant import DuQuantRotation
+
+    got, want = [], []
+    cal, ref_cal = DuQuantRotation.calibrate, RefQuantizer.online_duquant_cali
+
+    def calibrate(self, x, steps, gen):
+        got.append(x.clone())
+        return cal(self, x, steps, gen)
+
+    def online_duquant_cali(self, weight):
+        want.append(weight.detach().clone().reshape(-1, weight.shape[-1]))
+        return ref_cal(self, weight)
+    monkeypatch.setattr(DuQuantRotation, "calibrate", calibrate)
+    monkeypatch.setattr(RefQuantizer, "online_duquant_cali", online_duquant_cali)
+    return got, want
+
+
+@pytest.mark.parametrize("layout,bits", [("llada", (4, 4)), ("llada", (8, 8)),
+                                         ("llada-rope32", (4, 4)), ("dream", (4, 4)),
+                                         ("dream", (8, 8)), ("llama", (4, 4))])
+def test_duquant_equals_duquants_layers_bit_for_bit(tmp_path, monkeypatch, layout, bits):
+    """The default against DuQuant run as it runs, through its own layer classes
+    (``int_llada_layer`` / ``int_dream_layer`` / ``int_llama_layer``: the norm's
+    multiply-then-cast, rotary, attention in their dtypes and order): every rotation search's
+    input, smoothing scale, rotation, permutation, quantized weight, folded norm, each quantized
+    block's output and the logits ``torch.equal``."""
+    make, rope32 = LAYOUTS[layout]
+    style = layout.split("-")[0]
     lm, ref = make(), make()
+    got_x, want_x = _record_rotation_inputs(monkeypatch)
     m = make_method({"type": "duquant", "block_size": BLOCK}, *bits, seed=3)
     calibrate(lm, m, IDS, tmp_path, batch_size=4, log=lambda s: None)
-    want = ref_duquant(ref, *bits, half=True, seed=3)
+    assert lm.blocks[0]._duquant_layer == style
+    want_scales = []
+    want = ref_duquant(ref, *bits, half=True, seed=3, style=style, rope32=rope32,
+                       scales=want_scales)
+    for i, sc in enumerate(want_scales):        # the smoothing (activation statistics)
+        for j, key in enumerate(["qkv", "out", "fc1", "down"]):
+            assert torch.equal(m.scales[i][j], sc[key]), (i, key)
+    assert len(got_x) == len(want_x) == 4 * len(want)     # q/k/v, o, gate/up, down per block
+    for k, (g, w) in enumerate(zip(got_x, want_x)):
+        assert g.dtype == w.dtype == torch.float16 and torch.equal(g, w), k
     rotated = permuted = 0
     for i, qls in enumerate(want):
         blk = lm.blocks[i]
@@ -331,6 +379,13 @@ def test_duquant_equals_duquants_float16_run_bit_for_bit(tmp_path, arch, bits):
         for n in ("input_layernorm", "post_attention_layernorm"):
             assert torch.equal(get_submodule(blk, n).weight, get_submodule(ref.blocks[i], n).weight)
     with torch.no_grad():
+        # each quantized block on the same input (a calibration sequence, block by block)
+        one = capture_block_inputs(lm.model, lm.blocks[0], IDS[1:2], 1)
+        h = one.hidden[0]
+        for i in range(len(want)):
+            out = call_block(lm.blocks[i], one, 0, h)
+            assert torch.equal(out, call_block(ref.blocks[i], one, 0, h)), i
+            h = out
         want_logits = _per_sequence_logits(ref)
         got = _per_sequence_logits(load_quantized(make(), tmp_path))
     assert torch.equal(got, want_logits)

@@ -15,8 +15,9 @@ from fair_calib.methods import load_quantized, make_method
 from fair_calib.quant.discovery import get_submodule
 from fair_calib.quant.half import QKVQuant
 from fair_calib.quant.toy import tiny_random_loaded
-from fixtures.duquant_smoothing import (act_scales_of, ref_uaq_half, register_ref_attention,
-                                        smooth_layer, smooth_layer_half, truncate_number)
+from fixtures import duquant_layers
+from fixtures.duquant_smoothing import (act_scales_of, ref_uaq_half, smooth_layer,
+                                        smooth_layer_half, truncate_number)
 
 torch.set_num_threads(1)
 IDS = torch.randint(0, 60, (8, 16), generator=torch.Generator().manual_seed(2))
@@ -34,20 +35,21 @@ def ref_uaq(x, n_bits):
 
 
 @torch.no_grad()
-def ref_smoothquant_half(lm, alpha, w_bits, a_bits):
+def ref_smoothquant_half(lm, alpha, w_bits, a_bits, style="llada", rope32=False):
     """``duquant()`` without ``--quant_method`` (SmoothQuant) on every layer, in place:
     scales from the float16 act scales and the weight in its dtype, ``qlayer.half()``,
     ``truncate_number``, ``smooth_and_let_inplace`` (qkv, fc1, down, then out or, under GQA,
-    ``smooth_fc_inplace``), ``quant_inplace``; activations and Q, K, V quantized. Returns the
-    per-block float16 scales by pair name."""
+    ``smooth_fc_inplace``), ``quant_inplace``; activations and Q, K, V quantized; each layer
+    computing as DuQuant's ``style`` layer class (``tests/fixtures/duquant_layers.py``). Returns
+    the per-block float16 scales by pair name."""
     model = lm.model
     act_scales = act_scales_of(model, IDS)
     q = lambda x: ref_uaq_half(x, a_bits)      # noqa: E731
-    model.config._attn_implementation = register_ref_attention("ref_smoothquant_qkv", q, q, q)
     out = []
     for i, layer in enumerate(model.model.layers):
         a = layer.self_attn
         sc, online = smooth_layer_half(layer, i, act_scales, alpha)
+        duquant_layers.use_layer(layer, model.config, style, duquant_layers.Quant(q, q, q), rope32)
         for m in layer.modules():
             if isinstance(m, torch.nn.Linear):
                 m.weight.data = ref_uaq_half(m.weight.data, w_bits)      # quant_inplace
@@ -97,16 +99,23 @@ def _silent_channels(*models):
             model.blocks[0].input_layernorm.weight[3:6] = 1e-7
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2-gqa"])
-@pytest.mark.parametrize("bits", [(8, 8), (4, 8)])
-def test_smoothquant_equals_duquants_float16_layer_bit_for_bit(tmp_path, arch, bits):
-    """The default: every scale, folded norm, quantized weight and the logits equal."""
-    make = _maker(arch)
+@pytest.mark.parametrize("layout,bits", [("llada", (8, 8)), ("llada", (4, 8)),
+                                         ("llada-rope32", (8, 8)), ("dream", (8, 8)),
+                                         ("dream", (4, 8)), ("llama", (8, 8))])
+def test_smoothquant_equals_duquants_layers_bit_for_bit(tmp_path, layout, bits):
+    """The default against DuQuant's float16 layer classes (``int_llada_layer`` /
+    ``int_dream_layer`` / ``int_llama_layer``): every activation statistic (its scale), folded
+    norm, quantized weight, each quantized block's output and the logits equal."""
+    from fair_calib.quant.blockio import BlockInputs, call_block, capture_block_inputs
+
+    make, rope32 = duquant_layers.LAYOUTS[layout]
+    style = layout.split("-")[0]
     lm, ref = make(), make()
     _silent_channels(lm, ref)
     m = make_method({"type": "smoothquant", "alpha": 0.5}, *bits)
     calibrate(lm, m, IDS, tmp_path, batch_size=4, log=lambda s: None)
-    want_scales = ref_smoothquant_half(ref, 0.5, *bits)
+    assert lm.blocks[0]._duquant_layer == style
+    want_scales = ref_smoothquant_half(ref, 0.5, *bits, style=style, rope32=rope32)
     for i, sc in enumerate(want_scales):
         for j, key in enumerate(["qkv", "out", "fc1", "down"]):
             assert torch.equal(m.scales[i][j], sc[key]), (i, key)
@@ -117,6 +126,25 @@ def test_smoothquant_equals_duquants_float16_layer_bit_for_bit(tmp_path, arch, b
             assert torch.equal(get_submodule(lm.blocks[i], n).weight,
                                get_submodule(ref.blocks[i], n).weight), (i, n)
     with torch.no_grad():
+        inputs = capture_block_inputs(lm.model, lm.blocks[0], IDS[:4], 4)
+        h = inputs.hidden[0]
+        for i in range(len(want_scales)):
+            out = call_block(lm.blocks[i], inputs, 0, h)
+            assert torch.equal(out, call_block(ref.blocks[i], inputs, 0, h)), i
+            h = out
+        if style != "llada":       # a padded batch: the mask as Llama's / Dream's layer adds it
+            pad = torch.ones(IDS[:4].shape, dtype=torch.long)
+            pad[0, :5] = pad[2, :3] = 0
+            inputs = capture_block_inputs(lm.model, lm.blocks[0], IDS[:4], 4, attention_mask=pad)
+            mask = inputs.kwargs[0]["attention_mask"]
+            assert mask.dtype == torch.bool and not mask.all()
+            additive = torch.zeros(mask.shape, dtype=torch.float16).masked_fill(
+                ~mask, torch.finfo(torch.float16).min)
+            with_mask = lambda m: BlockInputs(inputs.hidden, inputs.args,       # noqa: E731
+                                              [{**inputs.kwargs[0], "attention_mask": m}])
+            out = call_block(lm.blocks[0], inputs, 0)
+            assert torch.equal(out, call_block(ref.blocks[0], with_mask(additive), 0))
+            assert not torch.equal(out, call_block(lm.blocks[0], with_mask(None), 0))
         want = ref.logits(IDS)
         got = load_quantized(make(), tmp_path).logits(IDS)
         fp = make().logits(IDS)

@@ -97,7 +97,7 @@ def test_readme_warns_about_the_cuda_wheel_before_the_command_and_documents_figu
     from pathlib import Path
 
     readme = (Path(__file__).parents[2] / "README.md").read_text()
-    first_install = readme.index("pip install torch==2.13.0 && pip install -e")
+    first_install = readme.index("pip install torch==2.13.0 && pip install -c requirements/lock.txt -e")
     assert readme.index("several GB") < first_install
     assert readme.index("download.pytorch.org/whl/cpu") < first_install
     assert "snakemake --cores 2 figures" in readme

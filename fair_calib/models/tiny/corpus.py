@@ -40,6 +40,14 @@ DEFAULT_CORPUS: dict[str, Any] = {
     "n_mc": 200,
     "n_gen": 200,
     "max_number": 9,           # operands and results stay in 0..max_number
+    # The world's made-up objects, each with a colour: the recall task asks their colours, so
+    # the number of independent facts a task samples is this number (config/bench.yaml: many).
+    "n_objects": 32,
+    # What the multiple-choice task asks: "kind" (30 things of 5 kinds), "colour" (the objects).
+    "mc_kinds": ["kind"],
+    # What the generation task asks: "colour" (an object's memorised colour), "context" (a
+    # colour stated in the question itself).
+    "gen_kind": "colour",
     "instruction_frac": 0.25,  # share of training problems that carry INSTRUCTION
     # Recall questions (colour / kind of a thing) are what a tiny diffusion LM learns within
     # a minute of CPU training; the arithmetic word problems stay in the corpus as the GSM8K
@@ -215,9 +223,77 @@ def _colour_recall(rng: random.Random, world: World) -> tuple[str, str, dict]:
     return q, f"it is {gold} .\n#### {gold}", meta
 
 
+def _context_q(rng: random.Random, world: World) -> tuple[str, str, dict]:
+    """In-context recall: a few people each hold an item of a colour drawn afresh for this
+    question, and the question asks one of them. Nothing is memorised, so every item is an
+    independent draw (the bench's tasks: thousands of independent items, where the recall
+    task's 32 memorised colours make every item one of 32 facts). The distractors are the
+    other colours of the context first, so answering needs the pairing, not a colour seen."""
+    k = rng.randint(CONTEXT_PAIRS[0], CONTEXT_PAIRS[1])
+    names = rng.sample(NAMES, k)
+    colours = rng.sample(COLOURS, k)
+    item = rng.choice(ITEMS)
+    context = " ".join(f"{n} has {c} {item} ." for n, c in zip(names, colours))
+    ask = rng.randrange(k)
+    q = f"{context} What colour are the {item} of {names[ask]} ?"
+    gold = colours[ask]
+    others = [c for c in colours if c != gold]
+    rest = [c for c in COLOURS if c not in colours]
+    distractors = (others + rng.sample(rest, len(rest)))[:3]
+    return q, gold, {"kind": "context", "gold": gold, "distractors": distractors}
+
+
+def _context_recall(rng: random.Random, world: World) -> tuple[str, str, dict]:
+    """In-context recall answered in words, then ``#### colour`` (a generation task)."""
+    q, gold, meta = _context_q(rng, world)
+    return q, f"it is {gold} .\n#### {gold}", meta
+
+
+COPY_WORDS = COLOURS + NAMES[:24]   # what a copy question lists (one token each)
+COPY_LENGTH = (3, 6)                # words a copy question lists
+
+
+def _copy_words(rng: random.Random) -> list[str]:
+    return rng.sample(COPY_WORDS, rng.randint(COPY_LENGTH[0], COPY_LENGTH[1]))
+
+
+def _copy_recall(rng: random.Random, world: World) -> tuple[str, str, dict]:
+    """Copying: a list of words drawn afresh is to be repeated, the whole list the answer
+    (``#### red Tom blue``). Every item is an independent draw, and the answer is several
+    tokens long, so the order in which a diffusion decoder commits them matters."""
+    words = _copy_words(rng)
+    return (f"Repeat : {' '.join(words)} .", f"#### {' '.join(words)}",
+            {"kind": "copy", "gold": " ".join(words)})
+
+
+def _copy_q(rng: random.Random, world: World) -> tuple[str, str, dict]:
+    """Copying as multiple choice: the list, then the list with one word replaced, with two
+    neighbours swapped, and with another word replaced (all of the list's length)."""
+    words = _copy_words(rng)
+    k = len(words)
+    options = []
+    for how in ("replace", "swap", "replace"):
+        for _ in range(100):
+            w = list(words)
+            i = rng.randrange(k)
+            if how == "swap":
+                j = min(i + 1, k - 1) if i < k - 1 else i - 1
+                w[i], w[j] = w[j], w[i]
+            else:
+                w[i] = rng.choice([x for x in COPY_WORDS if x not in words])
+            if w != words and " ".join(w) not in options:
+                options.append(" ".join(w))
+                break
+    gold = " ".join(words)
+    return (f"Repeat : {gold} .", f"#### {gold}",
+            {"kind": "copy", "gold": f"#### {gold}", "distractors": [f"#### {o}" for o in options]})
+
+
+CONTEXT_PAIRS = (2, 4)     # people (and colours) in an in-context recall question
 QA_GENERATORS = {"arith": _arith, "colour": _colour_recall, "kind": _kind_q,
-                 "compare": _compare_q}
-MC_GENERATORS = {"colour": _colour_q, "kind": _kind_q}
+                 "compare": _compare_q, "context": _context_recall, "copy": _copy_recall}
+MC_GENERATORS = {"colour": _colour_q, "kind": _kind_q, "context": _context_q, "copy": _copy_q}
+GEN_GENERATORS = {"colour": _colour_recall, "context": _context_recall, "copy": _copy_recall}
 
 
 def format_qa(question: str, answer: str) -> str:
@@ -284,7 +360,15 @@ def build_corpus(settings: dict) -> dict[str, Any]:
     if "n_train_docs" in given:
         corpus["n_train_docs"] = given["n_train_docs"]
     seed = int(corpus.get("seed", seed))
-    world = World.build(seed, int(corpus["max_number"]))
+    world = World.build(seed, int(corpus["max_number"]), int(corpus["n_objects"]))
+    mc_kinds = tuple(corpus["mc_kinds"])
+    unknown = [k for k in mc_kinds if k not in MC_GENERATORS]
+    if corpus["gen_kind"] not in GEN_GENERATORS:
+        raise ValueError(f"make-data: corpus.gen_kind {corpus['gen_kind']!r} must be one of "
+                         f"{sorted(GEN_GENERATORS)}")
+    if not mc_kinds or unknown:
+        raise ValueError(f"make-data: corpus.mc_kinds {list(mc_kinds)} must name some of "
+                         f"{sorted(MC_GENERATORS)}")
 
     rng = random.Random(f"train-{seed}")
     train: list[str] = []
@@ -345,12 +429,11 @@ def build_corpus(settings: dict) -> dict[str, Any]:
     rng_a = random.Random(f"gen-{seed}")
     arith = []
     for _ in range(int(corpus["n_gen"])):
-        q, a, _ = fresh_qa(_colour_recall, rng_a)
+        q, a, _ = fresh_qa(GEN_GENERATORS[corpus["gen_kind"]], rng_a)
         arith.append({"question": q, "answer": a})
 
     rng_m = random.Random(f"mc-{seed}")
     mc = []
-    mc_kinds = ("kind",)
     for i in range(int(corpus["n_mc"])):
         q, a, meta = fresh_qa(MC_GENERATORS[mc_kinds[i % len(mc_kinds)]], rng_m)
         choices = [meta["gold"], *meta["distractors"]]
