@@ -93,7 +93,8 @@ def test_unknown_key_lists_the_allowed_ones_not_a_schema_dump():
 
 def test_shipped_configs_pass():
     base = _default()
-    for extra in ([], ["smoke.yaml"], ["paper.yaml"], ["smoke.yaml", "hub_layout.yaml"]):
+    for extra in ([], ["smoke.yaml"], ["paper.yaml"], ["smoke.yaml", "hub_layout.yaml"],
+                  ["bench.yaml"], ["bench.yaml", "bench_screen.yaml"]):
         cfg = copy.deepcopy(base)
         for f in extra:
             cfg = _merge(cfg, C.load_yaml(REPO / "config" / f))

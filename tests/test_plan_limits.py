@@ -32,7 +32,8 @@ def _config(*overs):
     return C.validate_config(cfg)
 
 
-@pytest.mark.parametrize("extra", [[], ["smoke.yaml"], ["paper.yaml"], ["smoke.yaml", "hub_layout.yaml"]])
+@pytest.mark.parametrize("extra", [[], ["smoke.yaml"], ["paper.yaml"], ["smoke.yaml", "hub_layout.yaml"],
+                                   ["bench.yaml"], ["bench.yaml", "bench_screen.yaml"]])
 def test_shipped_configs_are_within_their_limits(extra):
     cfg = _config(*extra)
     check_config(cfg)

@@ -139,3 +139,31 @@ def test_a_paired_table_marks_what_the_pairing_supports(tmp_path):
     with pytest.raises(ValueError, match="reference 'nope'"):
         T.main_table(ev, ["m"], ["ref", "up"], ["t1"], labels, bits="w4a4", env=None,
                      significance="paired", reference="nope")
+
+
+def test_a_paired_tables_keys_are_checked_before_any_job():
+    """`reference` names one of the table's methods; `significance`/`reference` only on main
+    tables; an unknown significance is a schema error naming the key."""
+    import copy
+    from pathlib import Path
+
+    from fair_calib import config as C
+    from fair_calib.references import ConfigError, check_config
+
+    repo = Path(__file__).parents[2]
+    base = C.load_yaml(repo / "config/config.yaml")
+
+    def with_table(**keys):
+        cfg = copy.deepcopy(base)
+        cfg["tables"]["main"].update(keys)
+        return cfg
+
+    check_config(C.validate_config(with_table(significance="paired", reference="rtn")))
+    with pytest.raises(ConfigError, match="tables.main.reference = 'nope'"):
+        check_config(C.validate_config(with_table(significance="paired", reference="nope")))
+    cfg = copy.deepcopy(base)
+    cfg["tables"]["calib_memory"]["significance"] = "paired"
+    with pytest.raises(ConfigError, match="tables.calib_memory.significance: only main tables"):
+        check_config(C.validate_config(cfg))
+    with pytest.raises(Exception, match="significance"):
+        C.validate_config(with_table(significance="bonferroni"))
