@@ -96,6 +96,10 @@ if workflow.is_main_process:
 
     # (the command line's words: Snakemake's parsed targets are not known yet while parsing)
     problem = unknown_table_target(sys.argv[1:], config["tables"])
+    if not problem:     # a file inside a model folder (a directory output): the folder instead
+        from fair_calib.preflight import file_in_model_folder
+
+        problem = file_in_model_folder(sys.argv[1:], config["models"])
     if problem:
         sys.exit(f"Error: {problem}")
 
@@ -112,6 +116,23 @@ if workflow.is_main_process and "--unlock" not in sys.argv and not LOCKED:
     dry = inspecting(sys.argv[1:], bool(workflow.output_settings.dryrun))
     for moved in (corrupt_intermediates if dry else move_aside_corrupt)("results"):
         print(report_line(*moved, dry_run=dry), file=sys.stderr)
+    # outputs a run ended before recording (a full disk): Snakemake asks for --rerun-incomplete;
+    # with no run holding the lock, say that it is safe
+    if "--rerun-incomplete" not in sys.argv and "--ri" not in sys.argv:
+        from fair_calib.preflight import incomplete_note, incomplete_outputs
+
+        note = incomplete_note(incomplete_outputs())
+        if note:
+            print(note, file=sys.stderr)
+
+
+# A job killed whole (its watcher too) leaves no line in its log; its command's exit status
+# names the signal (fair_calib/failures.py, read by onerror below).
+if workflow.is_main_process:
+    from fair_calib.failures import record_shell_exits, report_metadata_errors
+
+    record_shell_exits()
+    report_metadata_errors()   # a full disk at .snakemake/: which job, and what to do
 
 
 rule all:

@@ -563,6 +563,14 @@ def _write_outputs(loaded, s: _Settings, done: _Calibrated, input_ids: torch.Ten
     import pandas as pd
 
     method = s.method
+    from .models.finite import NonFiniteError, nonfinite_summary
+
+    bad = nonfinite_summary(done.params.items())
+    if bad:     # a diverged calibration: nothing written that a table would read
+        raise NonFiniteError(
+            f"{out_dir}: the calibrated parameters hold {bad}; the calibration diverged and "
+            f"nothing was written: lower the method's lr, then rerun from scratch "
+            f"(rm -r {out_dir / 'blocks'}: the finished blocks hold them too)")
     prov = io.provenance(run_info, seed=method.seed)
     io.write_parquet(pd.DataFrame(done.stats_rows), out_dir / "stats.parquet", stats_schema(), prov)
     io.save_tensors(done.params, out_dir / "params.safetensors", provenance=prov)

@@ -233,6 +233,13 @@ def _run_stage(stage: str, rest: list[str], log: str | None = None,
 def _interrupted(stage: str, how: str) -> str:
     from . import job_lock
 
+    if stage == "generate":
+        from .generate_cli import interrupted_line
+
+        return interrupted_line(how)
+    if stage in UNLOCKED:       # commands that are no pipeline stage: nothing to resume
+        return f"fair-calib {stage}: interrupted ({how}); rerun the command to redo it"
+
     if job_lock.WAITING:
         return (f"fair-calib {stage}: interrupted ({how}) while waiting for the job writing "
                 f"{job_lock.WAITING[0]}; that job goes on, its output and log are its own")

@@ -106,8 +106,111 @@ def with_memory(line: str, rule: str, mem_mb: str | None) -> str:
     return line
 
 
-def summary_lines(snakemake_logs) -> list[str]:
-    """``Failed: <rule> (<wildcards>): <the log's error line> [log: <path>]`` per failed job."""
+# The exit status of each job command that failed in this process (a local run's jobs are shell
+# commands Snakemake runs from its own process), by command: Snakemake 9's error block says only
+# "(command exited with non-zero exit code)", and a job killed whole (its watcher too: `kill -9`
+# of its processes, the out-of-memory killer of its group) leaves no line in its log.
+SHELL_EXITS: dict[str, int] = {}
+
+
+def record_shell_exits() -> None:
+    """Keep the exit status of every failing job command in :data:`SHELL_EXITS` (Snakemake's
+    ``shell`` raises CalledProcessError with it, then drops it)."""
+    import subprocess
+    import types
+
+    import importlib
+
+    module = importlib.import_module("snakemake.shell")   # the module (the package exports the class)
+
+    if getattr(module.sp, "_fair_calib_exits", False):
+        return
+
+    class Recorded(subprocess.CalledProcessError):     # still a CalledProcessError
+        def __init__(self, returncode, cmd, *args, **kwargs):
+            super().__init__(returncode, cmd, *args, **kwargs)
+            SHELL_EXITS[str(cmd)] = returncode
+
+    # the shell module's `sp` (subprocess), with its CalledProcessError recording the status;
+    # not a wrapper of `shell` itself, which formats the command from its caller's frame
+    proxy = types.ModuleType("subprocess")
+    proxy.__dict__.update(vars(subprocess))
+    proxy.CalledProcessError = Recorded
+    proxy._fair_calib_exits = True
+    module.sp = proxy
+
+
+def signal_of(returncode: int | None) -> int | None:
+    """The signal that ended a command: -N (killed itself) or 128 + N (its shell reports it)."""
+    if returncode is None:
+        return None
+    if returncode < 0:
+        return -returncode
+    return returncode - 128 if 128 < returncode < 128 + 65 else None
+
+
+def exit_of(logs: list[str], exits) -> int | None:
+    """The recorded exit status of the command that wrote one of ``logs``."""
+    for cmd, code in (exits or {}).items():
+        if any(p and p in cmd for p in logs):
+            return code
+    return None
+
+
+def killed_whole_line(sig: int, last: str | None, rule: str, mem_mb: str | None) -> str:
+    """A job killed with its watcher (so its log says nothing about it): the signal, from the
+    command's exit status."""
+    from .job_watch import hint, signal_name
+
+    mem = f" (its rule declares mem_mb={mem_mb})" if mem_mb else ""
+    ends = f"; its log ends at: {last}" if last else ""
+    return (f"killed by signal {sig} ({signal_name(sig)}), exit code {128 + sig}, the whole job "
+            f"with its watcher{mem}{ends}; "
+            + hint(sig).replace("resources.<rule>.mem_mb", f"resources.{rule}.mem_mb"))
+
+
+def metadata_line(job_name: str, where: str, what: str) -> str:
+    """A finished job Snakemake could not record in ``where`` (its .snakemake/; Snakemake's own
+    message, "Error recording metadata ... Please ensure write permissions", names neither the
+    job nor the cause), as what happened and what to do."""
+    full = "No space left on device" in what or "Errno 28" in what or "quota" in what.lower()
+    cause = ("the disk (or quota) holding it is full: free space" if full else
+             "make it writable" if "ermission" in what else "fix that")
+    return (f"Failed: {job_name}: its outputs are written, but Snakemake could not record the "
+            f"job in {where} ({what}); {cause}, then rerun with --rerun-incomplete, which redoes "
+            "it (safe: no other run is writing it)")
+
+
+def report_metadata_errors() -> None:
+    """Print :func:`metadata_line` when Snakemake fails to record a finished job (its error
+    then ends the run, without the onerror handler)."""
+    import sys
+
+    import snakemake.persistence as P
+
+    run = P.PersistenceBase.finished
+    if getattr(run, "_fair_calib", False):
+        return
+
+    said = set()
+
+    async def finished(self, job, *args, **kwargs):
+        try:
+            return await run(self, job, *args, **kwargs)
+        except OSError as err:
+            line = metadata_line(_job_name(job), str(self.path), str(err))
+            if line not in said:        # Snakemake may record a job twice on its way out
+                said.add(line)
+                print(line, file=sys.stderr, flush=True)
+            raise
+
+    finished._fair_calib = True
+    P.PersistenceBase.finished = finished
+
+
+def summary_lines(snakemake_logs, exits=None) -> list[str]:
+    """``Failed: <rule> (<wildcards>): <the log's error line> [log: <path>]`` per failed job;
+    ``exits``: the failed commands' exit statuses (:data:`SHELL_EXITS`)."""
     if not snakemake_logs:
         return []
     if isinstance(snakemake_logs, (str, Path)):
@@ -120,8 +223,12 @@ def summary_lines(snakemake_logs) -> list[str]:
         for job in failed_jobs(log):
             paths = job_logs(job["logs"], since)
             said = next((s for s in (_last_line(Path(p)) for p in paths) if s), None)
+            sig = signal_of(exit_of(job["logs"] + paths, exits if exits is not None else SHELL_EXITS))
             if said and "killed by signal" in said:
                 said = with_memory(said, job["rule"], job["mem_mb"])
+            elif sig is not None and not (said and (said.startswith("error:")
+                                                    or " interrupted (" in said)):
+                said = killed_whole_line(sig, said, job["rule"], job["mem_mb"])
             where = f" ({job['wildcards']})" if job["wildcards"] else ""
             tail = f" [log: {', '.join(paths)}]" if paths else ""
             lines.append(f"Failed: {job['rule']}{where}: {said or 'see its log'}{tail}")

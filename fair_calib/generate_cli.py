@@ -256,13 +256,31 @@ def report_cut_prompts(lm, prompts: list[str], policy) -> None:
                   "it", file=sys.stderr, flush=True)
 
 
-def generate(lm, prompts: list[str], until: list[str]) -> list[str]:
-    """``DiffusionLM.generate_until`` over the prompts, as lm-eval's requests."""
+def generate(lm, prompts: list[str], until: list[str], on_result=None) -> list[str]:
+    """``DiffusionLM.generate_until`` over the prompts, as lm-eval's requests; ``on_result(i,
+    text)`` as each completion finishes."""
     from lm_eval.api.instance import Instance
 
     requests = [Instance("generate_until", {}, (prompt, {"until": list(until)}), i)
                 for i, prompt in enumerate(prompts)]
-    return lm.generate_until(requests)
+    lm.on_generated = on_result
+    try:
+        return lm.generate_until(requests)
+    finally:
+        lm.on_generated = None
+
+
+# how far a run got, for the interrupt's line (fair_calib/cli.py)
+PROGRESS = {"printed": 0, "total": 0}
+
+
+def interrupted_line(how: str) -> str:
+    done, total = PROGRESS["printed"], PROGRESS["total"]
+    if not total:
+        return f"fair-calib generate: interrupted ({how}) before any completion"
+    return (f"fair-calib generate: interrupted ({how}) after {done} of {total} completions, "
+            f"printed above as each finished; the other {total - done} were not generated "
+            "(rerun with those prompts)")
 
 
 def execution_note(args: argparse.Namespace) -> None:
@@ -277,17 +295,20 @@ def policy_line(policy, family: str) -> str:
     return f"[fair-calib] decoding ({family} defaults with the given settings): {settings}"
 
 
-def print_completions(prompts: list[str], completions: list[str], jsonl: bool) -> None:
-    for i, (prompt, text) in enumerate(zip(prompts, completions), 1):
-        if jsonl:
-            print(json.dumps({"prompt": prompt, "completion": text}, ensure_ascii=False))
-            continue
+def print_completion(prompts: list[str], i: int, text: str, jsonl: bool) -> None:
+    """One completion, printed (and flushed) as soon as it is done: ``=== <n>/<N>: <prompt>``
+    and the text, or one JSON line with the prompt's ``index`` (from 0)."""
+    prompt = prompts[i]
+    if jsonl:
+        print(json.dumps({"index": i, "prompt": prompt, "completion": text}, ensure_ascii=False))
+    else:
         shown = prompt.replace("\n", "\\n")
         if len(shown) > HEADER_CHARS:
             shown = shown[:HEADER_CHARS - 3] + "..."
-        print(f"=== {i}/{len(prompts)}: {shown}")
+        print(f"=== {i + 1}/{len(prompts)}: {shown}")
         print(text)
     sys.stdout.flush()
+    PROGRESS["printed"] += 1
 
 
 def run_cli(argv: list[str]) -> None:
@@ -306,7 +327,10 @@ def run_cli(argv: list[str]) -> None:
     execution_note(args)
     print(policy_line(policy, family), file=sys.stderr, flush=True)
     report_cut_prompts(lm, prompts, policy)
-    print_completions(prompts, generate(lm, prompts, args.until), args.jsonl)
+    PROGRESS.update(printed=0, total=len(prompts))
+    # each completion printed as it finishes (the evaluation's batches: longest prompts first)
+    generate(lm, prompts, args.until,
+             on_result=lambda i, text: print_completion(prompts, i, text, args.jsonl))
 
 
 if __name__ == "__main__":

@@ -107,6 +107,8 @@ def hold(stage: str, argv: list[str], *, mode: str | None = None,
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         holder = _holder(fd)
+        if log:     # the holder's log, which Snakemake removed before this job, visible again
+            job_log.show_holder_log(log)
         if mode == "refuse":
             os.close(fd)
             REFUSED.append(str(path))

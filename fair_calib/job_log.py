@@ -11,7 +11,9 @@ never writes there, and never truncates or replaces it:
   beside it, ``<log>.<pid>.waiting`` (``<log>.<pid>.refused``), and says so on the console; the
   waiting log is removed once the job holds the output (its main log then says how long it
   waited). A job that fails before the lock (its settings refused) appends its error line to the
-  log if no other job holds the output, else to its ``.waiting`` log.
+  log if no other job holds the output, else to its ``.waiting`` log. Meeting the holder, it puts
+  the holder's log back under the log's name at once (:func:`show_holder_log`), so that log and
+  its progress lines stay visible while the second job waits or refuses.
 * Once it holds the lock it appends its stdout and stderr (file descriptors 1 and 2: child
   processes and C libraries too) to the log, keeping a second name for the file beside it,
   ``.<log name>.<pid>.keep``.
@@ -105,6 +107,31 @@ def restore_left_logs(path: Path) -> None:
         if not pid.isdigit() or _alive(int(pid)):
             continue
         name_back(path, keep)
+
+
+def show_holder_log(path: str | os.PathLike) -> bool:
+    """While another job holds the output: its log under the log's name again, now (Snakemake
+    removed the name before starting this job, or left an empty file under it), so the holder's
+    log, and its progress lines read from it, stay visible while this job waits or refuses.
+    Returns whether the name is the holder's file now."""
+    path = Path(path)
+    prefix = f".{path.name}."
+    keeps = [k for k in path.parent.glob(f"{prefix}*{KEEP_SUFFIX}")
+             if k.name[len(prefix):-len(KEEP_SUFFIX)].isdigit()
+             and _alive(int(k.name[len(prefix):-len(KEEP_SUFFIX)]))]
+    for keep in sorted(keeps, key=_mtime, reverse=True):
+        try:
+            if path.exists():
+                if os.path.samefile(path, keep):
+                    return True
+                if path.stat().st_size:        # lines of its own: not ours to replace
+                    return False
+                path.unlink()
+            os.link(keep, path)
+            return True
+        except OSError:
+            return False
+    return False
 
 
 def name_back(path: str | os.PathLike, keep: str | os.PathLike) -> None:

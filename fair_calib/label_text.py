@@ -16,10 +16,27 @@ from fair_calib.config import ConfigError
 # \small type are about 180 pt, a third of a two-column paper's 7-inch text width. The
 # shipped configs' longest label has 35.
 LABEL_MAX = 40
-# Printed in a table column: held to LABEL_MAX. latex_label is LaTeX source, whose length is
-# not its printed width; group names a block of rows.
-COLUMN_KEYS = ("label",)
+# Printed in a table column (where the entry is in a table): held to LABEL_MAX, counted as
+# printed (:func:`printed_length`: a combining accent adds nothing; latex_label without its
+# commands, braces and math shifts). group names a block of rows.
+COLUMN_KEYS = ("label", "latex_label")
 ENTRY_KEYS = ("label", "latex_label", "group")
+# The table kinds that print a `header` (the ablations' label column) and an `fp_label`.
+HEADER_KINDS = ("components", "nprobe", "schedule")
+FP_LABEL_KINDS = ("w3a4", "qdrop")
+
+
+def printed_length(text: str, latex: bool = False) -> int:
+    """The characters ``text`` prints: combining marks (an accent written as its own code
+    point) add none; in LaTeX (``latex``), commands (``\\textbf``), braces, ``$``, ``^`` and
+    ``_`` none, an escaped character (``\\%``) one."""
+    import re
+    import unicodedata
+
+    if latex:
+        text = re.sub(r"\\([^A-Za-z])", r"\1", re.sub(r"\\[A-Za-z]+\*?\s*", "", text))
+        text = re.sub(r"[{}$^_]", "", text)
+    return sum(1 for c in text if not unicodedata.combining(c))
 
 
 def _shown(text: str) -> str:
@@ -43,24 +60,47 @@ def text_problem(key: str, value: Any, column: bool) -> str | None:
         return (f"config: {key} = {value!r} has a run of spaces, which LaTeX prints as one; "
                 f"write {' '.join(value.split())!r} (labels that differ only in spaces print "
                 "alike)")
-    if column and len(value) > LABEL_MAX:
-        return (f"config: {key} = {_shown(value)} is {len(value)} characters; a table column "
+    n = printed_length(value, latex=key.endswith("latex_label"))
+    if column and n > LABEL_MAX:
+        return (f"config: {key} = {_shown(value)} prints {n} characters; a table column "
                 f"holds at most {LABEL_MAX} (the main table's label column would run off the "
                 "page): shorten it")
     return None
 
 
+def in_tables(cfg: Mapping[str, Any]) -> dict[str, set]:
+    """The models, methods and tasks some table prints (the prior ablation's included)."""
+    out: dict[str, set] = {"models": set(), "methods": set(), "tasks": set()}
+    for t in (cfg.get("tables") or {}).values():
+        out["models"].update(t.get("models") or [])
+        out["models"].update([t["model"]] if t.get("model") else [])
+        out["methods"].update(t.get("methods") or [])
+        out["methods"].update(t[k] for k in ("baseline", "method") if t.get(k))
+        out["methods"].update(row[0] for row in t.get("rows") or [] if row)
+        out["tasks"].update(t.get("tasks") or [])
+    ab = cfg.get("prior_ablation") or {}
+    if ab.get("enabled", True) and ab.get("models"):
+        out["models"].update(ab.get("models") or [])
+        out["methods"].update(list(ab.get("methods") or []) + list(ab.get("floors") or []))
+        out["methods"].update(m for m, e in (cfg.get("methods") or {}).items()
+                              if e.get("type") == "fp")
+        out["tasks"].update([ab["task"]] if ab.get("task") else [])
+    return out
+
+
 def _labels(cfg: Mapping[str, Any]) -> Iterator[tuple[str, Any, bool]]:
     """(key, value, fills a table column) of every printed label of the config."""
+    tabled = in_tables(cfg)
     for section in ("models", "methods", "tasks"):
         for name, entry in (cfg.get(section) or {}).items():
             for k in ENTRY_KEYS:
                 if k in entry:
-                    yield f"{section}.{name}.{k}", entry[k], k in COLUMN_KEYS
+                    yield (f"{section}.{name}.{k}", entry[k],
+                           k in COLUMN_KEYS and name in tabled[section])
     for tname, t in (cfg.get("tables") or {}).items():
         for k in ("label", "fp_label", "header"):
             if k in t:
-                yield f"tables.{tname}.{k}", t[k], k == "fp_label"
+                yield f"tables.{tname}.{k}", t[k], k in ("fp_label", "header")
         for i, row in enumerate(t.get("rows") or []):
             if len(row) > 1:
                 yield f"tables.{tname}.rows[{i}]", row[1], True
@@ -69,6 +109,13 @@ def _labels(cfg: Mapping[str, Any]) -> Iterator[tuple[str, Any, bool]]:
 def check_label_text(cfg: Mapping[str, Any]) -> None:
     """Every label is plain one-line text (see the module docstring); no two tables share a
     LaTeX ``label:``."""
+    for tname, t in (cfg.get("tables") or {}).items():
+        for key, kinds in (("header", HEADER_KINDS), ("fp_label", FP_LABEL_KINDS)):
+            if key in t and t.get("kind") not in kinds:
+                raise ConfigError(
+                    f"config: tables.{tname}.{key} is printed only by tables of kind "
+                    f"{', '.join(kinds)}; a table of kind {t.get('kind')} prints it nowhere: "
+                    "leave it out")
     for key, value, column in _labels(cfg):
         problem = text_problem(key, value, column)
         if problem:

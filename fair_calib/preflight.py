@@ -219,3 +219,56 @@ def unknown_table_target(targets, tables) -> str | None:
             return (f"target {target}: this config has no table {m.group(1)!r}; its tables are "
                     f"{known} (`snakemake` alone builds all of them)")
     return None
+
+
+def file_in_model_folder(targets, models) -> str | None:
+    """A requested file inside a model folder the pipeline writes whole
+    (``resources/models/<m>/model.safetensors``: a directory output, which Snakemake cannot
+    target file by file), named with the folder to target instead (one line)."""
+    import re
+
+    for target in sorted(map(str, targets)):
+        m = re.fullmatch(r"(?:\./)?resources/(models|hub)/([^/]+)/(.+)", target)
+        if not m:
+            continue
+        folder = f"resources/{m.group(1)}/{m.group(2)}"
+        source = (models.get(m.group(2)) or {}).get("source")
+        writes = {"models": "train", "hub": "convert"}[m.group(1)]
+        if source != writes:
+            known = sorted(k for k, v in models.items() if v.get("source") == writes)
+            return (f"target {target}: this config has no model {m.group(2)!r} with source: "
+                    f"{writes}, which would write {folder}; those it has: {known}")
+        return (f"target {target} is a file inside the model folder {folder}, which its job "
+                f"writes whole: target the folder (snakemake ... {folder})")
+    return None
+
+
+def incomplete_outputs(snakemake_dir: str = ".snakemake") -> list[str]:
+    """The outputs Snakemake marks incomplete (``.snakemake/incomplete/``: a job started and its
+    end was never recorded), decoded from the markers' names."""
+    from base64 import urlsafe_b64decode
+
+    root = os.path.join(snakemake_dir, "incomplete")
+    out = []
+    for path, _, files in os.walk(root):
+        for name in files:
+            if name == "migration_underway":
+                continue
+            parts = os.path.relpath(os.path.join(path, name), root).split(os.sep)
+            try:
+                out.append(urlsafe_b64decode("".join(p.lstrip("@") for p in parts)).decode())
+            except (ValueError, UnicodeDecodeError):
+                continue
+    return sorted(out)
+
+
+def incomplete_note(files: list[str], unlock: str | None = None) -> str | None:
+    """The Note for outputs an earlier run left marked incomplete while no run holds the lock
+    (it ended before recording them: a full disk, a killed Snakemake): redoing them is safe."""
+    if not files:
+        return None
+    shown = ", ".join(files[:3]) + (f" and {len(files) - 3} more" if len(files) > 3 else "")
+    return (f"Note: {len(files)} output{'s' * (len(files) != 1)} of an earlier run {'are' if len(files) != 1 else 'is'} marked "
+            f"incomplete ({shown}): that run ended before recording {'them' if len(files) != 1 else 'it'} (a full disk, "
+            "a killed Snakemake). No run holds the lock now, so add --rerun-incomplete to redo "
+            "them: it is safe here (the lock Note's warning is for a run still writing them)")

@@ -34,6 +34,39 @@ def _check_convert(cfg, name, m):
     trained_models = [k for k, v in cfg["models"].items() if v["source"] == "train"]
     if src not in trained_models:
         _fail(f"models.{name}.convert_from", src, trained_models)
+    if m.get("outliers"):
+        _check_outliers(cfg, name, m["outliers"])
+
+
+def _check_outliers(cfg, name, outliers):
+    """What the convert job would refuse (fair_calib/models/outliers.py), refused here: a scale
+    that is not a finite number (it would write inf and NaN weights), more channels than a
+    site's width (the job fails after Snakemake has deleted the finished conversion)."""
+    import math
+
+    from fair_calib.model_widths import model_widths
+
+    key = f"models.{name}.outliers"
+    scale = outliers.get("scale")
+    if not isinstance(scale, (int, float)) or not math.isfinite(scale):
+        raise ConfigError(f"config: {key}.scale = {scale!r} is not a finite number; give the "
+                          f"outlier channels' magnitude over the model's own, e.g. 30")
+    w = model_widths(cfg, name)
+    if w is None:
+        return
+    # the sites' widths: the norm's (hidden), v_proj's output (kv heads x head_dim: the tiny
+    # models have as many kv heads as heads), up_proj's output (intermediate)
+    widths = {"norm": (w.hidden, w.where["hidden"]),
+              "v_o": (w.heads * w.head_dim, f"{w.where['heads']} x {w.where['head_dim']}"),
+              "up_down": (w.intermediate, w.where["intermediate"])}
+    sites = outliers.get("sites") or list(widths)
+    channels = outliers.get("channels")
+    over = [s for s in sites if s in widths and channels > widths[s][0]]
+    if over:
+        at_most = min(widths[s][0] for s in sites if s in widths)
+        said = ", ".join(f"{s}: {widths[s][0]} ({widths[s][1]})" for s in sites if s in widths)
+        raise ConfigError(f"config: {key}.channels = {channels} exceeds the model's widths "
+                          f"({said}); at most {at_most}")
 
 
 def check_config(cfg):

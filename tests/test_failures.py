@@ -322,3 +322,38 @@ def test_sigterm_to_snakemake_ends_as_what_happened(tmp_path):
     assert "did not complete successfully" not in out and "Failed:" not in out
     assert re.search(r"^Complete log\(s\): \S+\.snakemake\.log$", out, re.M), out[-3000:]
     assert not (ws / ".snakemake/locks").exists() or not any((ws / ".snakemake/locks").iterdir())
+
+
+# ------------------------------------------------- a job killed whole (its watcher too)
+def test_a_job_killed_whole_names_the_signal_not_its_last_progress_line(tmp_path):
+    """`kill -9` of a job's processes (or the OOM killer of its group) kills the watcher too:
+    its log ends at a progress line; the command's exit status names the signal."""
+    log = tmp_path / "logs/calibrate/tiny-llada/rtn/w4a4.log"
+    log.parent.mkdir(parents=True)
+    log.write_text("[calibrate] block 1/2 epoch 3/15 loss 0.41\n")
+    smk = tmp_path / "2026-11-28T124335.000001.snakemake.log"
+    smk.write_text(SNAKEMAKE_9_LOG.format(log=log))
+    for code in (-9, 137):          # the shell killed too, or the shell reporting its child
+        [line] = summary_lines(smk, exits={f"python -m fair_calib.cli calibrate --log {log}": code})
+        assert ": killed by signal 9 (SIGKILL), exit code 137, the whole job with its watcher " \
+               "(its rule declares mem_mb=3000); its log ends at: [calibrate] block 1/2" in line, line
+        assert "resources.calibrate.mem_mb" in line and "\n" not in line
+    # a failure the stage said itself keeps its own line
+    log.write_text("error: fair-calib calibrate: ValueError: x; fix y\n")
+    [line] = summary_lines(smk, exits={f"... --log {log}": 1})
+    assert line.startswith("Failed: calibrate (model=tiny-llada, method=rtn, bits=w4a4): error:")
+
+
+def test_failing_job_commands_keep_their_exit_status():
+    import subprocess
+
+    from snakemake.shell import shell
+
+    from fair_calib.failures import SHELL_EXITS, record_shell_exits
+
+    record_shell_exits()
+    record_shell_exits()              # once only
+    with pytest.raises(subprocess.CalledProcessError):
+        shell("kill -9 $$ # --log logs/x.log")
+    assert signal.Signals(-SHELL_EXITS[next(c for c in SHELL_EXITS if "logs/x.log" in c)]) \
+        == signal.SIGKILL

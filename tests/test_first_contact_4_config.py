@@ -104,7 +104,7 @@ def test_snakemake_refuses_it_before_deleting_anything(finished_qdlm_tiny, over,
      "tasks.synth_mc.label = 'two\\nlines' is not one line"),
     ({"methods": {"fair-calib": {"label": "x" * 461}}},
      "methods.fair-calib.label = 'xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx...' "
-     "is 461 characters; a table column holds at most 40"),
+     "prints 461 characters; a table column holds at most 40"),
     ({"tables": {"main": {"label": "tab:main"},
                  "other": {"kind": "main", "label": "tab:main", "models": ["tiny-llada"],
                            "methods": ["fp", "rtn"], "bits": "w4a4", "tasks": ["synth_mc"]}}},

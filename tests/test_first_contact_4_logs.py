@@ -128,3 +128,9 @@ def test_the_refused_job_wrote_its_own_log_and_the_failed_line_names_it(scenario
     assert failed == [f"Failed: make_data: {line} [log: {LOG}.{own.name.split('.')[2]}"
                       ".refused]"], scenario["said"]["refused"][-3000:]
     assert "see its log" not in scenario["said"]["refused"]
+
+
+def test_the_first_jobs_log_stays_visible_while_the_others_wait_or_refuse(scenario):
+    """Snakemake removed the log's name before each second run's job; the job put the holder's
+    log back, so it was there, with A's lines, the whole time A ran (issue 49, item 6)."""
+    assert scenario["during"] is not None and "held until the test lets go" in scenario["during"]

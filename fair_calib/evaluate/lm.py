@@ -193,6 +193,8 @@ def _rows(batch_size: Any) -> int | None:
 
 @register_model("fair_calib_dlm")
 class DiffusionLM(RequestEncoding, LM):
+    # called with (request index, completion) as each generation finishes (fair-calib generate)
+    on_generated = None
     """lm-eval wrapper of a :class:`LoadedModel` (FP, or fake-quantized via ``calib_dir``).
 
     Build it from a loaded model (``DiffusionLM(loaded, ...)``) or from keyword arguments as
@@ -299,6 +301,9 @@ class DiffusionLM(RequestEncoding, LM):
         inputs run once) where ``exact_below`` allows, else the seeded MC estimate."""
         items = [self._fit(p, self._scored(t)) + (len(t),) for p, t in pairs]
         values = score_requests(self.loaded, [(p, s) for p, s, _ in items], self.lik, self.seed)
+        from fair_calib.models.finite import check_finite_scores
+
+        check_finite_scores(values, "evaluation")
         return [(v, self._greedy(p, s, min(n, len(s)))) for v, (p, s, n) in zip(values, items)]
 
     # ------------------------------------------------------------------ lm-eval API
@@ -325,6 +330,9 @@ class DiffusionLM(RequestEncoding, LM):
                 ll, _ = mc_loglikelihood(self.loaded, special, chunk, self.lik, gen)
                 total += ll
             out.append(total)
+        from fair_calib.models.finite import check_finite_scores
+
+        check_finite_scores(out, "evaluation (rolling)")
         return out
 
     def postprocess(self, ids: Sequence[int], until: Sequence[str]) -> str:
@@ -394,6 +402,8 @@ class DiffusionLM(RequestEncoding, LM):
             out = decode(self.loaded, [prompts[i] for i in idx], policy, gens, stop=stop)
             for row, i in enumerate(idx):
                 results[i] = self.postprocess(out.tokens[row].tolist(), untils[i])
+                if self.on_generated is not None:     # `fair-calib generate` prints it now
+                    self.on_generated(i, results[i])
                 req = requests[i]
                 steps = self.decode_steps.setdefault((req.task_name, req.doc_id), [0, 0])
                 steps[0] += out.steps[row]

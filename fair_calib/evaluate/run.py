@@ -473,11 +473,16 @@ def evaluate(settings: Mapping[str, Any], model_dir: str | os.PathLike | None,
         per_doc = _majority_chance(per_doc, settings)
     stats = summarize(per_doc, task.get("mean_over"))
     df = _rows_frame(settings, stats)
+    from fair_calib.model_identity import content_id
+
+    # the weights evaluated (sha256): a table refuses cells of one model on two weights
+    content = content_id(model_dir) if model_dir is not None and loaded is None else None
     prov = io.provenance(settings, seed=seed, shard=shard, num_shards=num_shards,
                          model_dir=str(model_dir), calib_dir=str(calib_dir) if calib_dir else None,
-                         arithmetic=arithmetic_of(per_doc))
+                         arithmetic=arithmetic_of(per_doc), model_content=content)
     io.write_json(raw_json_path(out_path), {"lm_eval": raw, "per_doc": per_doc, "settings": settings,
-                                            "shard": shard, "num_shards": num_shards})
+                                            "shard": shard, "num_shards": num_shards,
+                                            "model_content": content})
     io.write_parquet(df, out_path, EVAL_SCHEMA, provenance=prov)
     return df
 
@@ -490,12 +495,19 @@ def gather(shard_paths: Iterable[str | os.PathLike], out_path: str | os.PathLike
     merged: dict[str, Any] = {"metrics": {}, "chance": {}}
     settings = None
     raws = []
+    contents: dict[str, Path] = {}
     for p in shard_paths:
         rec = io.read_json(raw_json_path(p))
         if settings is None:
             settings = rec["settings"]
         elif rec["settings"] != settings:
             raise ValueError(f"{p}: settings differ from {shard_paths[0]}; not shards of one run")
+        if rec.get("model_content"):
+            contents.setdefault(rec["model_content"], p)
+        if len(contents) > 1:
+            (a, pa), (b, pb) = contents.items()
+            raise ValueError(f"{pa} was evaluated on weights {a}, {pb} on {b} (the model changed "
+                             "between the shards); rerun snakemake, which replans them")
         raws.append({"shard": rec.get("shard"), "num_shards": rec.get("num_shards"),
                      "lm_eval": rec.get("lm_eval")})
         for key, by_task in rec["per_doc"]["metrics"].items():
@@ -518,7 +530,8 @@ def gather(shard_paths: Iterable[str | os.PathLike], out_path: str | os.PathLike
     df = _rows_frame(settings, summarize(merged, settings["task"].get("mean_over")))
     prov = io.provenance(settings, seed=settings.get("seed"),
                          gathered_from=[str(p) for p in shard_paths],
-                         arithmetic=arithmetic_of(merged))
+                         arithmetic=arithmetic_of(merged),
+                         model_content=next(iter(contents), None))
     io.write_json(raw_json_path(out_path), {"lm_eval_shards": raws, "per_doc": merged,
                                             "settings": settings})
     io.write_parquet(df, out_path, EVAL_SCHEMA, provenance=prov)

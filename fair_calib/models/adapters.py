@@ -326,7 +326,7 @@ def load_model(source: str | Path, family: str, dtype: str | torch.dtype = "floa
     model.to(device).eval()
     if hasattr(model.config, "use_cache"):
         model.config.use_cache = False
-    return _wrap(model, tokenizer, adapter, config_mask)
+    return _wrap(model, tokenizer, adapter, config_mask, source)
 
 
 def corrupt_model_file(folder: str | Path) -> tuple[Path, str] | None:
@@ -361,7 +361,13 @@ def load_model_entry(source: str | Path, entry: dict, dtype: str | torch.dtype =
                       trust_remote_code=entry.get("trust_remote_code"), loader=entry.get("loader"))
 
 
-def _wrap(model, tokenizer, adapter: FamilyAdapter, config_mask: int | None) -> LoadedModel:
+def _wrap(model, tokenizer, adapter: FamilyAdapter, config_mask: int | None,
+          source: str | Path | None = None) -> LoadedModel:
+    from fair_calib.models.finite import check_finite_weights
+
+    # a checkpoint holding inf or NaN (written by hand, or by an older conversion) is refused
+    check_finite_weights(model, str(source or "the model"),
+                         "regenerate or replace these weights (nothing scored on them is meaningful)")
     mask_id = adapter.resolve_mask_id(tokenizer, config_mask)
     pad_id = tokenizer.pad_token_id
     if pad_id is None and adapter.pad_token:

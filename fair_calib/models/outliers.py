@@ -64,8 +64,10 @@ def inject_outliers(model: nn.Module, channels: int, scale: float, seed: int = 0
                     sites: tuple[str, ...] = SITES) -> dict:
     """Rescale ``model`` (a Llama / Qwen2-style ``*ForCausalLM``) in place; returns what was
     done: per layer and site, the channels the quantized linear's input carries as outliers."""
-    if scale <= 1 or channels < 1:
-        raise ValueError(f"outliers: scale {scale} must be > 1 and channels {channels} >= 1")
+    import math
+
+    if not math.isfinite(scale) or scale <= 1 or channels < 1:
+        raise ValueError(f"outliers: scale {scale} must be > 1 and finite, and channels {channels} >= 1")
     unknown = set(sites) - set(SITES)
     if unknown:
         raise ValueError(f"outliers.sites: {sorted(unknown)} unknown; choose from {list(SITES)}")

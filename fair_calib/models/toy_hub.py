@@ -86,6 +86,11 @@ def convert_tiny(src: str | Path, family: str, out_dir: str | Path,
         record = inject_outliers(model, int(outliers["channels"]), float(outliers["scale"]),
                                  int(outliers.get("seed", 0)),
                                  tuple(outliers.get("sites", SITES)))
+    from .finite import check_finite_weights
+
+    check_finite_weights(model, f"{out_dir} (converted from {src})",
+                         "nothing was written; lower outliers.scale" if outliers
+                         else "nothing was written; retrain the source model")
     with io.atomic_dir(out_dir) as tmp:
         save_hub_layout(model, layout, tmp, max_shard_bytes=max_shard_bytes,
                         extra_config={"mask_token_id": int(mask_id),

@@ -60,6 +60,23 @@ def _lls(resp) -> list[float] | None:
     return None
 
 
+DESCRIPTION = ("Two runs' evaluations, cell by cell: for every (model, method, bits, task) both "
+               "runs hold, each run's accuracy and arithmetic, how many generations are "
+               "identical and the largest difference of a choice's log-likelihood.")
+
+
+def no_common_cells(run_a: Path, run_b: Path) -> str:
+    """The error for two runs without a cell in common, with a cell of each."""
+    def some(run):
+        keys = sorted(eval_records(run))
+        return (f"{len(keys)} cell{'s' * (len(keys) != 1)}"
+                + (f", e.g. {'/'.join(keys[0])}" if keys else ""))
+
+    return (f"error: fair-calib compare-runs: {run_a} ({some(run_a)}) and {run_b} "
+            f"({some(run_b)}) hold no evaluation of the same model, method, bits and task; "
+            "compare two runs of one config")
+
+
 def compare_runs(run_a: Path, run_b: Path, names=("A", "B")) -> list[dict]:
     from fair_calib.evaluate.run import arithmetic_of
 
@@ -85,8 +102,7 @@ def format_rows(rows: list[dict], names=("A", "B")) -> str:
 
 
 def run_cli(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="fair-calib compare-runs",
-                                 description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="fair-calib compare-runs", description=DESCRIPTION)
     ap.add_argument("run_a", help="a folder Snakemake ran in (holding results/eval)")
     ap.add_argument("run_b")
     ap.add_argument("--names", nargs=2, default=["A", "B"], help="the two runs' column names")
@@ -95,7 +111,12 @@ def run_cli(argv: list[str] | None = None) -> None:
     for run in (args.run_a, args.run_b):
         if not (Path(run) / "results" / "eval").is_dir():
             raise SystemExit(f"error: fair-calib compare-runs: {run}/results/eval does not exist")
+    if args.json and not Path(args.json).resolve().parent.is_dir():
+        raise SystemExit(f"error: fair-calib compare-runs: --json {args.json}: the folder "
+                         f"{Path(args.json).parent} does not exist; create it or name another file")
     rows = compare_runs(Path(args.run_a), Path(args.run_b), tuple(args.names))
+    if not rows:
+        raise SystemExit(no_common_cells(Path(args.run_a), Path(args.run_b)))
     print(format_rows(rows, tuple(args.names)))
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))

@@ -111,7 +111,9 @@ def summary_lines(name: str, records: list[dict]) -> list[str]:
 
 
 def run_cli(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="fair-calib jobs", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="fair-calib jobs", description=(
+        "A run's jobs, read off their logs: how many ran, how long each took, on which card, "
+        "how many at once, the time by stage and each evaluation's wall time against FP's."))
     ap.add_argument("run", help="the folder Snakemake ran in (it holds logs/)")
     args = ap.parse_args(argv)
     run = Path(args.run)

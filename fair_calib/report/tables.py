@@ -814,7 +814,7 @@ def load_inputs(paths: Sequence[str | Path]) -> dict[str, pd.DataFrame]:
     """
     from fair_calib.io import read_json, read_parquet
 
-    evals, stats, mems = [], [], []
+    evals, stats, mems, weights = [], [], [], []
     for p in map(Path, paths):
         if p.suffix == ".json":
             obj = read_json(p)
@@ -831,6 +831,8 @@ def load_inputs(paths: Sequence[str | Path]) -> dict[str, pd.DataFrame]:
         df, prov = read_parquet(p)
         if "task" in df.columns:
             evals.append(split_seed(df.assign(arithmetic=_eval_arithmetic(p, prov), path=str(p))))
+            # the weights each cell was computed on (evaluate/run.py), compared below
+            weights += [(m, str(p), prov.get("model_content")) for m in df["model"].unique()]
         elif "peak_mem_mb" in df.columns:
             m, x, b = _key3(p)
             stats.append(df.assign(model=m, method=x, bits=b))
@@ -838,6 +840,12 @@ def load_inputs(paths: Sequence[str | Path]) -> dict[str, pd.DataFrame]:
             mems.append(df)
         else:
             raise ValueError(f"{p}: not an eval, calibration-stats or export-size file")
+
+    from fair_calib.model_tracking import mixed_weights
+
+    mixed = mixed_weights(weights)
+    if mixed:
+        raise ValueError(mixed)
 
     def cat(frames, cols):
         flat = [f if isinstance(f, pd.DataFrame) else pd.DataFrame([f]) for f in frames]

@@ -152,11 +152,45 @@ def model_dir(model):
 
 
 def model_input(wc):
-    """A trained tiny model or its hub-layout copy is a file input; a hub id or external
-    folder is not tracked."""
+    """A trained tiny model or its hub-layout copy is a file input (weights changed in place
+    move its timestamp forward, fair_calib/model_tracking.py); a local folder is tracked by the
+    record of its weights' content id; a hub id by name."""
     if trained(wc.model) or converted(wc.model):
         return [model_dir(wc.model)]
-    return []
+    from fair_calib.model_tracking import record_path
+
+    record = record_path(wc.model)
+    return [str(record)] if record.is_file() else []
+
+
+def local_models():
+    """(name, folder, written by the pipeline) of every model in use whose weights are on disk
+    here: trained, converted (and what they convert), local folders; not hub ids."""
+    from fair_calib.config import looks_like_local_path
+
+    names = {m for t in config["tables"].values() for m in t.get("models", []) + [t.get("model")]}
+    diag = config.get("diagnostics", {})
+    if diag.get("enabled", True):
+        names |= set(diag.get("models", []))
+    names |= {config["models"][m]["convert_from"] for m in names - {None}
+              if config["models"][m]["source"] == "convert"}
+    out = []
+    for m in sorted(names - {None}):
+        src = config["models"][m]["source"]
+        if src in ("train", "convert") or looks_like_local_path(src):
+            out.append((m, os.path.expanduser(model_dir(m)), src in ("train", "convert")))
+    return out
+
+
+def sync_model_content():
+    """Weights changed in place replan the jobs that read them (fair_calib/model_tracking.py);
+    not while another run holds the lock (its jobs may be writing a model)."""
+    if not workflow.is_main_process or "--unlock" in sys.argv or LOCKED:
+        return
+    from fair_calib.model_tracking import sync_models
+
+    for change in sync_models(local_models()):
+        print(change.note(), file=sys.stderr)
 
 
 SYNTHETIC_FILES = ["train.txt", "calib.jsonl", "probe.jsonl", "facts.jsonl", "synth_mc.jsonl",
@@ -278,6 +312,10 @@ def model_entry(model, decoding=False):
     entry = {"name": model, **_without(config["models"][model], DISPLAY_KEYS)}
     if not decoding:
         entry.pop("decoding", None)
+    if entry.get("source") == "train":   # resolved: a default written out reruns nothing
+        from fair_calib.method_defaults import resolved_train
+
+        entry["train"] = resolved_train(entry.get("train"))
     if "train" in entry:
         entry["train"] = _without(entry["train"], RUNTIME_TRAIN_KEYS)
     return entry
@@ -290,9 +328,13 @@ def train_threads(model):
 
 def method_entry(method):
     """The method's config under its wildcard name (`fair-calib@s1`: the table splits it into
-    method and seed). `seeds` is left out: adding a seed must not rerun the existing runs;
-    `label` too (display only)."""
-    return {"name": method, **_without(method_cfg(method), ("seeds",) + DISPLAY_KEYS)}
+    method and seed), with its type's defaults resolved (fair_calib/method_defaults.py: writing
+    a default explicitly gives the same settings and reruns nothing). `seeds` is left out:
+    adding a seed must not rerun the existing runs; `label` too (display only)."""
+    from fair_calib.method_defaults import resolved_method
+
+    entry = resolved_method(_without(method_cfg(method), ("seeds",) + DISPLAY_KEYS))
+    return {"name": method, **entry}
 
 
 def bits_entry(bits):
@@ -337,6 +379,7 @@ def log_path(rule, pattern):
 
 
 check_used_data()
+sync_model_content()
 
 
 # ---------------------------------------------------------------- console progress of long jobs

@@ -313,6 +313,10 @@ def train_tiny(settings: dict, data_dir: Path, out_dir: Path, progress: bool = T
         "train": train, "mask_token": MASK, "mask_id": ids[MASK],
     }
     prov = io.provenance({"model": mcfg, "train": train}, seed=seed, numerics=numerics.describe())
+    from fair_calib.models.finite import check_finite_weights
+
+    check_finite_weights(model, f"{out_dir} (trained)", "training diverged and nothing was "
+                         "written; lower train.lr or train.grad_clip")
     with io.atomic_dir(out_dir) as tmp:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
