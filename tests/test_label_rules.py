@@ -3,36 +3,18 @@ what a table column prints (latex_label included, a combining accent as nothing)
 for entries a table prints, and a table key its kind prints nowhere is refused."""
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
-import pytest
-import yaml
 
 from fair_calib.label_text import printed_length, text_problem
+
+from fixtures.check_config import check_config, one_error_line
 
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _check_config(tmp_path, over):
-    (tmp_path / "over.yaml").write_text(yaml.safe_dump(over, allow_unicode=True))
-    return subprocess.run([sys.executable, "-m", "fair_calib.cli", "check-config",
-                           str(tmp_path / "over.yaml")], cwd=REPO, capture_output=True,
-                          text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
-
-
-def _one_error_line(res) -> str:
-    out = res.stdout + res.stderr
-    assert res.returncode != 0 and "Traceback" not in out, out[-3000:]
-    lines = [l for l in out.splitlines() if l.lower().startswith("error:")]
-    assert len(lines) == 1, out[-3000:]
-    return lines[0]
-
-
 def test_a_latex_label_is_held_to_the_column_as_printed(tmp_path):
-    line = _one_error_line(_check_config(
+    line = one_error_line(check_config(
         tmp_path, {"methods": {"rtn": {"latex_label": "\\textbf{" + "R" * 45 + "}"}}}))
     assert "methods.rtn.latex_label" in line and "prints 45 characters" in line, line
     assert text_problem("methods.m.latex_label", "\\textbf{" + "x" * 40 + "}", column=True) is None
@@ -45,11 +27,11 @@ def test_combining_accents_count_as_printed():
 
 
 def test_a_method_in_no_table_is_not_held_to_a_table_column(tmp_path):
-    res = _check_config(tmp_path, {"methods": {"spare": {"type": "rtn", "label": "x" * 60}}})
+    res = check_config(tmp_path, {"methods": {"spare": {"type": "rtn", "label": "x" * 60}}})
     assert res.returncode == 0, res.stdout + res.stderr
 
 
 def test_a_header_a_main_table_prints_nowhere_is_refused(tmp_path):
-    line = _one_error_line(_check_config(tmp_path, {"tables": {"main": {"header": "Method"}}}))
+    line = one_error_line(check_config(tmp_path, {"tables": {"main": {"header": "Method"}}}))
     assert "tables.main.header is printed only by tables of kind components, nprobe, " \
            "schedule" in line and "kind main prints it nowhere" in line, line

@@ -4,36 +4,24 @@ non-finite weights, or scores with non-finite log-likelihoods, without a one-lin
 from __future__ import annotations
 
 import math
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
-import yaml
+
+from fixtures.check_config import check_config, one_error_line
 
 REPO = Path(__file__).resolve().parents[1]
 HUB = ("config/smoke.yaml", "config/hub_layout.yaml")    # toy-llada: convert of a 64-wide model
 
 
 def _check_config(tmp_path, over):
-    (tmp_path / "over.yaml").write_text(yaml.safe_dump(over))
-    return subprocess.run([sys.executable, "-m", "fair_calib.cli", "check-config", *HUB,
-                           str(tmp_path / "over.yaml")], cwd=REPO, capture_output=True,
-                          text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
-
-
-def _one_error_line(res) -> str:
-    out = res.stdout + res.stderr
-    assert res.returncode != 0 and "Traceback" not in out, out[-3000:]
-    lines = [l for l in out.splitlines() if l.lower().startswith("error:")]
-    assert len(lines) == 1, out[-3000:]
-    return lines[0]
+    return check_config(tmp_path, over, HUB)
 
 
 def test_more_channels_than_the_widths_are_refused_before_any_job(tmp_path):
-    line = _one_error_line(_check_config(
+    line = one_error_line(_check_config(
         tmp_path, {"models": {"toy-llada": {"outliers": {"channels": 1000, "scale": 30.0}}}}))
     assert "models.toy-llada.outliers.channels = 1000" in line, line
     assert "norm: 64" in line and "up_down: 128" in line and "at most 64" in line, line
@@ -48,7 +36,7 @@ def test_a_site_subset_is_checked_against_its_own_widths(tmp_path):
 
 @pytest.mark.parametrize("scale", [math.inf, math.nan])
 def test_a_scale_that_is_not_finite_is_refused_before_any_job(tmp_path, scale):
-    line = _one_error_line(_check_config(
+    line = one_error_line(_check_config(
         tmp_path, {"models": {"toy-llada": {"outliers": {"channels": 4, "scale": scale}}}}))
     assert "models.toy-llada.outliers.scale" in line and "not a finite number" in line, line
 

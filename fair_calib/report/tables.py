@@ -207,20 +207,25 @@ class _Cells:
             fp_method: str = "fp", metric: str | None = None, note: bool = True) -> Cell:
         """The cell of ``model``'s ``task`` (its reported metric, or ``metric``); a missing one
         is listed under the table unless ``note`` is off."""
-        d = self.df
         metric = metric or self.metric(model, task)
-        sel = (d["model"] == model) & (d["method"] == method) & (d["task"] == task)
-        if metric is not None:
-            sel &= d["metric"] == metric
-        if method != fp_method and bits is not None:
-            sel &= d["bits"] == bits
-        rows = d.loc[sel & d["value"].notna()]
+        rows = self.rows(model, method, bits, task, fp_method, metric)
         if rows.empty:
             extra = [bits] if (method != fp_method and bits is not None) else []
             if note:
                 self.note(model, method, *extra, task)
             return MISSING_CELL
         return _aggregate(rows, f"{model}/{method}/{bits}/{task}")
+
+    def rows(self, model: str, method: str, bits: str | None, task: str, fp_method: str,
+             metric: str | None) -> pd.DataFrame:
+        """The eval rows of one cell (one per seed), with a value."""
+        d = self.df
+        sel = (d["model"] == model) & (d["method"] == method) & (d["task"] == task)
+        if metric is not None:
+            sel &= d["metric"] == metric
+        if method != fp_method and bits is not None:
+            sel &= d["bits"] == bits
+        return d.loc[sel & d["value"].notna()]
 
     def chance(self, task: str) -> Cell:
         if "chance" not in self.df.columns:
@@ -360,18 +365,12 @@ class _PairedScores:
     def _load(self, model, method, bits, tasks):
         from .paired import item_scores
 
-        d = self.cells.df
-        if "path" not in d.columns:
+        if "path" not in self.cells.df.columns:
             return None
         per_seed: dict[int, list[np.ndarray]] = {}
         for task in tasks:
             metric = self.cells.metric(model, task)
-            sel = (d["model"] == model) & (d["method"] == method) & (d["task"] == task)
-            if metric is not None:
-                sel &= d["metric"] == metric
-            if method != self.fp_method and bits is not None:
-                sel &= d["bits"] == bits
-            rows = d.loc[sel & d["value"].notna()]
+            rows = self.cells.rows(model, method, bits, task, self.fp_method, metric)
             if rows.empty:
                 return None
             for _, r in rows.iterrows():
