@@ -29,7 +29,8 @@ METRIC = {"synth_gen": "exact_match,strict-match"}
 BITS = ("w4a4", "w4a3", "w3a4", "w3a3", "w2a4")
 REFERENCE = "flatquant-5"
 # the reference's calibration variants (config/bench_screen.yaml), each with its five seeds
-VARIANTS = ("flatquant-5", "flatquant-5-wide", "flatquant-5-id", "flatquant-5-more")
+VARIANTS = ("flatquant-5", "flatquant-5-wide", "flatquant-5-id", "flatquant-5-more", "flatquant",
+            "uniform-ptq", "flatquant-512", "uniform-512", "uniform-8ep")
 
 
 def accuracy(path: Path, task: str) -> np.ndarray | None:

@@ -56,12 +56,13 @@ sys.path.insert(0, str(REPO))
 from fair_calib.report.compare import compare_runs, format_rows  # noqa: E402
 from fair_calib.report.jobs import job_records, methods_table, summary_lines  # noqa: E402
 
-PHASES = ("default", "wide", "fake", "cpu", "grid")     # the default list: all but grid
+PHASES = ("default", "wide", "fake", "cpu", "grid", "bench")
+DEFAULT_PHASES = ("default", "wide", "fake", "cpu")
 # the CPU's table of the embedded default (tests/recorded_hashes.json, "default")
 CPU_TABLE_SHA = "97503071140723f312317f6c4951d7a3cc51852c2c534e57d00bcdb18d15c988"
 SMOKE_CONFIGS = ["config/gpu_trained.yaml", "config/gpu_trained_cpu.yaml"]
 # the phase's Snakemake runs need at least this much time left (seconds)
-PHASE_MIN_S = {"default": 200, "wide": 240, "fake": 60, "cpu": 90, "grid": 120}
+PHASE_MIN_S = {"default": 200, "wide": 240, "fake": 60, "cpu": 90, "grid": 120, "bench": 120}
 NEEDED = ("snakemake", "lm-eval", "datasets")   # what the wheels bring; refused without
 # What the lent machine's Python lacks (it has torch, triton, transformers, tokenizers, numpy,
 # pandas, pyarrow, ...), at the project environment's versions; typing-extensions and fsspec are
@@ -464,6 +465,24 @@ class Runner:
             self.note(f"default: card table sha256 {sha[:12]}; the CPU's recorded "
                       f"{CPU_TABLE_SHA[:12]} ({'same' if sha == CPU_TABLE_SHA else 'differs'})")
 
+    def bench(self) -> None:
+        """config/bench.yaml with config/bench_gpu.yaml on the card, cold; a later call on the
+        same warm machine resumes the same folder. Its tables, figures (PNG, TXT) and every
+        evaluation's Parquet kept (the paired tests are recomputed from them)."""
+        run = self.base / "bench"
+        if not (run / "Snakefile").is_file():
+            prepare_run(run)
+        work = run / "runs" / "bench-gpu"
+        self.snake("bench", run, ["--configfile", "config/bench.yaml", "config/bench_gpu.yaml",
+                                  "--rerun-incomplete"], "(config/bench_gpu.yaml, on cuda)",
+                   work=work)
+        for path in sorted((work / "results").glob("*/**/*")):
+            rel = path.relative_to(work / "results")
+            if path.is_file() and (rel.parts[0] in ("tables", "figures") and path.suffix != ".pdf"
+                                   or rel.parts[0] == "eval" and path.parent.name != "synth_gen"
+                                   and path.suffix == ".parquet"):
+                self.keep(path, f"bench/{rel}")
+
     def cell_targets(self, methods: list[str]) -> list[str]:
         """The evaluations of ``methods`` (``fp``, a method, or one seed's run ``name@s<k>``)
         in the tables' cells: every model and task of a table that lists the method."""
@@ -633,6 +652,8 @@ def run_phase(r: Runner, phase: str, args) -> None:
         r.wide()
     elif phase == "grid":
         r.grid()
+    elif phase == "bench":
+        r.bench()
     elif phase == "fake" and r.rerun_evals("fake", "fake", None):
         r.compare(wide, fake, ("real", "fake"), "real_vs_fake.json")
     elif phase == "cpu" and r.rerun_evals("cpu", "fake", "cpu", r.cpu_targets()):
@@ -647,7 +668,7 @@ def main(argv=None) -> int:
     dp.add_argument("--src", default=os.environ.get("FAIR_CALIB_SOURCE_DATA", "../shared/data"))
     dp.add_argument("--out", default=".gpu_dag_data")
     rp = sub.add_parser("run")
-    rp.add_argument("--phases", default=",".join(PHASES[:-1]), help=f"of {','.join(PHASES)}")
+    rp.add_argument("--phases", default=",".join(DEFAULT_PHASES), help=f"of {','.join(PHASES)}")
     rp.add_argument("--runs", default="/tmp/gpu_trained", help="where the run folders go")
     rp.add_argument("--out", default=os.environ.get("OUT"))
     rp.add_argument("--deadline", type=float, default=560.0, help="seconds for all phases")
