@@ -3,7 +3,7 @@
     fair-calib census --configfile config/paper.yaml [--out results/census.parquet]
                       [--tokenizer MODEL_OR_FAMILY=FOLDER ...] [--data-dir DIR] [--json]
 
-For every (model, task) evaluation of the plan (:mod:`fair_calib.plan`: models x method runs x
+For every (model, task) evaluation of the plan (:mod:`fair_calib.checks.plan`: models x method runs x
 tasks, seeds included) the census asks the evaluation stage itself what it would run:
 
 * the job's settings are those ``evaluate_shard`` receives (the task entry resolved for the
@@ -23,7 +23,7 @@ tasks, seeds included) the census asks the evaluation stage itself what it would
 
 One lm-eval run of the whole task is counted: a sharded job draws its few-shot examples per
 shard (``FEWSHOT_SEED``), a few tokens' difference. Token ids come from the model's tokenizer
-where this machine has it, else the documented stand-in (:mod:`fair_calib.census_tokenizer`).
+where this machine has it, else the documented stand-in (:mod:`fair_calib.budget.census_tokenizer`).
 
 Data: the offline copies under the data folder (``--data-dir``, else the config's ``data_dir``
 where it exists, else ``FAIR_CALIB_DATA_DIR`` / ``../shared/data``), whatever ``data_source``
@@ -38,7 +38,7 @@ The output has one row per (family, task, request class, rows, tokens bucket, st
 the config's name; ``lm_eval_task`` beside it) -- ``structure`` is how the forwards are
 computed (``fp``; ``fake`` for fake quantization; else the method type's quantized structure,
 ``METHOD_STRUCTURE``) -- with its forward count over the whole grid. Prices are
-:mod:`fair_calib.cost`'s, which prices a census.
+:mod:`fair_calib.budget.cost`'s, which prices a census.
 """
 from __future__ import annotations
 
@@ -55,7 +55,7 @@ from fair_calib.evaluate.task_settings import resolve_task, use_by_model
 
 BUCKET = 64                                   # tokens of a shape bucket
 DISPLAY_KEYS = ("label", "latex_label", "group")    # workflow/rules/common.smk: never a setting
-# How a quantized method type computes its forwards (the QUANT_RATIOS of fair_calib.cost are
+# How a quantized method type computes its forwards (the QUANT_RATIOS of fair_calib.budget.cost are
 # measured per structure): FlatQuant-style online Kronecker transforms, QuaRot's online
 # Hadamards, per-token quantization alone. A type without one is "unmeasured".
 METHOD_STRUCTURE = {"fair_calib": "transform", "flatquant": "transform", "quarot": "hadamard",
@@ -218,7 +218,7 @@ def structure(cfg: Mapping[str, Any], run: str, bits: str) -> str:
     widths ``FAIR_CALIB_LOWBIT=auto`` runs without a real low-bit GEMM, ``lowbit.kinds_for``);
     else the method type's quantized structure (``METHOD_STRUCTURE``; ``unmeasured`` for a
     type without one)."""
-    from fair_calib.plan import base_method
+    from fair_calib.checks.plan import base_method
 
     mtype = cfg["methods"][base_method(run)]["type"]
     if bits == "fp" or mtype == "fp":
@@ -251,7 +251,7 @@ class Census:
 
 def lm_eval_pairs(cfg: Mapping[str, Any]) -> list[tuple[str, str]]:
     """The (model, task) evaluations of the plan, in plan order, each once."""
-    from fair_calib import plan
+    from fair_calib.checks import plan
 
     return list(dict.fromkeys((m, t) for m, _, _, t in plan.eval_cells(cfg)))
 
@@ -278,8 +278,8 @@ def check_countable(cfg: Mapping[str, Any], data_dir: Path) -> None:
 def grid_census(cfg: Mapping[str, Any], data_dir: Path, synthetic_dir: Path,
                 tokenizers: Mapping[str, str] | None = None) -> Census:
     """Count every evaluation of the plan (see the module's doc)."""
-    from fair_calib import plan
-    from fair_calib.census_tokenizer import census_tokenizer
+    from fair_calib.checks import plan
+    from fair_calib.budget.census_tokenizer import census_tokenizer
     from fair_calib.evaluate.offline_data import census_stand_ins
 
     check_countable(cfg, data_dir)
@@ -471,8 +471,8 @@ def summary(c: Census) -> str:
 def write_census(c: Census, path: str | Path, cfg: Mapping[str, Any]) -> None:
     import pandas as pd
 
-    from fair_calib.census_tokenizer import CHARS_PER_TOKEN
-    from fair_calib.io import provenance, write_parquet
+    from fair_calib.budget.census_tokenizer import CHARS_PER_TOKEN
+    from fair_calib.jobs.io import provenance, write_parquet
 
     write_parquet(pd.DataFrame(list(c.records), columns=list(CENSUS_COLUMNS)), path,
                   census_schema(), provenance(cfg, token_counts=c.tokenizers,
@@ -507,8 +507,8 @@ def run_cli(argv: list[str]) -> None:
     ap.add_argument("--out", default=None, help="Parquet file of the census")
     ap.add_argument("--json", action="store_true", help="print the heavy shapes as JSON")
     args = ap.parse_args(argv)
-    from fair_calib.config import ConfigError
-    from fair_calib.references import load_config
+    from fair_calib.checks.config import ConfigError
+    from fair_calib.checks.references import load_config
 
     try:
         cfg = load_config(args.configfile, args.base)

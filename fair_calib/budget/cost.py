@@ -5,13 +5,13 @@
 
 The config is the one Snakemake runs in this checkout: ``--base`` (default
 ``./config/config.yaml`` of the current directory) with the ``--configfile`` files merged over
-it, validated and the schema's defaults filled. The jobs are the plan's (fair_calib/plan.py:
-seeds, shards, tables, priors, probes, trajectories; tests/test_cost.py checks every rule's
+it, validated and the schema's defaults filled. The jobs are the plan's (fair_calib/checks/plan.py:
+seeds, shards, tables, priors, probes, trajectories; tests/budget/test_cost.py checks every rule's
 count against ``snakemake -n``). Every number below is a measurement on one H100 80GB
 (docs/benchmarks.md, random weights at the real shapes) or an assumption named as such; the
 projection is as good as they are and is meant for sizing an allocation, not for reporting.
 
-Evaluation is priced from the census (:mod:`fair_calib.census`: the forwards the evaluation
+Evaluation is priced from the census (:mod:`fair_calib.budget.census`: the forwards the evaluation
 stage's own lm-eval requests make, per shape): each forward at bf16 replay speed
 (``bf16_replay_s``) times the nearest measured quantized / bf16 ratio of its structure and
 execution mode (``QUANT_RATIOS``: batch-1 generation at decode ratios, MC and exact forwards at
@@ -27,9 +27,9 @@ import math
 import sys
 from typing import Any, Mapping
 
-from fair_calib.census import METHOD_STRUCTURE
-from fair_calib.plan import base_method
-from fair_calib.references import load_config  # noqa: F401  (fair-calib cost's config)
+from fair_calib.budget.census import METHOD_STRUCTURE
+from fair_calib.checks.plan import base_method
+from fair_calib.checks.references import load_config  # noqa: F401  (fair-calib cost's config)
 
 FAMILY_SCALE = {"llada": 1.0, "dream": 0.9}    # Dream-7B forward / LLaDA-8B forward (issue 3)
 QUANT_SCALE = 1.26             # fake-quant W4A4 forward / FP forward (issue 6: 2.07 / 1.64 s)
@@ -286,7 +286,7 @@ def census_seconds(family: str, structure: str, request_class: str, rows: int,
 
 # ----------------------------------------------------------------------------- evaluation
 def priced(records) -> list[dict]:
-    """Census records (``fair_calib.census.CENSUS_COLUMNS``) with ``gpu_seconds``: their
+    """Census records (``fair_calib.budget.census.CENSUS_COLUMNS``) with ``gpu_seconds``: their
     forwards at ``census_seconds`` of the record's mean tokens (for ranking shapes; the
     projection prices every forward at its own tokens)."""
     return [{**r, "gpu_seconds": r["forwards"] * census_seconds(
@@ -302,8 +302,8 @@ def hours(seconds: float) -> float:
 def evaluation_projection(cfg: Mapping[str, Any], cen) -> dict[str, Any]:
     """Evaluation from the census: per task, per request class and structure, the shards'
     starts, and the longest shard (one job)."""
-    from fair_calib import plan
-    from fair_calib.census import structure
+    from fair_calib.checks import plan
+    from fair_calib.budget.census import structure
 
     by_task: dict[str, float] = {}
     by_class: dict[str, float] = {}
@@ -359,9 +359,9 @@ def trajectory_seconds(cfg: Mapping[str, Any], model: str, method: str) -> float
 # ----------------------------------------------------------------------------- projection
 def project(cfg: Mapping[str, Any], cen) -> dict[str, Any]:
     """``{"rules": {rule: {"jobs", "gpu_hours"}}, "total_gpu_hours", "evaluate_by_task",
-    "evaluate_by_class", ...}`` over the plan's jobs (fair_calib.plan); evaluation priced from
-    ``cen``, the config's census (:func:`fair_calib.census.census`)."""
-    from fair_calib import plan
+    "evaluate_by_class", ...}`` over the plan's jobs (fair_calib.checks.plan); evaluation priced from
+    ``cen``, the config's census (:func:`fair_calib.budget.census.census`)."""
+    from fair_calib.checks import plan
 
     ev = evaluation_projection(cfg, cen)
     jobs = plan.job_counts(cfg)
@@ -383,13 +383,13 @@ def project(cfg: Mapping[str, Any], cen) -> dict[str, Any]:
 
 
 def run_cli(argv: list[str]) -> None:
-    from fair_calib import census
+    from fair_calib.budget import census
 
     ap = argparse.ArgumentParser(prog="fair-calib cost", description=__doc__.split("\n")[0])
     census.add_census_args(ap)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
-    from fair_calib.config import ConfigError
+    from fair_calib.checks.config import ConfigError
     try:
         cfg = load_config(args.configfile, args.base)
     except ConfigError as err:

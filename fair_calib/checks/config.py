@@ -3,9 +3,9 @@
 * :func:`load_yaml` reads a YAML file; a syntax error names the file, line and column.
 * :func:`validate_config` checks a whole config against ``workflow/schemas/config.schema.yaml``
   (types, ranges, unknown keys) and each method's settings against the names its type declares
-  in :data:`fair_calib.registry.METHOD_SETTINGS`, then fills the schema's defaults. The
+  in :data:`fair_calib.names.registry.METHOD_SETTINGS`, then fills the schema's defaults. The
   cross-reference checks (a table naming an unknown model, two entries with one label, ...)
-  live in :mod:`fair_calib.references` (``check_config``), run by the Snakefile and by
+  live in :mod:`fair_calib.checks.references` (``check_config``), run by the Snakefile and by
   ``fair-calib cost``.
 * :func:`parse_settings` is what a stage CLI does with its ``--settings`` JSON: it must parse,
   hold the sections the stage reads, and each section must pass the same schema as the config
@@ -24,7 +24,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from . import registry
+from ..names import registry
 
 SCHEMA_PATH = Path(__file__).resolve().parents[1] / "workflow" / "schemas" / "config.schema.yaml"
 
@@ -187,14 +187,14 @@ def method_settings_error(name: str, entry: Mapping, where: str = "methods") -> 
     if mtype not in registry.METHOD_SETTINGS:
         if mtype in registry.METHOD_TYPES:
             return (f"config: {where}.{name}: method type {mtype!r} declares no settings; add "
-                    "the names it reads to METHOD_SETTINGS in fair_calib/registry.py")
+                    "the names it reads to METHOD_SETTINGS in fair_calib/names/registry.py")
         return None  # an unknown type is reported by the cross-reference checks
     allowed = registry.method_setting_names(mtype)
     extra = sorted(set(entry) - set(allowed) - {"name"})
     if extra:
         keys = ", ".join(f"{where}.{name}.{k}" for k in extra)
         return (f"config: unknown key {keys} for a method of type {mtype!r}; allowed: "
-                f"{sorted(allowed)} (declared in fair_calib/registry.py METHOD_SETTINGS)")
+                f"{sorted(allowed)} (declared in fair_calib/names/registry.py METHOD_SETTINGS)")
     calib_keys = _allowed(load_schema().get("properties", {}).get("calibration", {}))
     overrides = [(f"{where}.{name}.calibration", entry.get("calibration"))]
     by_family = entry.get("calibration_by_family") or {}
@@ -381,9 +381,9 @@ def offline_task_error(cfg: Mapping, task: str, model: str) -> str | None:
     the hub): no offline definition of its lm-eval task, or k-shot where the offline copy has no
     few-shot pool (the `train` split). The evaluation job would refuse it only after loading
     the model; this finds it from the config alone."""
-    from .evaluate.offline_data import (ARC_DEV_FILES, DREAM_TASKS, NO_OFFLINE_FEWSHOT_POOL,
-                                        OC_TASKS, OFFLINE_TASKS)
-    from .evaluate.task_settings import resolve_task, use_by_model
+    from ..evaluate.offline_data import (ARC_DEV_FILES, DREAM_TASKS, NO_OFFLINE_FEWSHOT_POOL,
+                                         OC_TASKS, OFFLINE_TASKS)
+    from ..evaluate.task_settings import resolve_task, use_by_model
 
     entry = cfg["tasks"][task]
     family = cfg["models"][model]["family"]

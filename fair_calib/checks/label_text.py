@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Iterator, Mapping
 
-from fair_calib.config import ConfigError
+from fair_calib.checks.config import ConfigError
 
 # The longest plain-text label a table column holds: the main table (a table* in \small, two
 # label columns beside up to 11 value columns, fair_calib/report/tables.py main_table) gives

@@ -3,7 +3,7 @@ importable without torch: a job's settings hold a method's resolved values
 (``resolved_method``; a tiny model's ``train`` entry likewise, ``resolved_train``), so writing a
 documented default explicitly (``alpha: 0.3``, ``arithmetic: authors``, ``steps: 1500``) gives
 the same settings and reruns nothing.
-``tests/test_resolved_settings.py`` reads the defaults out of each method class and checks
+``tests/checks/test_method_defaults.py`` reads the defaults out of each method class and checks
 they equal these; a method type that reads a new default adds it here."""
 from __future__ import annotations
 

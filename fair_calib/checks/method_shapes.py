@@ -4,8 +4,8 @@ A calibrate job that refuses its settings has already cost its finished outputs:
 deletes a job's old outputs before running it (a finished AWQ calibration is gone once
 ``group_size: 48`` meets a 64-wide model). So every shape constraint a method's job would
 raise on is computed here from the config and the models' widths
-(:mod:`fair_calib.model_widths`, no weights loaded, no torch), for every calibration the run
-plans (:func:`fair_calib.plan.calib_cells`), and refused in one line naming the key, its value,
+(:mod:`fair_calib.checks.model_widths`, no weights loaded, no torch), for every calibration the run
+plans (:func:`fair_calib.checks.plan.calib_cells`), and refused in one line naming the key, its value,
 the model and the width:
 
 * ``awq``: ``group_size`` (128; -1: one group per row) divides every linear's input width
@@ -28,8 +28,8 @@ from __future__ import annotations
 import math
 from typing import Any, Callable, Mapping
 
-from fair_calib.config import ConfigError
-from fair_calib.model_widths import Widths, model_widths
+from fair_calib.checks.config import ConfigError
+from fair_calib.checks.model_widths import Widths, model_widths
 from fair_calib.quant.hadamard_orders import has_hadamard, hadamard_split
 
 JOB = "its calibrate job would refuse it"
@@ -115,7 +115,7 @@ CHECKS: dict[str, Check] = {"awq": awq_problem, "duquant": duquant_problem,
 def method_shape_problems(cfg: Mapping[str, Any]) -> list[str]:
     """One refusal per planned calibration whose settings its job would refuse (see the
     module docstring); calibrations of models whose widths are unknown are not checked."""
-    from fair_calib.plan import base_method, calib_cells
+    from fair_calib.checks.plan import base_method, calib_cells
 
     problems: dict[str, None] = {}
     widths: dict[str, Widths | None] = {}

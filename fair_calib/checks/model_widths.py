@@ -1,5 +1,5 @@
 """A model's widths, read without loading its weights (or torch), for the checks that run before
-any job (``fair_calib.method_shapes``): a tiny model's from its config entry (``train``, the
+any job (``fair_calib.checks.method_shapes``): a tiny model's from its config entry (``train``, the
 trainer's defaults where it leaves one out), a hub-layout copy's (``source: convert``) from the
 model it copies, a checkpoint's from its ``config.json`` where that is on disk (a local folder,
 or a hub id already in the local Hugging Face cache), its fields read as the native loader maps
@@ -86,7 +86,7 @@ def config_json_widths(name: str, family: str, path: Path) -> Widths | None:
 
 def checkpoint_config(source: str) -> Path | None:
     """The config.json of a local checkpoint folder, or of a hub id in the local cache."""
-    from fair_calib.config import looks_like_local_path
+    from fair_calib.checks.config import looks_like_local_path
 
     if looks_like_local_path(source):
         path = Path(source).expanduser() / "config.json"

@@ -7,7 +7,7 @@ diagnostics read the method's own name), task shards resolved per model (``by_fa
 ``by_model``), priors and their probe shards (for calibrations, the diagnostics' figures, the
 cross-corpus pairs and the prior ablation), trajectories and the tiny models' jobs. The config
 must be the one Snakemake reads: merged and validated with the schema's defaults filled
-(:func:`fair_calib.references.load_config`). tests/test_cost.py compares every rule's count with
+(:func:`fair_calib.checks.references.load_config`). tests/budget/test_cost.py compares every rule's count with
 ``snakemake -n`` on config/paper.yaml, with and without seeds.
 """
 from __future__ import annotations

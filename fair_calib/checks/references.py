@@ -4,17 +4,17 @@ one table would print under the same label, a label that is not one trimmed line
 (``label_text``), a method setting its job would refuse on a model's widths
 (``method_shapes``), ... Torch-free: the Snakefile runs them at parse
 time (workflow/rules/common.smk), before any job, and ``fair-calib cost`` on the config it
-projects. Every error is a one-line :class:`fair_calib.config.ConfigError` naming the key."""
+projects. Every error is a one-line :class:`fair_calib.checks.config.ConfigError` naming the key."""
 from __future__ import annotations
 
 import re
 import sys
 
-from fair_calib import registry
-from fair_calib.config import ConfigError, merged_config, validate_config
+from fair_calib.names import registry
+from fair_calib.checks.config import ConfigError, merged_config, validate_config
 from fair_calib.evaluate.task_settings import resolve_task, use_by_model
-from fair_calib.label_text import check_label_text
-from fair_calib.method_shapes import check_method_shapes
+from fair_calib.checks.label_text import check_label_text
+from fair_calib.checks.method_shapes import check_method_shapes
 
 MEMORY_TABLES = ("calib_memory", "deploy_memory")
 RULES_WITH_RESOURCES = ("make_data", "train_tiny", "convert_hub", "probe_shard", "prior", "calibrate",
@@ -44,7 +44,7 @@ def _check_outliers(cfg, name, outliers):
     site's width (the job fails after Snakemake has deleted the finished conversion)."""
     import math
 
-    from fair_calib.model_widths import model_widths
+    from fair_calib.checks.model_widths import model_widths
 
     key = f"models.{name}.outliers"
     scale = outliers.get("scale")
@@ -284,7 +284,7 @@ def load_config(configfiles, base=None) -> dict:
 def _check_method_bits(cfg, tname, t) -> None:
     """A main table's ``method_bits`` names its own methods and defined bits; a weight-only
     method type (gptq, awq) is never asked for quantized activations."""
-    from .registry import WEIGHT_ONLY_TYPES
+    from ..names.registry import WEIGHT_ONLY_TYPES
 
     mb = t.get("method_bits", {})
     for key in ("significance", "reference"):
@@ -419,7 +419,7 @@ def calibration_floor_mb(n_samples, seq_len, hidden, bytes_per_value=4):
 def check_calibration_memory(cfg):
     """A CPU calibration whose stored activations alone exceed resources.calibrate.mem_mb is
     refused: it would swap for hours or be killed, not fail fast."""
-    from fair_calib.job_resources import setting
+    from fair_calib.jobs.job_resources import setting
 
     if cfg.get("device", "cpu") != "cpu":
         return       # activations live on the GPU, whose memory no resource declares
@@ -484,7 +484,7 @@ def mc_num_notes(cfg) -> list[str]:
     task (one-word answers) evaluated only by models whose tokenizer makes a word one token and
     whose estimator enumerates a one-token target (``exact_below`` >= 2). The Monte-Carlo
     sample count then changes nothing; one note per key that sets it."""
-    from fair_calib.plan import eval_cells
+    from fair_calib.checks.plan import eval_cells
 
     by_model = use_by_model(cfg)
     evaluated: dict[str, set] = {}
@@ -540,7 +540,7 @@ def run_cli(argv: list[str] | None = None) -> None:
     unknown keys and method settings of config/config.yaml with FILEs merged over it, as
     ``snakemake --configfile FILE...`` would read them (Snakemake's own message for a YAML
     syntax error in a --configfile names no line), and the cross-references and labels
-    (fair_calib.references); the offline data and the machine are checked by ``snakemake -n``."""
+    (fair_calib.checks.references); the offline data and the machine are checked by ``snakemake -n``."""
     import argparse
 
     ap = argparse.ArgumentParser(prog="fair-calib check-config", description=run_cli.__doc__)

@@ -134,7 +134,7 @@ def collect_prompts(args: argparse.Namespace) -> list[str]:
 
 # ------------------------------------------------------------------ checks before loading
 def model_family(args: argparse.Namespace) -> str:
-    from fair_calib.config import missing_model_folder
+    from fair_calib.checks.config import missing_model_folder
     from fair_calib.evaluate.lm import infer_family
 
     problem = missing_model_folder(args.model)
@@ -214,7 +214,7 @@ def load_lm(args: argparse.Namespace, family: str, overrides: dict[str, Any]):
     """The evaluation's model: ``DiffusionLM`` from keyword arguments, as lm-eval builds it
     from ``--model_args`` (``fair-calib lm-eval``)."""
     from fair_calib.evaluate.lm import CalibrationMismatchError, DiffusionLM
-    from fair_calib.io import CorruptFileError
+    from fair_calib.jobs.io import CorruptFileError
 
     try:
         return DiffusionLM(pretrained=args.model, family=family, dtype=args.dtype,
@@ -270,7 +270,7 @@ def generate(lm, prompts: list[str], until: list[str], on_result=None) -> list[s
         lm.on_generated = None
 
 
-# how far a run got, for the interrupt's line (fair_calib/cli.py)
+# how far a run got, for the interrupt's line (fair_calib/cli/main.py)
 PROGRESS = {"printed": 0, "total": 0}
 
 

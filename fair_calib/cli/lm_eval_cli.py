@@ -5,7 +5,7 @@ its module is imported; it has no entry-point plugin group for models (``--inclu
 for tasks). So this module imports ``fair_calib.evaluate.lm`` (which registers
 ``fair_calib_dlm``) and hands the unchanged argument list to lm-eval's CLI::
 
-    python -m fair_calib.lm_eval_cli --model fair_calib_dlm \\
+    python -m fair_calib.cli.lm_eval_cli --model fair_calib_dlm \\
         --model_args pretrained=GSAI-ML/LLaDA-8B-Base,calib_dir=results/calib/...,mc_num=128,cfg=0.5 \\
         --tasks arc_challenge --batch_size 8 --num_fewshot 0 --limit 2 \\
         --output_path out/ --log_samples
@@ -56,7 +56,7 @@ def forward_to_lm_eval(argv: list[str]) -> None:
     if refusal:
         sys.exit(f"Error: {refusal}")
     from fair_calib.evaluate.lm import CalibrationMismatchError  # registers the model
-    from fair_calib.io import CorruptFileError
+    from fair_calib.jobs.io import CorruptFileError
     from lm_eval.__main__ import cli_evaluate
 
     saved = sys.argv

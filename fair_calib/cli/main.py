@@ -8,8 +8,8 @@ import os
 import sys
 import time
 
-from .environment import check_settings_environment
-from .job_log import JOB_LINE  # the prefix of job_record's lines (benchmarks/gpu_trained.py)
+from ..jobs.environment import check_settings_environment
+from ..jobs.job_log import JOB_LINE  # the prefix of job_record's lines (benchmarks/gpu_trained.py)
 
 SUBCOMMANDS = {
     "make-data": "fair_calib.models.tiny.corpus",   # synthetic corpus and task files
@@ -24,14 +24,14 @@ SUBCOMMANDS = {
     "report": "fair_calib.report.tables",           # LaTeX tables
     "figures": "fair_calib.report.figures",         # PDF/PNG figures
     "floor-sweep": "fair_calib.report.sweep",       # accuracy vs the prior's floor (figure)
-    "lm-eval": "fair_calib.lm_eval_cli",            # lm-eval's own CLI, fair_calib_dlm registered
-    "render-tasks": "fair_calib.lm_eval_cli",       # offline / synthetic task YAMLs for it
-    "generate": "fair_calib.generate_cli",          # a model's completions of your prompts
+    "lm-eval": "fair_calib.cli.lm_eval_cli",            # lm-eval's own CLI, fair_calib_dlm registered
+    "render-tasks": "fair_calib.cli.lm_eval_cli",       # offline / synthetic task YAMLs for it
+    "generate": "fair_calib.cli.generate_cli",          # a model's completions of your prompts
     "compare-runs": "fair_calib.report.compare",    # two runs' evaluations, cell by cell
     "jobs": "fair_calib.report.jobs",               # a run's jobs: time, card, overlap
-    "cost": "fair_calib.cost",                      # GPU-hours of a config's DAG
-    "census": "fair_calib.census",                  # shapes x counts of the grid's forwards
-    "check-config": "fair_calib.references",        # syntax/schema check of config files
+    "cost": "fair_calib.budget.cost",                      # GPU-hours of a config's DAG
+    "census": "fair_calib.budget.census",                  # shapes x counts of the grid's forwards
+    "check-config": "fair_calib.checks.references",        # syntax/schema check of config files
 }
 # These read their own subcommand name (one module serves two of them).
 WHOLE_ARGV = ("trajectories", "diagnose", "lm-eval", "render-tasks")
@@ -40,11 +40,11 @@ UNLOCKED = ("lm-eval", "generate", "cost", "check-config", "compare-runs", "jobs
 
 
 def _checked_settings(stage: str, argv: list[str]) -> list[str]:
-    """Parse and validate the stage's --settings (fair_calib.config: the checks the Snakefile
+    """Parse and validate the stage's --settings (fair_calib.checks.config: the checks the Snakefile
     applies to the config), so a stage run by hand refuses what the workflow would refuse.
     ``--threads N`` (train-tiny) is a run-time option: it sets ``model.train.threads``, which
     the workflow keeps out of the job's settings so that a thread count never retrains."""
-    from . import config
+    from ..checks import config
 
     argv = list(argv)
     threads = None
@@ -98,9 +98,9 @@ def _settings_device(argv: list[str]) -> str | None:
 
 def _take_gpu_slot(argv: list[str]) -> None:
     """A job on ``cuda`` gets a card of its own before torch initialises CUDA
-    (fair_calib/gpu_slots.py); the card is written to the job's log (stderr)."""
+    (fair_calib/jobs/gpu_slots.py); the card is written to the job's log (stderr)."""
     if _settings_device(argv) == "cuda":
-        from . import gpu_slots
+        from ..jobs import gpu_slots
 
         gpu_slots.assign_card()
 
@@ -108,8 +108,8 @@ def _take_gpu_slot(argv: list[str]) -> None:
 def _pop_runtime(stage: str, argv: list[str]) -> dict:
     """``--runtime JSON``: the environment keys (``device``, ``data_dir``, ``data_source``,
     ``synthetic_dir``), merged over the settings. The workflow passes them outside
-    ``--settings`` so that they never rerun a job (fair_calib.config.ENV_SETTINGS)."""
-    from . import config
+    ``--settings`` so that they never rerun a job (fair_calib.checks.config.ENV_SETTINGS)."""
+    from ..checks import config
 
     if "--runtime" not in argv:
         return {}
@@ -138,18 +138,18 @@ def main(argv: list[str] | None = None) -> None:
         print(msg)
         return
     stage = argv[0]
-    from . import job_log
+    from ..jobs import job_log
 
-    # the job's log: opened by the job once it holds its output's lock (fair_calib/job_log.py)
+    # the job's log: opened by the job once it holds its output's lock (fair_calib/jobs/job_log.py)
     log = job_log.pop_log(argv)
     if as_program and stage in JOB_STAGES:
-        from . import job_watch
+        from ..jobs import job_watch
 
         # a death by signal (SIGKILL: out of memory) is reported by a watcher process
         job_watch.watch(stage, argv[1:], log)
     # before any stage module imports torch: the same kernels, so the same bits, on every
-    # x86-64 machine (fair_calib/numerics.py)
-    from . import numerics
+    # x86-64 machine (fair_calib/jobs/numerics.py)
+    from ..jobs import numerics
 
     numerics.pin_environment()
     try:
@@ -163,7 +163,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         _run_stage(stage, rest, log, started)
     except SystemExit as err:
-        from . import job_lock
+        from ..jobs import job_lock
 
         # ended before it opened its log (a refused job wrote its own, job_lock.hold)
         if not started and isinstance(err.code, str) and not job_lock.REFUSED:
@@ -182,7 +182,7 @@ def main(argv: list[str] | None = None) -> None:
 def _note_before_lock(stage: str, argv: list[str], log: str | None, line: str) -> None:
     """The last line of a job that ended before it opened its log: in the log if this job
     holds the output or no job does; else in its own waiting log (the log is the holder's)."""
-    from . import job_lock, job_log
+    from ..jobs import job_lock, job_log
 
     if not log:
         return
@@ -193,7 +193,7 @@ def _note_before_lock(stage: str, argv: list[str], log: str | None, line: str) -
 
 def _start(stage: str, log: str | None, started: list[float]) -> None:
     """Once the job holds its output: its log opened (``--log``), its start recorded."""
-    from . import job_lock, job_log
+    from ..jobs import job_lock, job_log
 
     if log:
         waited = job_lock.WAITED
@@ -209,13 +209,13 @@ def _start(stage: str, log: str | None, started: list[float]) -> None:
 
 def _run_stage(stage: str, rest: list[str], log: str | None = None,
                started: list[float] | None = None) -> None:
-    from .io import CorruptFileError
+    from ..jobs.io import CorruptFileError
     started = [] if started is None else started
     try:
         if stage not in UNLOCKED:
             # before the card and the work: a second job for this output waits for the first
-            # (fair_calib/job_lock.py), whatever Snakemake's own lock does
-            from . import job_lock
+            # (fair_calib/jobs/job_lock.py), whatever Snakemake's own lock does
+            from ..jobs import job_lock
 
             job_lock.hold(stage, rest, log=log)
         _start(stage, log, started)
@@ -231,7 +231,7 @@ def _run_stage(stage: str, rest: list[str], log: str | None = None,
 
 
 def _interrupted(stage: str, how: str) -> str:
-    from . import job_lock
+    from ..jobs import job_lock
 
     if stage == "generate":
         from .generate_cli import interrupted_line
@@ -250,7 +250,7 @@ def _interrupted(stage: str, how: str) -> str:
 def _exit_quietly_on_signals(stage: str) -> None:
     """SIGTERM (a cluster's scancel, Snakemake stopping its jobs) ends the stage like Ctrl-C:
     one line, no traceback. The first of them ends it; later ones are ignored (Ctrl-C reaches
-    both the stage and its watcher, which forwards it, fair_calib/job_watch.py; ignored, not
+    both the stage and its watcher, which forwards it, fair_calib/jobs/job_watch.py; ignored, not
     handled, so that one arriving while Python shuts down cannot kill the ending stage)."""
     import signal
 

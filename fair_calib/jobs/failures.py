@@ -2,10 +2,10 @@
 
 * ``Failed: <rule> (<wildcards>): <what failed and what to do> [log: <path>]`` per failed job,
   read from the job's own log, whose last line the stage CLI writes as ``error: fair-calib
-  <stage>: <what>; <what to do>`` after the traceback (fair_calib/cli.py), or its watcher as
-  ``killed by signal ...`` (fair_calib/job_watch.py: for SIGKILL, the job's peak memory, here
+  <stage>: <what>; <what to do>`` after the traceback (fair_calib/cli/main.py), or its watcher as
+  ``killed by signal ...`` (fair_calib/jobs/job_watch.py: for SIGKILL, the job's peak memory, here
   set beside the memory its rule declared). A job that never held its output (it waited for
-  another run's job, or refused to) wrote its own log beside the rule's (fair_calib/job_log.py):
+  another run's job, or refused to) wrote its own log beside the rule's (fair_calib/jobs/job_log.py):
   that one is read and named. The rule, wildcards, log and declared memory of a job are read
   from Snakemake's log: its error block names the job's id, its start block the rest.
 * A run stopped by SIGTERM (Snakemake lets its running jobs finish, then stops) says so, with

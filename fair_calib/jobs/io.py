@@ -27,7 +27,7 @@ class CorruptFileError(ValueError):
 
 
 def regenerate_hint(path: str | os.PathLike) -> str:
-    # Snakemake's pre-flight check (fair_calib.preflight) moves a corrupt file under results/
+    # Snakemake's pre-flight check (fair_calib.jobs.preflight) moves a corrupt file under results/
     # aside by itself; one elsewhere (a model folder under resources/) must be deleted.
     return ("Run snakemake again: it moves a corrupt file under results/ aside (<name>.corrupt) "
             "and regenerates it and what depends on it; elsewhere delete it first: "

@@ -7,7 +7,7 @@ output (``--out`` / ``--out-dir``) holds an exclusive ``flock`` on a lock file b
 output for its whole life: the kernel releases it when the process ends, normally or killed
 (SIGKILL included), so a lock is never left behind. A second job for the same output waits for
 the first to end, saying so on its stderr (the console) and in its own waiting log beside
-the job's log (``<log>.<pid>.waiting``, fair_calib/job_log.py: the job's log is the holder's),
+the job's log (``<log>.<pid>.waiting``, fair_calib/jobs/job_log.py: the job's log is the holder's),
 then computes the output itself (its run may have other settings; the outputs are written
 atomically, so readers see one job's files or the other's). ``FAIR_CALIB_LOCK=refuse`` makes
 it refuse instead (exit 1, naming the output and the holder; ``<log>.<pid>.refused``).
@@ -127,7 +127,7 @@ def hold(stage: str, argv: list[str], *, mode: str | None = None,
         print(f"fair-calib {stage}: the other job ended after {time.time() - start:.0f} s; "
               f"starting", file=sys.stderr, flush=True)
         WAITED.update(holder=holder, seconds=time.time() - start)
-        if side is not None:      # its main log says it waited (fair_calib/cli.py)
+        if side is not None:      # its main log says it waited (fair_calib/cli/main.py)
             side.unlink(missing_ok=True)
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"fair-calib {stage}, pid {os.getpid()} on {socket.gethostname()}, since "

@@ -1,4 +1,4 @@
-"""A job's log, opened by the job itself once it holds its output's lock (fair_calib/job_lock.py).
+"""A job's log, opened by the job itself once it holds its output's lock (fair_calib/jobs/job_lock.py).
 
 The log under the rule's ``log:`` name belongs to the job that holds the output: the one that
 wrote the finished output, or is writing it. A second job for the same output (another run's)
@@ -22,7 +22,7 @@ never writes there, and never truncates or replaces it:
   waited, then was stopped). So on exit the job gives the log's name back to its own file if
   the name was removed or holds an empty file; a non-empty file found there (no job of the
   pipeline writes one without the lock) is kept beside it as ``<log>.<pid>.displaced``. A job
-  killed before it could (SIGKILL) leaves the second name: its watcher (fair_calib/job_watch.py)
+  killed before it could (SIGKILL) leaves the second name: its watcher (fair_calib/jobs/job_watch.py)
   or the next job for the output puts it back. A job whose log already holds lines (an earlier
   job's, given back) starts its own below a separator line.
 """
@@ -34,7 +34,7 @@ import sys
 from pathlib import Path
 
 KEEP_SUFFIX = ".keep"
-JOB_LINE = "[fair-calib] job "        # a job's start / end record (fair_calib/cli.py: job_record)
+JOB_LINE = "[fair-calib] job "        # a job's start / end record (fair_calib/cli/main.py: job_record)
 SIDE_KINDS = ("waiting", "refused")   # the logs of a job that never held its output
 
 

@@ -10,8 +10,8 @@ then exits with the shell's code for it (128 + the signal's number). The child's
 (success, a failure line, an interrupt) pass through unchanged.
 
 The parent forwards SIGINT and SIGTERM to the child (Ctrl-C at a terminal reaches both; the
-stage ends once on the first, fair_calib/cli.py), and the child is sent SIGTERM if the parent
-dies, so no stage outlives its job. ``pid`` in the output's lock file (fair_calib/job_lock.py)
+stage ends once on the first, fair_calib/cli/main.py), and the child is sent SIGTERM if the parent
+dies, so no stage outlives its job. ``pid`` in the output's lock file (fair_calib/jobs/job_lock.py)
 is the child's, the process that computes.
 """
 from __future__ import annotations
@@ -100,7 +100,7 @@ def killed_line(stage: str, sig: int, wall_s: float, peak_mb: float) -> str:
 
 def report(stage: str, argv: list[str], log: str | None, child: int, sig: int,
            wall_s: float, peak_mb: float) -> None:
-    """The job line and the killed line, in the child's log (its own file, fair_calib/job_log.py)
+    """The job line and the killed line, in the child's log (its own file, fair_calib/jobs/job_log.py)
     or on stderr without one."""
     import json
 

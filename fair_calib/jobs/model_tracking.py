@@ -50,7 +50,7 @@ def current_content(folder: str | os.PathLike) -> str | None:
     """The folder's content id (``sha256:...``); above the hashed size
     (``model_identity.HASHED_BYTES``) a ``stat:...`` id of its weight files' size, mtime, ctime
     and inode instead. None without weight files."""
-    from fair_calib.model_identity import _stat_key, content_id
+    from fair_calib.jobs.model_identity import _stat_key, content_id
 
     files = weight_files(folder)
     if not files:

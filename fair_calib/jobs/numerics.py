@@ -71,7 +71,7 @@ def pin_environment() -> str:
                  f"default) needs; set {MODE_VAR}=native to run with this CPU's own kernels "
                  "(results then differ from the hashes docs/benchmarks.md records)")
     if "torch" in sys.modules and any(os.environ.get(k) != v for k, v in PINNED_ENV.items()):
-        raise RuntimeError("fair_calib.numerics.pin_environment() must run before torch is "
+        raise RuntimeError("fair_calib.jobs.numerics.pin_environment() must run before torch is "
                            "imported: torch has already chosen its CPU kernels")
     os.environ.update(PINNED_ENV)
     # cuBLAS's deterministic workspace (torch's deterministic algorithms need it on CUDA), so a
@@ -205,7 +205,7 @@ def check_files(record_path, group: str = "default", root=".") -> list[str]:
     """Problems (empty: all match) of the recorded files of ``group`` under ``root``."""
     from pathlib import Path
 
-    from fair_calib.io import file_sha256
+    from fair_calib.jobs.io import file_sha256
 
     want = recorded_hashes(record_path, group)
     if want is None:
@@ -223,7 +223,7 @@ def check_files(record_path, group: str = "default", root=".") -> list[str]:
     return problems
 
 
-if __name__ == "__main__":  # python -m fair_calib.numerics [ROOT]: .ci/run's check
+if __name__ == "__main__":  # python -m fair_calib.jobs.numerics [ROOT]: .ci/run's check
     root = sys.argv[1] if len(sys.argv) > 1 else "."
     problems = check_files(os.path.join(root, RECORD), "default", root)
     for p in problems:

@@ -54,7 +54,7 @@ def check_arithmetic(arithmetic: str, method_type: str) -> str:
 # for the entry's type is rejected before any job (a misspelled ``epoch: 1`` would otherwise be
 # ignored and the default run). A method that reads a new setting adds its name here, in the
 # tuple of its type (and of the types that inherit it); nothing else needs to change.
-# ``fair_calib.config.validate_config`` checks configs and stage --settings against it.
+# ``fair_calib.checks.config.validate_config`` checks configs and stage --settings against it.
 METHOD_COMMON_SETTINGS = ("type", "label", "latex_label", "seeds")
 # every quantizing method: Stage II data, its overrides, the job's batch size, packed export
 _QUANT_SETTINGS = ("calibration", "calibration_by_family", "batch_size", "export", "keep_export")

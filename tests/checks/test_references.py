@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from fair_calib import config as C
-from fair_calib.references import (calibration_floor_mb, check_config, config_notes,
-                                   mc_num_notes, shard_notes)
+from fair_calib.checks import config as C
+from fair_calib.checks.references import (calibration_floor_mb, check_config, config_notes,
+                                          mc_num_notes, shard_notes)
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _merge(base, over):
@@ -118,7 +118,7 @@ def test_mc_num_on_one_token_answers_is_named():
 
 
 def test_the_one_token_families_are_the_adapters():
-    from fair_calib import registry
+    from fair_calib.names import registry
     from fair_calib.models.adapters import get_adapter
     from fair_calib.models.tiny.corpus import build_corpus
     from fair_calib.models.tiny.tokenizer import build_tokenizer

@@ -9,8 +9,9 @@ from collections import Counter
 
 import pytest
 
-from fair_calib import census, cost, plan
-from fair_calib.references import load_config
+from fair_calib.budget import census, cost
+from fair_calib.checks import plan
+from fair_calib.checks.references import load_config
 
 
 def no_forwards(cfg) -> census.Census:
@@ -89,7 +90,7 @@ def test_seeds_cost_more_and_shards_count(repo_root, tmp_path):
 
 def test_check_config_and_cost_read_the_current_checkout(repo_root, tmp_path, monkeypatch, capsys):
     """A second checkout sharing the environment: its own config/config.yaml is judged."""
-    from fair_calib import references
+    from fair_calib.checks import references
 
     shutil.copytree(repo_root / "config", tmp_path / "config")
     path = tmp_path / "config" / "config.yaml"

@@ -1,6 +1,7 @@
-"""First contact, round four (issue 42), the config cases of the bar `first-contact-4`: a setting
-every job would refuse is refused before any job (so a settings change never deletes a finished
-output whose replacement is bound to fail), and labels are text a reader can tell apart."""
+"""A size every job would refuse (a group or block size that does not divide a model's widths) is
+refused before any job, by `fair-calib check-config` and by Snakemake, so a settings change never
+deletes a finished output whose replacement is bound to fail. (Labels a reader cannot tell apart:
+tests/checks/test_label_text.py.)"""
 from __future__ import annotations
 
 import os
@@ -90,38 +91,3 @@ def test_snakemake_refuses_it_before_deleting_anything(finished_qdlm_tiny, over,
     assert key in line and "does not divide" in line, line
     assert {p: p.read_bytes() for p in done if p.exists()} == before      # nothing deleted
     assert not (ws / "runs/smoke/resources").exists()                      # no job ran
-
-
-@pytest.mark.parametrize("over, needle", [
-    ({"methods": {"flatquant": {"label": "FlatQuant "}}},
-     "methods.flatquant.label = 'FlatQuant ' has leading or trailing whitespace"),
-    ({"models": {"tiny-llada": {"label": " Tiny-LLaDA"}}},
-     "models.tiny-llada.label = ' Tiny-LLaDA' has leading or trailing whitespace"),
-    ({"methods": {"rtn": {"label": ""}}}, "methods.rtn.label = '' is empty"),
-    ({"methods": {"flatquant": {"label": "Flat  Quant"}}},
-     "methods.flatquant.label = 'Flat  Quant' has a run of spaces"),
-    ({"tasks": {"synth_mc": {"label": "two\nlines"}}},
-     "tasks.synth_mc.label = 'two\\nlines' is not one line"),
-    ({"methods": {"fair-calib": {"label": "x" * 461}}},
-     "methods.fair-calib.label = 'xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx...' "
-     "prints 461 characters; a table column holds at most 40"),
-    ({"tables": {"main": {"label": "tab:main"},
-                 "other": {"kind": "main", "label": "tab:main", "models": ["tiny-llada"],
-                           "methods": ["fp", "rtn"], "bits": "w4a4", "tasks": ["synth_mc"]}}},
-     "tables.main.label and tables.other.label are both 'tab:main'"),
-    ({"tables": {"main": {"label": "tab:main "}}},
-     "tables.main.label = 'tab:main ' has leading or trailing whitespace"),
-], ids=["trailing-space", "leading-space", "empty", "double-space", "two-lines", "too-long", "two-tables",
-        "table-label-space"])
-def test_labels_a_reader_cannot_tell_apart_are_refused(tmp_path, over, needle):
-    line = _one_error_line(_check_config(tmp_path, over))
-    assert needle in line, line
-
-
-def test_a_label_of_40_characters_is_taken():
-    from fair_calib.label_text import LABEL_MAX, text_problem
-
-    assert LABEL_MAX == 40
-    assert text_problem("methods.m.label", "x" * 40, column=True) is None
-    assert text_problem("methods.m.label", "x" * 41, column=True) is not None
-    assert text_problem("methods.m.latex_label", "\\textbf{" + "x" * 40 + "}", column=False) is None

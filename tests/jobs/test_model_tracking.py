@@ -1,4 +1,4 @@
-"""Weights changed in place (fair_calib/model_tracking.py): a model folder's content is part of
+"""Weights changed in place (fair_calib/jobs/model_tracking.py): a model folder's content is part of
 what the jobs reading it depend on, so Snakemake replans them, and a table never mixes cells of
 two weights of one model."""
 from __future__ import annotations
@@ -10,8 +10,8 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 
-from fair_calib import model_tracking as MT
-from fair_calib.io import provenance, write_parquet
+from fair_calib.jobs import model_tracking as MT
+from fair_calib.jobs.io import provenance, write_parquet
 from fair_calib.report import tables as T
 
 EVAL_SCHEMA = pa.schema([
@@ -111,7 +111,7 @@ def test_a_local_folder_is_tracked_by_its_record(tmp_path):
 
 
 def test_local_folders_are_inputs_of_the_jobs_that_read_them():
-    text = open(os.path.join(os.path.dirname(__file__), "..", "workflow/rules/common.smk")).read()
+    text = open(os.path.join(os.path.dirname(__file__), "..", "..", "workflow/rules/common.smk")).read()
     assert "record_path(wc.model)" in text and "sync_model_content()" in text
 
 

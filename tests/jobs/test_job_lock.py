@@ -1,5 +1,5 @@
 """Two runs never compute one output at once (issue 32): every stage CLI holds an exclusive lock
-on its output for its whole life (fair_calib/job_lock.py), whatever Snakemake's lock does."""
+on its output for its whole life (fair_calib/jobs/job_lock.py), whatever Snakemake's lock does."""
 from __future__ import annotations
 
 import fcntl
@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from fair_calib import job_lock
+from fair_calib.jobs import job_lock
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 # the default's prompt and item counts (the config check compares the probes with them)
 CORPUS = {"seed": 0, "n_train_docs": 300, "n_calib_docs": 8, "n_probe": 128, "n_facts": 128,
           "n_mc_items": 200, "n_gen_items": 200}
@@ -192,7 +192,7 @@ def test_three_runs_never_compute_one_output_at_once(tmp_path):
     assert c["start"] >= a["end"], f"run C computed while run A did: {spans}"
     assert (ws / "resources/data/manifest.json").exists()
     # C's Snakemake removed the log while A's job wrote it: A's job gave the name back, whole,
-    # and C's job, which waited for it, wrote below (fair_calib/job_log.py)
+    # and C's job, which waited for it, wrote below (fair_calib/jobs/job_log.py)
     log = (ws / "logs/make_data/make_data.log").read_text()
     assert log.count('"status": "ok"') == 2, log
     first, second = log.split("a new job for this output", 1)

@@ -1,4 +1,4 @@
-"""Label rules as a table prints them (fair_calib/label_text.py): the 40-character limit counts
+"""Label rules as a table prints them (fair_calib/checks/label_text.py): the 40-character limit counts
 what a table column prints (latex_label included, a combining accent as nothing), holds only
 for entries a table prints, and a table key its kind prints nowhere is refused."""
 from __future__ import annotations
@@ -6,11 +6,11 @@ from __future__ import annotations
 from pathlib import Path
 
 
-from fair_calib.label_text import printed_length, text_problem
+from fair_calib.checks.label_text import printed_length, text_problem
 
 from fixtures.check_config import check_config, one_error_line
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_a_latex_label_is_held_to_the_column_as_printed(tmp_path):

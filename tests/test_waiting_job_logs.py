@@ -1,4 +1,4 @@
-"""`first-contact-4` (issue 42), the waiting-job log case: a job's log belongs to the job that
+"""The waiting-job log case: a job's log belongs to the job that
 wrote the output. Run A computes an output; a second run's job for the same output waits on
 A's output lock and is stopped with Ctrl-C, and a third is refused (FAIR_CALIB_LOCK=refuse).
 A's log must then hold A's own run, whole; each second job's lines are in its own log beside

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from fair_calib import census
-from fair_calib.references import load_config
+from fair_calib.budget import census
+from fair_calib.checks.references import load_config
 
 # the benchmark scripts are not a package of the install: import them from the checkout
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent.parent))
 
 
 def _tiny_data(root):
@@ -69,7 +69,7 @@ def test_grid_census_on_a_tiny_task_set(tiny_grid, tmp_path):
     assert c.tokenizers == {"llada-8b-base": "stand-in", "dream-7b-base": "stand-in"}
     out = tmp_path / "census.parquet"
     census.write_census(c, out, tiny_grid)
-    from fair_calib.io import read_parquet
+    from fair_calib.jobs.io import read_parquet
 
     df, prov = read_parquet(out)
     assert len(df) == len(c.records) and list(df.columns) == list(census.CENSUS_COLUMNS)
@@ -107,7 +107,7 @@ def test_census_refuses_what_it_cannot_count_by_name(tiny_grid, tmp_path):
 
 
 def test_stand_in_tokenizer():
-    from fair_calib.census_tokenizer import StandInTokenizer, chars_per_token
+    from fair_calib.budget.census_tokenizer import StandInTokenizer, chars_per_token
 
     tok = StandInTokenizer("llada", "oc_mmlu_gen")
     assert tok.ratio == chars_per_token("llada", "mmlu") == 4.41

@@ -1,10 +1,10 @@
-"""The calibration memory measure (fair_calib.memory): what the calib_memory table reports."""
+"""The calibration memory measure (fair_calib.jobs.memory): what the calib_memory table reports."""
 import mmap
 
 import pytest
 
-from fair_calib import memory
-from fair_calib.memory import PeakMemory, process_peak_rss_mb
+from fair_calib.jobs import memory
+from fair_calib.jobs.memory import PeakMemory, process_peak_rss_mb
 
 MB = 2**20
 SLACK_MB = 1   # the kernel's RSS counters are approximate (per-thread/per-CPU caches: ~0.2 MB)

@@ -4,7 +4,7 @@ import copy
 
 import pytest
 
-from fair_calib.config import ConfigError, check_offline_tasks, load_yaml, offline_task_error
+from fair_calib.checks.config import ConfigError, check_offline_tasks, load_yaml, offline_task_error
 from fair_calib.evaluate.offline_data import NO_OFFLINE_FEWSHOT_POOL, check_offline_fewshot
 
 
@@ -67,19 +67,6 @@ def test_the_config_check_agrees_with_the_jobs_refusal(paper, task):
     else:
         assert not job_refuses
     assert (offline_task_error(cfg, task, "dream-7b-base") is not None) == job_refuses
-
-
-def test_lm_eval_cli_refuses_offline_few_shot_before_loading(tmp_path):
-    from fair_calib.lm_eval_cli import forward_to_lm_eval, offline_fewshot_refusal
-
-    (tmp_path / "fc_task_utils.py").write_text("")
-    (tmp_path / "winogrande.yaml").write_text("")
-    argv = ["--model", "fair_calib_dlm", "--model_args", "pretrained=/nonexistent",
-            "--tasks", "piqa,winogrande", "--num_fewshot", "5", "--include_path", str(tmp_path)]
-    with pytest.raises(SystemExit, match="--tasks winogrande --num_fewshot 5: the offline"):
-        forward_to_lm_eval(argv)
-    assert offline_fewshot_refusal(argv[:-2]) is None               # lm-eval's own task
-    assert offline_fewshot_refusal(argv[:7] + ["0"] + argv[8:]) is None
 
 
 def test_opencompass_recipes_offline(paper, tmp_path):

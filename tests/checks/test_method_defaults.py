@@ -1,4 +1,4 @@
-"""A job's settings hold its method's resolved values (fair_calib/method_defaults.py): writing a
+"""A job's settings hold its method's resolved values (fair_calib/checks/method_defaults.py): writing a
 documented default explicitly (``flatquant-seeds: {alpha: 0.3}``, ``gptq: {arithmetic:
 authors}``) gives the same settings, hence reruns nothing."""
 from __future__ import annotations
@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from fair_calib.method_defaults import METHOD_DEFAULTS, resolved_method
-from fair_calib.registry import METHOD_TYPES, method_setting_names
+from fair_calib.checks.method_defaults import METHOD_DEFAULTS, resolved_method
+from fair_calib.names.registry import METHOD_TYPES, method_setting_names
 
 _GET = re.compile(r'\b(?:self\.cfg|c)\.get\("(\w+)",\s*([^()]+?)\)')
 
@@ -65,12 +65,12 @@ def test_another_value_gives_other_settings():
 def test_the_workflow_passes_resolved_methods():
     from pathlib import Path
 
-    text = (Path(__file__).resolve().parents[1] / "workflow/rules/common.smk").read_text()
+    text = (Path(__file__).resolve().parents[2] / "workflow/rules/common.smk").read_text()
     assert "resolved_method(" in text
 
 
 def test_a_tiny_models_train_defaults_are_resolved_too():
-    from fair_calib.method_defaults import resolved_train
+    from fair_calib.checks.method_defaults import resolved_train
 
     assert resolved_train({"lr": 0.005, "layers": 4.0, "steps": 1500}) == resolved_train(None)
     assert resolved_train({"hidden": 64})["hidden"] == 64

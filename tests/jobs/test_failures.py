@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from fair_calib import job_lock
-from fair_calib.cli import JOB_LINE
-from fair_calib.failures import summary_lines
+from fair_calib.jobs import job_lock
+from fair_calib.cli.main import JOB_LINE
+from fair_calib.jobs.failures import summary_lines
 from fixtures.held_stage import held_stage_hook
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SETTINGS = json.dumps({"seed": 0, "corpus": {"seed": 0, "n_train_docs": 300, "n_calib_docs": 8,
                                              "n_probe": 8, "n_facts": 8, "n_mc_items": 8,
                                              "n_gen_items": 8}})
@@ -156,7 +156,7 @@ def test_a_missing_calib_dir_is_named_as_missing_before_the_model_loads(tmp_path
 def test_at_a_terminal_the_failure_is_one_line_without_traceback(monkeypatch):
     import io
 
-    from fair_calib import cli
+    from fair_calib.cli import main as cli
 
     class Terminal(io.StringIO):
         def isatty(self):
@@ -201,7 +201,7 @@ def test_failed_line_has_the_wildcards_and_the_declared_memory_of_a_killed_job(t
     """Snakemake 9's error block names neither wildcards nor resources: they are read from the
     start block of the same job id. A job killed by SIGKILL (its watcher's line) gets its
     rule's declared mem_mb beside its peak memory, and the config key to raise."""
-    from fair_calib.job_watch import killed_line
+    from fair_calib.jobs.job_watch import killed_line
 
     log = tmp_path / "logs/calibrate/tiny-llada/rtn/w4a4.log"
     log.parent.mkdir(parents=True)
@@ -275,7 +275,7 @@ def test_a_stage_killed_by_sigkill_says_so_in_its_log(tmp_path):
 
 
 def test_a_stop_by_sigterm_is_described_as_what_happened():
-    from fair_calib.failures import describe_stop
+    from fair_calib.jobs.failures import describe_stop
 
     (line,) = describe_stop(["make_data"], [], 1)
     assert line.startswith("Stopped by SIGTERM: Snakemake let the jobs it had started end")
@@ -349,7 +349,7 @@ def test_failing_job_commands_keep_their_exit_status():
 
     from snakemake.shell import shell
 
-    from fair_calib.failures import SHELL_EXITS, record_shell_exits
+    from fair_calib.jobs.failures import SHELL_EXITS, record_shell_exits
 
     record_shell_exits()
     record_shell_exits()              # once only

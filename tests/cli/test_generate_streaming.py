@@ -7,7 +7,7 @@ import json
 import pytest
 from lm_eval.api.instance import Instance
 
-from fair_calib import cli, generate_cli
+from fair_calib.cli import main as cli, generate_cli
 from fair_calib.evaluate.lm import DiffusionLM
 
 PROMPTS = ["w5 w6 w7", "w9", "w3 w4"]

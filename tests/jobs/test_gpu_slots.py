@@ -1,4 +1,4 @@
-"""GPU slots on one machine (fair_calib/gpu_slots.py), with simulated cards: jobs are
+"""GPU slots on one machine (fair_calib/jobs/gpu_slots.py), with simulated cards: jobs are
 processes, cards are entries of CUDA_VISIBLE_DEVICES, nothing touches a GPU."""
 from __future__ import annotations
 
@@ -12,9 +12,10 @@ import time
 from pathlib import Path
 
 
-from fair_calib import cli, gpu_slots
+from fair_calib.cli import main as cli
+from fair_calib.jobs import gpu_slots
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 HOLDER = ("import sys; from fair_calib import gpu_slots; gpu_slots.assign_card(); "
           "import os; print(os.environ['CUDA_VISIBLE_DEVICES'], flush=True); sys.stdin.read()")
 

@@ -13,10 +13,10 @@ import pytest
 import torch
 from lm_eval.api.instance import Instance
 
-from fair_calib import generate_cli
+from fair_calib.cli import generate_cli
 from fair_calib.evaluate.lm import DiffusionLM
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 PROMPTS = ["w5 w6 w7", "w9"]
 # the toy checkpoints' context is 128 tokens; the llada defaults (256 steps and tokens) do not fit
 SMALL = ["--gen-length", "16", "--steps", "16"]
@@ -34,7 +34,7 @@ def toy(tmp_path_factory):
 
     from fair_calib.calibrate import calibrate
     from fair_calib.methods import make_method
-    from fair_calib.model_identity import content_id
+    from fair_calib.jobs.model_identity import content_id
     from fair_calib.models.adapters import load_model
 
     root = tmp_path_factory.mktemp("generate")

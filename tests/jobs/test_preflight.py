@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from fair_calib.preflight import file_in_model_folder
+from fair_calib.jobs.preflight import file_in_model_folder
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 MODELS = {"tiny-dream": {"source": "train"}, "toy-dream": {"source": "convert"},
           "hub": {"source": "GSAI-ML/LLaDA-8B-Base"}}
 
