@@ -8,7 +8,8 @@
 ``preflight``      refusals before any job: locks, corrupt or incomplete intermediates
 ``gpu_slots``      a card per ``device: cuda`` job on one machine
 ``job_resources``  a rule's memory, threads and runtime (the Snakefile's resources)
-``environment``    the environment a setting needs (CUDA, Triton), checked before a job
+``environment``    can this machine run the settings (device: cuda, dtype), checked before a job;
+                   ``env_choice`` for the FAIR_CALIB_* switches
 ``numerics``       the pinned kernels (same bits on every x86-64) and the recorded hashes
 ``memory``         a calibration's peak memory (the calib_memory table)
 ``model_identity`` a model's weights hash, and the calibration-to-weights pairing
