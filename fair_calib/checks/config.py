@@ -26,7 +26,7 @@ from typing import Any, Iterable, Mapping
 
 from ..names import registry
 
-SCHEMA_PATH = Path(__file__).resolve().parents[1] / "workflow" / "schemas" / "config.schema.yaml"
+SCHEMA_PATH = Path(__file__).resolve().parents[2] / "workflow" / "schemas" / "config.schema.yaml"
 
 # Keys of a job's settings JSON that are copied from the top level of the config.
 TOP_LEVEL_SETTINGS = ("seed", "device", "dtype", "data_dir", "data_source", "synthetic_dir")
