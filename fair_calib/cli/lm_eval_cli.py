@@ -56,9 +56,11 @@ def forward_to_lm_eval(argv: list[str]) -> None:
     if refusal:
         sys.exit(f"Error: {refusal}")
     from fair_calib.evaluate.lm import CalibrationMismatchError  # registers the model
+    from fair_calib.evaluate.template_cache import install as compile_templates_once
     from fair_calib.jobs.io import CorruptFileError
     from lm_eval.__main__ import cli_evaluate
 
+    compile_templates_once()
     saved = sys.argv
     sys.argv = ["lm-eval", *argv]
     try:

@@ -427,6 +427,9 @@ def run_lm_eval(lm, settings: Mapping[str, Any], session: LmEvalSession) -> dict
     seeds, chat options; the authors' few-shot draws (``FEWSHOT_SEED``)."""
     from lm_eval import simple_evaluate
 
+    from .template_cache import install as compile_templates_once
+
+    compile_templates_once()
     task, seed = settings["task"], int(settings.get("seed", 0))
     return simple_evaluate(
         model=lm, tasks=[session.leaf_tasks[t] for t in sorted(session.samples)],
