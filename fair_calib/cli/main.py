@@ -12,26 +12,26 @@ from ..jobs.environment import check_settings_environment
 from ..jobs.job_log import JOB_LINE  # the prefix of job_record's lines (benchmarks/gpu_trained.py)
 
 SUBCOMMANDS = {
-    "make-data": "fair_calib.models.tiny.corpus",   # synthetic corpus and task files
-    "train-tiny": "fair_calib.models.tiny.train",   # train an embedded tiny diffusion LM
-    "convert-hub": "fair_calib.models.toy_hub",     # a tiny model in a hub checkpoint layout
-    "probe": "fair_calib.probe",                    # Stage I: random-commit teacher rollouts
-    "prior": "fair_calib.prior",                    # Stage I: aggregate the position prior
-    "calibrate": "fair_calib.calibrate",            # Stage II: layer-wise calibration
-    "evaluate": "fair_calib.evaluate.run",          # benchmarks through lm-eval
-    "trajectories": "fair_calib.diagnostics",       # record decoding trajectories
-    "diagnose": "fair_calib.diagnostics",           # diagnostics from trajectories
-    "report": "fair_calib.report.tables",           # LaTeX tables
-    "figures": "fair_calib.report.figures",         # PDF/PNG figures
-    "floor-sweep": "fair_calib.report.sweep",       # accuracy vs the prior's floor (figure)
-    "lm-eval": "fair_calib.cli.lm_eval_cli",            # lm-eval's own CLI, fair_calib_dlm registered
-    "render-tasks": "fair_calib.cli.lm_eval_cli",       # offline / synthetic task YAMLs for it
-    "generate": "fair_calib.cli.generate_cli",          # a model's completions of your prompts
-    "compare-runs": "fair_calib.report.compare",    # two runs' evaluations, cell by cell
-    "jobs": "fair_calib.report.jobs",               # a run's jobs: time, card, overlap
-    "cost": "fair_calib.budget.cost",                      # GPU-hours of a config's DAG
-    "census": "fair_calib.budget.census",                  # shapes x counts of the grid's forwards
-    "check-config": "fair_calib.checks.references",        # syntax/schema check of config files
+    "make-data": "fair_calib.models.tiny.corpus",     # synthetic corpus and task files
+    "train-tiny": "fair_calib.models.tiny.train",     # train an embedded tiny diffusion LM
+    "convert-hub": "fair_calib.models.toy_hub",       # a tiny model in a hub checkpoint layout
+    "probe": "fair_calib.probe",                      # Stage I: random-commit teacher rollouts
+    "prior": "fair_calib.prior",                      # Stage I: aggregate the position prior
+    "calibrate": "fair_calib.calibrate",              # Stage II: layer-wise calibration
+    "evaluate": "fair_calib.evaluate.run",            # benchmarks through lm-eval
+    "trajectories": "fair_calib.diagnostics",         # record decoding trajectories
+    "diagnose": "fair_calib.diagnostics",             # diagnostics from trajectories
+    "report": "fair_calib.report.tables",             # LaTeX tables
+    "figures": "fair_calib.report.figures",           # PDF/PNG figures
+    "floor-sweep": "fair_calib.report.sweep",         # accuracy vs the prior's floor (figure)
+    "lm-eval": "fair_calib.cli.lm_eval_cli",          # lm-eval's own CLI, fair_calib_dlm registered
+    "render-tasks": "fair_calib.cli.lm_eval_cli",     # offline / synthetic task YAMLs for it
+    "generate": "fair_calib.cli.generate_cli",        # a model's completions of your prompts
+    "compare-runs": "fair_calib.report.compare",      # two runs' evaluations, cell by cell
+    "jobs": "fair_calib.report.jobs",                 # a run's jobs: time, card, overlap
+    "cost": "fair_calib.budget.cost",                 # GPU-hours of a config's DAG
+    "census": "fair_calib.budget.census",             # shapes x counts of the grid's forwards
+    "check-config": "fair_calib.checks.references",   # syntax/schema check of config files
 }
 # These read their own subcommand name (one module serves two of them).
 WHOLE_ARGV = ("trajectories", "diagnose", "lm-eval", "render-tasks")

@@ -158,7 +158,8 @@ def check_calibration_pairing(calib_dir: str, source: str, family: str) -> None:
                                 f"(snakemake {calib_dir}/meta.json), or pass an existing one")
     if not (Path(calib_dir) / "meta.json").is_file():
         return  # load_quantized names the missing file
-    from fair_calib.jobs.model_identity import CalibrationOfOtherWeightsError, check_calibration_content
+    from fair_calib.jobs.model_identity import (CalibrationOfOtherWeightsError,
+                                                check_calibration_content)
 
     try:
         check_calibration_content(calib_dir, source)

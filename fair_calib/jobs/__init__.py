@@ -10,7 +10,8 @@
 ``job_resources``  a rule's memory, threads and runtime (the Snakefile's resources)
 ``environment``    can this machine run the settings (device: cuda, dtype), checked before a job;
                    ``env_choice`` for the FAIR_CALIB_* switches
-``numerics``       the pinned kernels (same bits on every x86-64) and the recorded hashes
+``numerics``       pinned CPU numerics (the same bits on x86-64 CPUs of one vendor), and the
+                   check of the tiny models against tests/recorded_hashes.json (.ci/run)
 ``memory``         a calibration's peak memory (the calib_memory table)
 ``model_identity`` a model's weights hash, and the calibration-to-weights pairing
 ``model_tracking`` weights changed in place replan the jobs that read them (the Snakefile)

@@ -111,7 +111,8 @@ def test_a_local_folder_is_tracked_by_its_record(tmp_path):
 
 
 def test_local_folders_are_inputs_of_the_jobs_that_read_them():
-    text = open(os.path.join(os.path.dirname(__file__), "..", "..", "workflow/rules/common.smk")).read()
+    text = open(os.path.join(os.path.dirname(__file__), "..", "..",
+                             "workflow/rules/common.smk")).read()
     assert "record_path(wc.model)" in text and "sync_model_content()" in text
 
 
