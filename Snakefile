@@ -14,7 +14,7 @@ import sys
 
 from snakemake.utils import min_version
 
-from fair_calib.config import ConfigError, load_yaml, validate_config
+from fair_calib.checks.config import ConfigError, load_yaml, validate_config
 
 min_version("9.20")
 
@@ -42,13 +42,13 @@ except ConfigError as err:
 # config (the default's trained models, its tables). Relative data_dir and model folders keep
 # pointing where they did. `snakemake --directory` takes precedence.
 if config.get("workdir", ".") != "." and workflow.overwrite_workdir is None:
-    from fair_calib.config import rebase_relative_paths
+    from fair_calib.checks.config import rebase_relative_paths
 
     rebase_relative_paths(config, config["workdir"])
     workflow.workdir(config["workdir"])
 
 
-# Jobs on `device: cuda` take a card slot (fair_calib/gpu_slots.py); how many share a card is
+# Jobs on `device: cuda` take a card slot (fair_calib/jobs/gpu_slots.py); how many share a card is
 # the config's (the tiny default's jobs leave a card mostly idle), unless the environment says.
 os.environ.setdefault("FAIR_CALIB_GPU_JOBS_PER_CARD", str(config.get("gpu_jobs_per_card", 1)))
 
@@ -59,7 +59,7 @@ os.environ.setdefault("FAIR_CALIB_GPU_JOBS_PER_CARD", str(config.get("gpu_jobs_p
 # that folder, and the unlock command carries this run's own config files.
 LOCKED = any(os.scandir(".snakemake/locks")) if os.path.isdir(".snakemake/locks") else False
 if workflow.is_main_process and "--unlock" not in sys.argv and LOCKED:
-    from fair_calib.preflight import lock_note, unlock_command
+    from fair_calib.jobs.preflight import lock_note, unlock_command
 
     print(lock_note(
         os.path.relpath(os.path.abspath(".snakemake/locks"), workflow.workdir_init) + "/",
@@ -92,12 +92,12 @@ include: "workflow/rules/report.smk"
 # A table name not in the config (`results/tables/mian.tex`): say which tables there are, before
 # the table rule's input function fails on it with a traceback.
 if workflow.is_main_process:
-    from fair_calib.preflight import unknown_table_target
+    from fair_calib.jobs.preflight import unknown_table_target
 
     # (the command line's words: Snakemake's parsed targets are not known yet while parsing)
     problem = unknown_table_target(sys.argv[1:], config["tables"])
     if not problem:     # a file inside a model folder (a directory output): the folder instead
-        from fair_calib.preflight import file_in_model_folder
+        from fair_calib.jobs.preflight import file_in_model_folder
 
         problem = file_in_model_folder(sys.argv[1:], config["models"])
     if problem:
@@ -110,8 +110,8 @@ if workflow.is_main_process:
 # of a later job failing on it. Not while another run holds the lock: its jobs may be reading
 # these files. A dry run (or --summary, --dag, ...) only says what a run would move.
 if workflow.is_main_process and "--unlock" not in sys.argv and not LOCKED:
-    from fair_calib.preflight import (corrupt_intermediates, inspecting, move_aside_corrupt,
-                                      report_line)
+    from fair_calib.jobs.preflight import (corrupt_intermediates, inspecting, move_aside_corrupt,
+                                           report_line)
 
     dry = inspecting(sys.argv[1:], bool(workflow.output_settings.dryrun))
     for moved in (corrupt_intermediates if dry else move_aside_corrupt)("results"):
@@ -119,7 +119,7 @@ if workflow.is_main_process and "--unlock" not in sys.argv and not LOCKED:
     # outputs a run ended before recording (a full disk): Snakemake asks for --rerun-incomplete;
     # with no run holding the lock, say that it is safe
     if "--rerun-incomplete" not in sys.argv and "--ri" not in sys.argv:
-        from fair_calib.preflight import incomplete_note, incomplete_outputs
+        from fair_calib.jobs.preflight import incomplete_note, incomplete_outputs
 
         note = incomplete_note(incomplete_outputs())
         if note:
@@ -127,9 +127,9 @@ if workflow.is_main_process and "--unlock" not in sys.argv and not LOCKED:
 
 
 # A job killed whole (its watcher too) leaves no line in its log; its command's exit status
-# names the signal (fair_calib/failures.py, read by onerror below).
+# names the signal (fair_calib/jobs/failures.py, read by onerror below).
 if workflow.is_main_process:
-    from fair_calib.failures import record_shell_exits, report_metadata_errors
+    from fair_calib.jobs.failures import record_shell_exits, report_metadata_errors
 
     record_shell_exits()
     report_metadata_errors()   # a full disk at .snakemake/: which job, and what to do
@@ -152,12 +152,12 @@ onsuccess:
 
 
 # A failed job: one line each, what failed and what to do (the last line of its log, which the
-# stage CLI writes after the traceback; fair_calib/failures.py). The traceback stays in the log.
+# stage CLI writes after the traceback; fair_calib/jobs/failures.py). The traceback stays in the log.
 # A run stopped by SIGTERM whose jobs all ended well: what finished and what did not start, and
 # its exit here (143: jobs left; 0: none), before Snakemake's "At least one job did not complete
 # successfully", which would not be true.
 onerror:
-    from fair_calib.failures import stop_lines, summary_lines
+    from fair_calib.jobs.failures import stop_lines, summary_lines
 
     for line in summary_lines(log):
         print(line, file=sys.stderr)

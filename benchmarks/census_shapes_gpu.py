@@ -1,4 +1,4 @@
-"""Quantized / bf16 time at the census's heavy shapes: the ratios of fair_calib/cost.py's
+"""Quantized / bf16 time at the census's heavy shapes: the ratios of fair_calib/budget/cost.py's
 QUANT_RATIOS, on random weights at the real LLaDA-8B / Dream-7B shapes, full depth.
 
     PYTHONPATH=. python benchmarks/census_shapes_gpu.py --shapes llada-8b dream-7b
@@ -40,7 +40,7 @@ emit = functools.partial(shapes.emit, name="census_shapes")
 
 # select_shapes of the paper census (fair-calib census --configfile config/paper.yaml,
 # 2026-11-27): (request class, rows, tokens bucket), by projected GPU time, 8 at most
-# (tests/test_census.py checks it against the census).
+# (tests/budget/test_census.py checks it against the census).
 DEFAULT_SHAPES = {
     "llada": [("generate", 1, 576), ("generate", 1, 640), ("generate", 1, 1984),
               ("generate", 1, 704), ("mc", 16, 192), ("generate", 1, 1920), ("generate", 1, 960),
@@ -54,7 +54,7 @@ DEFAULT_SHAPES = {
 def select_shapes(records, family: str, share: float = 0.9, max_shapes: int = 8) -> list[tuple]:
     """(class, rows, tokens) of ``family``: the union of the shapes carrying ``share`` of the
     forwards and of the GPU time, ordered by GPU time, at most ``max_shapes``."""
-    from fair_calib.census import heavy_shapes
+    from fair_calib.budget.census import heavy_shapes
 
     records = list(records)
     by_time = heavy_shapes(records, "gpu_seconds", share, family)
@@ -202,7 +202,7 @@ def main(argv=None) -> None:
               "wall_s": round(time.perf_counter() - t0, 1)})
     command = "PYTHONPATH=. python benchmarks/census_shapes_gpu.py " + " ".join(
         sys.argv[1:] if argv is None else argv)
-    print("# fair_calib/cost.py: RATIO_SOURCES and the QUANT_RATIOS entries measured here")
+    print("# fair_calib/budget/cost.py: RATIO_SOURCES and the QUANT_RATIOS entries measured here")
     print(f"RATIO_SOURCES[{SOURCE!r}] = {command!r} + "
           f"', {torch.cuda.get_device_name()}, torch {torch.__version__}, "
           f"{time.strftime('%Y-%m-%d')}'")

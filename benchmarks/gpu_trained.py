@@ -249,7 +249,7 @@ def write_checkpoint(family: str, out: Path, layers: int, smoke: bool, texts: li
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-    from fair_calib import io
+    from fair_calib.jobs import io
     from fair_calib.models.hub import LAYOUTS, native_config, save_hub_layout
 
     t0 = time.perf_counter()
@@ -334,7 +334,7 @@ def configs_of(smoke: bool, grid: bool = False) -> list[str]:
 
 
 def wide_config(smoke: bool) -> dict:
-    from fair_calib.config import merged_config
+    from fair_calib.checks.config import merged_config
 
     return merged_config([REPO / c for c in configs_of(smoke)], base=REPO / "config/config.yaml")
 

@@ -32,8 +32,8 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from . import io, numerics
-from .memory import PeakMemory
+from .jobs import io, numerics
+from .jobs.memory import PeakMemory
 from .methods import make_method
 from .methods.base import GroupStats, QuantMethod
 from .quant.blockio import BlockInputs, call_block, capture_block_inputs
@@ -365,7 +365,7 @@ def _start(loaded, method: QuantMethod, input_ids: torch.Tensor, out_dir: Path, 
     resume_key = _resume_key(method, input_ids, w, batch_size)
     home = loaded.device
     device = _calibration_device(device, home)
-    mem = PeakMemory(device).start()   # from here: what calibration adds (fair_calib.memory)
+    mem = PeakMemory(device).start()   # from here: what calibration adds (fair_calib.jobs.memory)
     torch.manual_seed(method.seed)
     method.prepare_model(loaded)
     model_dtype = next(loaded.model.parameters()).dtype
@@ -647,7 +647,7 @@ def run(settings: dict[str, Any], model_dir: str | Path, out_dir: str | Path,
         prior_path: str | Path | None = None, log: Callable[[str], None] = print) -> dict[str, Any]:
     """Load the model and calibration data named by ``settings`` and calibrate (see module doc)."""
     from . import data
-    from .model_identity import content_id
+    from .jobs.model_identity import content_id
     from .models.adapters import load_model
 
     # On CPU peak memory is the process's RSS high-water mark. Every job writes Parquet at the
@@ -689,7 +689,7 @@ def run(settings: dict[str, Any], model_dir: str | Path, out_dir: str | Path,
     batch_size = int(settings["method"].get("batch_size") or calib.get("batch_size", 4))
     run_info = {"settings": settings, "method_name": settings["method"].get("name", method.type_name),
                 "bits": bits, "model_dir": str(model_dir),
-                # the weights calibrated (fair_calib/model_identity.py): every stage that
+                # the weights calibrated (fair_calib/jobs/model_identity.py): every stage that
                 # applies this calibration refuses other weights at model_dir
                 "model_content": content_id(model_dir),
                 "prior": None if prior_path is None or weights is None else str(prior_path)}

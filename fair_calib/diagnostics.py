@@ -378,7 +378,7 @@ def diagnose(inputs: Sequence[str | Path], teacher: str | Path | None = None,
              max_lag: int | None = None) -> pd.DataFrame:
     """Long-format diagnostics of every trajectory file in ``inputs`` and of the teacher (added
     as a run of its own when not among ``inputs``); see the module docstring for the columns."""
-    from fair_calib.io import read_parquet
+    from fair_calib.jobs.io import read_parquet
 
     tdf = read_parquet(teacher)[0] if teacher else None
     paths = [Path(p) for p in inputs]
@@ -447,13 +447,13 @@ def record_trajectories(settings: dict[str, Any], model_dir: str, calib_dir: str
 
     from fair_calib import data
     from fair_calib.decoding import make_policy, record_trajectory, teacher_force
-    from fair_calib.io import read_parquet
+    from fair_calib.jobs.io import read_parquet
     from fair_calib.models.adapters import load_model
 
     mcfg = dict(settings.get("model") or {})
     family = mcfg.get("family") or _family_of(model_dir)
     if calib_dir:    # before the model loads: a calibration of other weights is refused
-        from fair_calib.model_identity import check_calibration_content
+        from fair_calib.jobs.model_identity import check_calibration_content
 
         check_calibration_content(calib_dir, model_dir)
     loaded = load_model(model_dir, family, settings.get("dtype") or "float32",
@@ -501,7 +501,7 @@ def _diagnose_or_exit(inputs: Sequence[str], teacher: str | None, max_lag: int |
     import os
     import sys
 
-    from fair_calib.io import CorruptFileError
+    from fair_calib.jobs.io import CorruptFileError
 
     for path in [*inputs, *([teacher] if teacher else [])]:
         if not os.path.isfile(path):
@@ -516,7 +516,7 @@ def _diagnose_or_exit(inputs: Sequence[str], teacher: str | None, max_lag: int |
 
 def run_cli(argv: Sequence[str]) -> None:
     """``argv[0]`` is the subcommand: ``trajectories`` or ``diagnose``."""
-    from fair_calib.io import provenance, write_parquet
+    from fair_calib.jobs.io import provenance, write_parquet
 
     argv = list(argv)
     if not argv or argv[0] not in ("trajectories", "diagnose"):

@@ -30,8 +30,8 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from fair_calib import io
-from fair_calib.registry import PRIOR_COMPONENTS, PRIOR_SCHEDULES, SHARPNESS_SCORES
+from fair_calib.jobs import io
+from fair_calib.names.registry import PRIOR_COMPONENTS, PRIOR_SCHEDULES, SHARPNESS_SCORES
 
 log = logging.getLogger(__name__)
 

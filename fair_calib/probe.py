@@ -35,7 +35,7 @@ import pandas as pd
 import pyarrow as pa
 import torch
 
-from fair_calib import io
+from fair_calib.jobs import io
 
 log = logging.getLogger(__name__)
 

@@ -31,6 +31,6 @@ def shared_data_dir() -> Path:
 
 @pytest.fixture(autouse=True)
 def _own_hash_cache(tmp_path_factory, monkeypatch):
-    """Each test's weights-hash cache (fair_calib.model_identity) is its own, never the user's."""
+    """Each test's weights-hash cache (fair_calib.jobs.model_identity) is its own, never the user's."""
     monkeypatch.setenv("FAIR_CALIB_HASH_CACHE",
                        str(tmp_path_factory.mktemp("hash_cache") / "sha256.json"))

@@ -4,7 +4,7 @@ import json
 import pytest
 import torch
 
-from fair_calib import io
+from fair_calib.jobs import io
 from fair_calib.calibrate import NonFiniteError, calibrate, weighted_mse
 from fair_calib.methods import load_quantized, make_method
 from fair_calib.quant.blockio import call_block, capture_block_inputs
@@ -211,8 +211,8 @@ def test_cli_fair_calib_with_prior(tmp_path):
 def _calibration_belongs_to_the_weights(mdir, out):
     """Issue 32: a model retrained at the same path must not take the old calibration."""
     from fair_calib.evaluate.lm import CalibrationMismatchError, check_calibration_pairing
-    from fair_calib.model_identity import (CalibrationOfOtherWeightsError,
-                                           check_calibration_content, content_id)
+    from fair_calib.jobs.model_identity import (CalibrationOfOtherWeightsError,
+                                                check_calibration_content, content_id)
     from safetensors.torch import load_file, save_file
 
     made = io.read_json(out / "meta.json")["provenance"]["config"]["model_content"]
@@ -313,7 +313,7 @@ def meta_rows(out_dir):
 def test_content_id_of_tiny_sharded_and_cached_checkpoints(tmp_path):
     import hashlib
 
-    from fair_calib.model_identity import content_id
+    from fair_calib.jobs.model_identity import content_id
 
     tiny = tmp_path / "tiny"
     tiny.mkdir()
@@ -341,7 +341,7 @@ def test_weights_hash_is_recomputed_unless_the_files_stat_is_unchanged(tmp_path,
     import hashlib
     import os
 
-    from fair_calib import model_identity as mi
+    from fair_calib.jobs import model_identity as mi
 
     reads = []
     real_read = mi._read_sha256
@@ -375,7 +375,7 @@ def test_weights_hash_is_recomputed_unless_the_files_stat_is_unchanged(tmp_path,
 def test_an_unwritable_hash_cache_only_costs_a_read(tmp_path, monkeypatch):
     import hashlib
 
-    from fair_calib import model_identity as mi
+    from fair_calib.jobs import model_identity as mi
 
     blocked = tmp_path / "file"
     blocked.write_text("")

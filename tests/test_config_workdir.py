@@ -8,7 +8,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from fair_calib import config as C
+from fair_calib.checks import config as C
 
 REPO = Path(__file__).resolve().parents[1]
 

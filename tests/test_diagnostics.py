@@ -201,7 +201,7 @@ def test_double_commit_rejected():
 
 
 def test_diagnose_cli(tmp_path):
-    from fair_calib.io import read_parquet, write_parquet
+    from fair_calib.jobs.io import read_parquet, write_parquet
 
     t = TEACHER.assign(mode="free")
     s = pd.concat([STUDENT.assign(mode="free"), FORCED.assign(mode="forced")])
@@ -256,7 +256,7 @@ def test_trajectories_cli_and_diagnose(tmp_path, monkeypatch):
     """Record the teacher, the teacher against itself, and a different student; the teacher
     against itself has no flips, no false commit and zero mse_prob."""
     from fair_calib import data
-    from fair_calib.io import read_parquet
+    from fair_calib.jobs.io import read_parquet
     from fair_calib.models import adapters
 
     models = {"teacher": _tiny(0), "student": _tiny(1)}

@@ -2,7 +2,7 @@
 
 Every row is a fault a user can make or a machine can cause; each must be refused before any job
 with the key or file named, or detected and redone, never silently taken. The fast rows call
-``fair_calib.config`` / the stage CLIs directly; a few plan the workflow (``snakemake -n``) to
+``fair_calib.checks.config`` / the stage CLIs directly; a few plan the workflow (``snakemake -n``) to
 show the Snakefile applies the same checks.
 """
 from __future__ import annotations
@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from fair_calib import config as C
-from fair_calib import registry
+from fair_calib.checks import config as C
+from fair_calib.names import registry
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -290,7 +290,7 @@ def test_truncated_parquet_names_file_and_command(tmp_path):
     import pandas as pd
     import pyarrow as pa
 
-    from fair_calib import io
+    from fair_calib.jobs import io
     path = tmp_path / "results/prior/m/default.parquet"
     io.write_parquet(pd.DataFrame({"x": list(range(100))}), path, pa.schema([("x", pa.int64())]))
     path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
@@ -303,7 +303,7 @@ def test_truncated_parquet_names_file_and_command(tmp_path):
                                            ("read_json", "meta.json"),
                                            ("read_parquet", "shard-0.parquet")])
 def test_garbage_intermediate_names_the_path(tmp_path, reader, name):
-    from fair_calib import io
+    from fair_calib.jobs import io
     path = tmp_path / name
     _garbage(path)
     with pytest.raises(io.CorruptFileError) as err:
@@ -342,7 +342,7 @@ def test_garbage_block_file_is_discarded_and_recomputed(tmp_path):
     and those after it are recomputed, with a warning, and the result equals a fresh run."""
     import torch
 
-    from fair_calib import io
+    from fair_calib.jobs import io
 
     run = _flatquant_run(layers=2)
     run(tmp_path / "a")
@@ -364,7 +364,7 @@ def test_block_file_without_stats_is_not_resumed_from(tmp_path):
     that block and every later one are recomputed, and the result equals a fresh run."""
     import torch
 
-    from fair_calib import io
+    from fair_calib.jobs import io
 
     run = _flatquant_run(layers=3)
     run(tmp_path / "a")
@@ -387,7 +387,7 @@ def _parquet(path: Path, n=100):
     import pandas as pd
     import pyarrow as pa
 
-    from fair_calib import io
+    from fair_calib.jobs import io
     io.write_parquet(pd.DataFrame({"x": list(range(n))}), path, pa.schema([("x", pa.int64())]))
 
 
@@ -403,7 +403,7 @@ def test_preflight_moves_aside_exactly_the_corrupt_intermediates(tmp_path):
     calibration's blocks/ (which calibrate checks itself) are left alone."""
     import torch
 
-    from fair_calib import io, preflight
+    from fair_calib.jobs import io, preflight
     root = tmp_path / "results"
     good_pq, bad_pq = root / "prior/m/a.parquet", root / "prior/m/b.parquet"
     _parquet(good_pq), _parquet(bad_pq)
@@ -438,7 +438,7 @@ def test_truncated_prior_and_params_are_moved_aside_and_only_their_jobs_redone(w
     alone (the probe shards and the model are intact) and writes the same files again."""
     import pandas as pd
 
-    from fair_calib import io
+    from fair_calib.jobs import io
     (ws / "tiny.yaml").write_text(yaml.safe_dump({
         "corpus": {"n_train_docs": 200, "n_calib_docs": 8, "n_probe": 4, "n_facts": 4,
                    "n_mc_items": 4, "n_gen_items": 4},
@@ -525,7 +525,7 @@ def test_a_corrupt_calibration_output_takes_its_cells_marker_aside(tmp_path):
     cell, recalibrates. A dry run (and --summary, --dag, ...) lists and moves nothing."""
     import torch
 
-    from fair_calib import io, preflight
+    from fair_calib.jobs import io, preflight
     cell = tmp_path / "results/calib/m/rtn/w4a4"
     io.save_tensors({"w": torch.ones(64, 64)}, cell / "params.safetensors")
     io.write_json(cell / "meta.json", {"ok": 1})
@@ -765,7 +765,7 @@ def test_stage_cli_refuses_cuda_without_cuda_before_writing(tmp_path):
      ("tasks.synth_mc.label", "tasks.synth_gen.label")),
 ])
 def test_two_entries_with_one_label_are_refused_naming_both(over, keys):
-    from fair_calib.references import check_config
+    from fair_calib.checks.references import check_config
 
     cfg = _merge(_default(), over)
     if cfg["tasks"]["synth_mc"].get("label", 0) is None:
@@ -790,7 +790,7 @@ def test_duplicate_label_fails_the_workflow_before_any_job(ws):
      "tasks.synth_gen.by_family.tiny-dream.steps = 3 do not divide among the 2 blocks"),
 ])
 def test_numbers_that_must_fit_together_are_checked_before_any_job(over, needle):
-    from fair_calib.references import check_config
+    from fair_calib.checks.references import check_config
 
     cfg = C.validate_config(_merge(_default(), over))
     with pytest.raises(C.ConfigError) as err:
@@ -799,7 +799,7 @@ def test_numbers_that_must_fit_together_are_checked_before_any_job(over, needle)
 
 
 def test_bits_name_must_say_its_widths():
-    from fair_calib.references import check_config
+    from fair_calib.checks.references import check_config
 
     cfg = C.validate_config(_merge(_default(), {"bits": {"w4a4": {"w_bits": 3}}}))
     with pytest.raises(C.ConfigError, match=r"bits\.w4a4 holds w_bits: 3, a_bits: 4; .* w3a4"):
@@ -861,7 +861,7 @@ def test_lm_eval_unknown_task_is_one_line(monkeypatch, capsys):
     """lm-eval answers an unknown task with a 21-line traceback ending in this ValueError."""
     import lm_eval.__main__
 
-    from fair_calib import lm_eval_cli
+    from fair_calib.cli import lm_eval_cli
 
     def unknown_task():
         raise ValueError("Tasks not found: piqaa")
@@ -880,7 +880,7 @@ def _fake_model(folder: Path, family: str) -> Path:
 
 
 def _fake_calibration(cell: Path, model_name: str, family: str, model_dir: str) -> Path:
-    from fair_calib import io
+    from fair_calib.jobs import io
     io.write_json(cell / "meta.json", {"provenance": {"config": {
         "model_dir": model_dir,
         "settings": {"model": {"name": model_name, "family": family, "source": "train"}}}}})
@@ -917,7 +917,7 @@ def test_lm_eval_refuses_a_calibration_of_weights_changed_in_place(tmp_path):
 
     from fair_calib.evaluate import offline_data
     from fair_calib.evaluate.lm import check_calibration_pairing
-    from fair_calib.lm_eval_cli import render_tasks
+    from fair_calib.cli.lm_eval_cli import render_tasks
 
     model = _fake_model(tmp_path / "resources/models/tiny-llada", "tiny-llada")
     weights = model / "model.safetensors"
@@ -972,7 +972,7 @@ def test_lm_eval_family_comes_from_the_checkpoint_config(tmp_path, monkeypatch):
 
 def test_render_tasks_with_synthetic_dir_alone_writes_the_synthetic_tasks(tmp_path):
     from fair_calib.evaluate import offline_data
-    from fair_calib.lm_eval_cli import render_tasks
+    from fair_calib.cli.lm_eval_cli import render_tasks
 
     synth = tmp_path / "data"
     synth.mkdir()
@@ -984,7 +984,7 @@ def test_render_tasks_with_synthetic_dir_alone_writes_the_synthetic_tasks(tmp_pa
 
 
 def test_outputs_get_the_permissions_of_the_users_umask(tmp_path):
-    from fair_calib import io
+    from fair_calib.jobs import io
 
     old = os.umask(0o022)
     try:
@@ -1004,7 +1004,7 @@ def test_outputs_get_the_permissions_of_the_users_umask(tmp_path):
 def test_truncated_model_file_is_named_with_the_rm_to_run(tmp_path, name):
     import torch
 
-    from fair_calib import io
+    from fair_calib.jobs import io
     from fair_calib.models.adapters import load_model
 
     folder = _fake_model(tmp_path / "resources/models/tiny-llada", "tiny-llada")

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from fair_calib.failures import metadata_line
-from fair_calib.preflight import incomplete_note, incomplete_outputs
+from fair_calib.jobs.failures import metadata_line
+from fair_calib.jobs.preflight import incomplete_note, incomplete_outputs
 
 REPO = Path(__file__).resolve().parents[1]
 FULL_DISK = '''

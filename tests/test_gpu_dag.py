@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from fair_calib import cli
-from fair_calib import config as C
+from fair_calib.cli import main as cli
+from fair_calib.checks import config as C
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -138,7 +138,7 @@ def test_a_stage_logs_its_wall_time_and_card_even_when_it_fails(tmp_path):
 
 
 def test_the_gpu_dag_configs_pass_the_workflows_checks():
-    from fair_calib.references import check_config
+    from fair_calib.checks.references import check_config
 
     for files in (["gpu_dag.yaml"], ["gpu_dag.yaml", "gpu_dag_cpu.yaml"]):
         cfg = C.validate_config(C.merged_config([REPO / "config" / f for f in files]))

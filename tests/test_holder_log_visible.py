@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from fair_calib import job_log
+from fair_calib.jobs import job_log
 
 REPO = Path(__file__).resolve().parents[1]
 HOLDER = """

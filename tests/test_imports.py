@@ -1,9 +1,31 @@
 """No import circle among fair_calib's modules: every import statement (module level or inside
-a function) is an edge, and the graph must have no cycle."""
+a function) is an edge, and the graph must have no cycle. And imports go downward only: each
+package (or first-level module) of fair_calib sits in one layer of LAYERS (docs/design.md,
+"Layers"), and imports only itself and the layers below its own."""
 import ast
 from pathlib import Path
 
 PKG = Path(__file__).resolve().parents[1] / "fair_calib"
+
+# Top to bottom; a unit is a package or first-level module of fair_calib (docs/design.md).
+# The command lines run the stages (by name, fair_calib/cli/main.py: SUBCOMMANDS) after the
+# checks; the stages trust their checked settings and import no check; the machinery imports
+# no stage. Units of one layer do not import each other.
+LAYERS = [
+    ["cli"],                                   # entry points: python -m fair_calib.cli
+    ["budget"],                                # census and cost of a config's DAG
+    ["checks"],                                # the config's checks (Snakefile, cli)
+    ["report"],                                # tables, figures (read the stages' files)
+    ["diagnostics", "calibrate", "evaluate"],  # stages (downstream first)
+    ["prior"],
+    ["probe"],
+    ["data"],
+    ["methods"],                               # the libraries the stages run
+    ["decoding", "quant"],
+    ["models"],
+    ["jobs"],                                  # job machinery
+    ["names"],                                 # the names the config is checked against
+]
 
 
 def module_names() -> dict[str, Path]:
@@ -88,6 +110,26 @@ def test_the_cycle_finder_finds_a_circle():
 
 def test_fair_calib_has_no_import_circle():
     graph = import_graph()
-    assert "fair_calib.census" in graph["fair_calib.cost"]     # cost prices a census
-    assert "fair_calib.cost" not in graph["fair_calib.census"]
+    assert "fair_calib.budget.census" in graph["fair_calib.budget.cost"]     # cost prices a census
+    assert "fair_calib.budget.cost" not in graph["fair_calib.budget.census"]
     assert cycles(graph) == []
+
+
+def unit(module: str) -> str:
+    """The package or first-level module of fair_calib that ``module`` belongs to."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def test_every_unit_has_a_layer():
+    layered = [u for layer in LAYERS for u in layer]
+    assert len(layered) == len(set(layered))
+    assert {unit(m) for m in module_names()} - {""} == set(layered)
+
+
+def test_imports_go_downward_only():
+    level = {u: i for i, layer in enumerate(LAYERS) for u in layer}
+    level[""] = len(LAYERS)        # fair_calib/__init__.py: imports nothing of its own
+    upward = sorted(f"{m} -> {d}" for m, deps in import_graph().items() for d in deps
+                    if unit(d) != unit(m) and level[unit(d)] <= level[unit(m)])
+    assert upward == []

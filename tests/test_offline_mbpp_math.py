@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from fair_calib import census, cost, plan
+from fair_calib.budget import census, cost
+from fair_calib.checks import plan
 from fair_calib.evaluate import offline_data
-from fair_calib.references import load_config
+from fair_calib.checks.references import load_config
 
 MBPP_IDS = (1, 2, 3, 4, 10, 11, 12, 510, 511, 601)   # prompt, test (11..510), validation, train
 MATH_IDS = (10, 2)                                    # file order differs from numeric order
@@ -65,7 +66,7 @@ def qdlm(repo_root):
 def _contexts(cfg, model, task, data_dir, **overrides):
     """The generation contexts lm-eval sends for (model, task), built as the census and the
     evaluate stage build them (census.evaluation_settings -> run.build_task_manager)."""
-    from fair_calib.census_tokenizer import census_tokenizer
+    from fair_calib.budget.census_tokenizer import census_tokenizer
 
     s = census.evaluation_settings(cfg, model, task, data_dir, data_dir)
     s["task"].update(overrides)

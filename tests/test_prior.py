@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 import torch
 
-from fair_calib import io
+from fair_calib.jobs import io
 from fair_calib.prior import (PRIOR_SCHEMA, aggregate_prior, cross_corpus, expand_prior,
                               lambda0_schedule, load_prior, run_cli)
 from fair_calib.probe import PROBE_SCHEMA

@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 import torch
 
-from fair_calib import io
+from fair_calib.jobs import io
 from fair_calib.probe import (PROBE_SCHEMA, minmax_over_masked, probe, run_cli, sample_seed,
                               shard_batches)
 

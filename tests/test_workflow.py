@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from fair_calib import registry
+from fair_calib.names import registry
 
 
 def _workspace(repo: Path, tmp: Path) -> Path:
@@ -155,8 +155,8 @@ def test_qdlm_config_plans_its_grid_in_one_table(ws):
 def test_method_bits_are_checked_before_any_job(over, message):
     """A row's bits must be defined and belong to the table's methods; a weight-only method
     (gptq, awq) is refused at quantized activations, naming the key."""
-    from fair_calib import config as C
-    from fair_calib.references import check_config
+    from fair_calib.checks import config as C
+    from fair_calib.checks.references import check_config
 
     def merge(a, b):
         out = dict(a)

@@ -13,7 +13,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from fair_calib import registry
+from fair_calib.names import registry
 
 # Policies whose commit counts follow the block rule (base = n // steps, remainder first).
 BLOCK_POLICIES = ("low_confidence", "random")
@@ -22,7 +22,7 @@ SCHEDULE_POLICIES = ("origin", "maskgit_plus", "topk_margin", "entropy")
 # Model-independent commit order (positions uniformly at random among masked).
 RANDOM_COMMIT_POLICIES = ("random_commit",)
 
-# The policies implemented here (``fair_calib.registry.POLICIES`` names them for the config
+# The policies implemented here (``fair_calib.names.registry.POLICIES`` names them for the config
 # schema without importing torch; tests check the two agree).
 POLICIES = BLOCK_POLICIES + SCHEDULE_POLICIES + RANDOM_COMMIT_POLICIES
 

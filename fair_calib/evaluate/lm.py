@@ -34,7 +34,7 @@ left-to-right greedy decode to compare against). It costs one extra forward per 
 is skipped (reported False) when ``compute_greedy=False`` -- ``run.evaluate`` does that when all
 tasks are multiple choice, where lm-eval never reads it.
 
-From the shell: ``python -m fair_calib.lm_eval_cli --model fair_calib_dlm --model_args
+From the shell: ``python -m fair_calib.cli.lm_eval_cli --model fair_calib_dlm --model_args
 pretrained=DIR,calib_dir=DIR,mc_num=128 --tasks piqa --batch_size 8`` (lm-eval's own CLI with
 this model registered; lm-eval 0.4.13 registers models on import only).
 
@@ -127,7 +127,7 @@ def calibrated_model(calib_dir: str) -> dict[str, Any]:
     ``family``, ``model_dir`` (empty where an older meta.json does not say)."""
     from pathlib import Path
 
-    from fair_calib import io
+    from fair_calib.jobs import io
 
     meta = io.read_json(Path(calib_dir) / "meta.json")
     run = (meta.get("provenance") or {}).get("config") or {}
@@ -158,7 +158,8 @@ def check_calibration_pairing(calib_dir: str, source: str, family: str) -> None:
                                 f"(snakemake {calib_dir}/meta.json), or pass an existing one")
     if not (Path(calib_dir) / "meta.json").is_file():
         return  # load_quantized names the missing file
-    from fair_calib.model_identity import CalibrationOfOtherWeightsError, check_calibration_content
+    from fair_calib.jobs.model_identity import (CalibrationOfOtherWeightsError,
+                                                check_calibration_content)
 
     try:
         check_calibration_content(calib_dir, source)

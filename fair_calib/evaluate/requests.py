@@ -6,7 +6,7 @@ a likelihood request's ``(context, continuation)`` becomes ``(prefix ids, scored
 (BOS text, whitespace moved to the continuation, Dream's appended EOS, the model's context),
 a generation request's context becomes its prompt ids (an Instruct model's chat template,
 lm-eval's rendered chat turns, ``max_prompt_len``, room for the window), and prompts are
-batched longest first. The evaluator and the census (:mod:`fair_calib.census`) both use it,
+batched longest first. The evaluator and the census (:mod:`fair_calib.budget.census`) both use it,
 so the census counts the ids the model receives.
 """
 from __future__ import annotations

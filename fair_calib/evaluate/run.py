@@ -41,7 +41,7 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 import pyarrow as pa
 
-from fair_calib import io
+from fair_calib.jobs import io
 
 EVAL_SCHEMA = pa.schema([
     ("model", pa.string()), ("method", pa.string()), ("bits", pa.string()), ("task", pa.string()),
@@ -106,7 +106,7 @@ def build_task_manager(settings: Mapping[str, Any], include_dir: str | os.PathLi
     task = settings["task"]
     kind = task.get("kind", "lm_eval")
     name = lm_eval_task_name(task)
-    # the census's stand-ins for splits an offline copy lacks (fair_calib.census); never a job's
+    # the census's stand-ins for splits an offline copy lacks (fair_calib.budget.census); never a job's
     stand_ins = bool(settings.get("census_stand_ins"))
     if kind in SYNTHETIC_KINDS:
         synth = settings.get("synthetic_dir") or "resources/data"
@@ -318,7 +318,7 @@ def make_lm(settings: Mapping[str, Any], model_dir: str | os.PathLike,
 
     model = settings["model"]
     if calib_dir:    # before the model loads: a calibration of other weights is refused
-        from fair_calib.model_identity import check_calibration_content
+        from fair_calib.jobs.model_identity import check_calibration_content
 
         check_calibration_content(calib_dir, model_dir)
     if loaded is None:
@@ -476,7 +476,7 @@ def evaluate(settings: Mapping[str, Any], model_dir: str | os.PathLike | None,
         per_doc = _majority_chance(per_doc, settings)
     stats = summarize(per_doc, task.get("mean_over"))
     df = _rows_frame(settings, stats)
-    from fair_calib.model_identity import content_id
+    from fair_calib.jobs.model_identity import content_id
 
     # the weights evaluated (sha256): a table refuses cells of one model on two weights
     content = content_id(model_dir) if model_dir is not None and loaded is None else None

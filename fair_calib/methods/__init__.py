@@ -1,7 +1,7 @@
 """Quantization methods: ``REGISTRY[type] -> class`` and loading for evaluation.
 
 Adding a method is one module defining a :class:`~fair_calib.methods.base.QuantMethod` subclass
-and one entry below (keys equal ``fair_calib.registry.METHOD_TYPES``).
+and one entry below (keys equal ``fair_calib.names.registry.METHOD_TYPES``).
 """
 from __future__ import annotations
 
@@ -72,7 +72,7 @@ def load_quantized(loaded, calib_dir: str | Path, fold: bool = True, keep_fp: bo
     3-bit group codes run on torch's W4A16 kernel (``auto``: on CUDA in bf16, each linear whose
     layout fits and whose probe is exact enough; ``kernel``: every one, else refused by name).
     """
-    from .. import io
+    from ..jobs import io
     from ..quant import lowbit as lowbit_mod
     from ..quant import w4a16
     from ..quant.discovery import groups_from_json

@@ -15,7 +15,7 @@ from ..quant.discovery import get_submodule
 from ..quant.groupwise import GroupCodes
 from ..quant.qlinear import QuantLinear
 from ..quant.quantizers import WeightQuantizer, is_quantized
-from ..registry import check_arithmetic
+from ..names.registry import check_arithmetic
 from .base import QuantMethod
 
 NORM_PREFIX = "norm."

@@ -332,7 +332,7 @@ def load_model(source: str | Path, family: str, dtype: str | torch.dtype = "floa
 def corrupt_model_file(folder: str | Path) -> tuple[Path, str] | None:
     """The first file of a model folder that is truncated or not what its name says
     (``*.json``: config, tokenizer; ``*.safetensors``: header against the file size), and why."""
-    from fair_calib.preflight import json_problem, safetensors_problem
+    from fair_calib.jobs.preflight import json_problem, safetensors_problem
 
     folder = Path(folder)
     if not folder.is_dir():
@@ -346,7 +346,7 @@ def corrupt_model_file(folder: str | Path) -> tuple[Path, str] | None:
 
 
 def broken_model_error(folder: str | Path, path: Path, why: str):
-    from fair_calib.io import CorruptFileError
+    from fair_calib.jobs.io import CorruptFileError
 
     return CorruptFileError(
         f"{path}: corrupt or truncated ({why}). A model folder is one output: delete it whole "

@@ -41,7 +41,7 @@ from typing import Callable
 
 import torch
 
-from ..environment import env_choice
+from ..jobs.environment import env_choice
 
 SETTING = "FAIR_CALIB_GRAPHS"
 MODES = ("auto", "off")

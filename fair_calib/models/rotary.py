@@ -19,7 +19,7 @@ import importlib
 
 import torch
 
-from ..environment import env_choice
+from ..jobs.environment import env_choice
 
 SETTING = "FAIR_CALIB_ROTARY"
 MODES = ("fused", "native")

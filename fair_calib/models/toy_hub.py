@@ -13,7 +13,7 @@ import argparse
 import json
 from pathlib import Path
 
-from .. import io
+from ..jobs import io
 from .hub import LAYOUTS, HubLayout, save_hub_layout
 from .outliers import SITES, inject_outliers
 from .tiny.tokenizer import BOS, EOS, MASK, PAD

@@ -105,7 +105,7 @@ def group_tensors(name: str, gc) -> dict[str, torch.Tensor]:
 @torch.no_grad()
 def export_quantized(model: nn.Module, path: str | Path) -> dict[str, int]:
     """Write the packed deployment file for a fake-quant ``model``; returns sizes in bytes."""
-    from .. import io
+    from ..jobs import io
 
     tensors: dict[str, torch.Tensor] = {}
     skip: set[int] = set()

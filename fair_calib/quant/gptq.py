@@ -7,7 +7,7 @@ not yet quantized through the inverse Hessian's Cholesky factor, in blocks of ``
 dead columns (zero diagonal) get H_jj = 1 and a zero weight; ``damp`` * mean(diag H) is added to
 the diagonal.
 
-Two arithmetics (``fair_calib.registry.ARITHMETICS``): ``authors``, AutoGPTQ's ``GPTQ`` as QDLM vendors it: the
+Two arithmetics (``fair_calib.names.registry.ARITHMETICS``): ``authors``, AutoGPTQ's ``GPTQ`` as QDLM vendors it: the
 Hessian a float32 running mean 2/n sum x x^T fed one sequence at a time
 (:func:`autogptq_hessian`, ``add_batch``), the sweep in float32, the damping the mean of a
 contiguous ``torch.diag`` copy added by index (``fasterquant``); ``precise``: H = sum x x^T and
@@ -21,7 +21,7 @@ from typing import Callable
 import torch
 
 from .groupwise import GroupCodes, autogptq_params, codes_of, n_groups
-from ..registry import check_arithmetic
+from ..names.registry import check_arithmetic
 from .quantizers import qmax
 
 

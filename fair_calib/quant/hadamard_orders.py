@@ -1,6 +1,6 @@
 """Which Hadamard orders exist here and how a width splits into one times a power of two:
 integer arithmetic only, no torch, so the config checks read it before any job
-(``fair_calib.method_shapes``) with the very rules the rotations are built by
+(``fair_calib.checks.method_shapes``) with the very rules the rotations are built by
 (``fair_calib.quant.hadamard``: its module docstring says where each construction comes from).
 """
 from __future__ import annotations

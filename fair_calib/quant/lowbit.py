@@ -41,7 +41,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..environment import env_choice
+from ..jobs.environment import env_choice
 from .export import linear_codes, pack_int4, unpack_int4
 from .fused import head_rows
 from .qlinear import InputQuant, QuantLinear

@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..environment import env_choice
+from ..jobs.environment import env_choice
 from .export import pack_int4, unpack_int4
 from .groupwise import GroupCodes
 from .qlinear import QuantLinear

@@ -138,7 +138,7 @@ def decimals(errs: Sequence[float], means: Sequence[float] = ()) -> int:
 def save(fig, out_dir: str | Path, name: str, caption: str = "") -> list[Path]:
     """Write ``name.pdf``, ``name.png`` (caption in their metadata) and ``name.txt`` (title and
     caption) atomically; closes the figure."""
-    from fair_calib.io import atomic_path, write_text
+    from fair_calib.jobs.io import atomic_path, write_text
 
     title = _figure_title(fig) or name
     meta = {"pdf": {"Title": title, "Subject": caption, "Creator": "fair-calib figures"},
@@ -575,7 +575,7 @@ def _key(ref: str) -> tuple[str, str]:
 
 
 def load_inputs(paths: Sequence[str | Path]) -> tuple[pd.DataFrame, dict[tuple[str, str], pd.DataFrame]]:
-    from fair_calib.io import read_parquet
+    from fair_calib.jobs.io import read_parquet
 
     diags, priors = [], {}
     for p in map(Path, paths):

@@ -2,7 +2,7 @@
 folder holding ``logs/``) prints how many ran, how long each took, on which card, how many at
 once, the time by stage and each evaluation's wall time against FP's.
 
-Every stage writes a job line to its log when it starts and ends (``fair_calib.cli.JOB_LINE``:
+Every stage writes a job line to its log when it starts and ends (``fair_calib.jobs.job_log.JOB_LINE``:
 wall time, card, peak GPU memory); Snakemake's ``benchmark:`` files add the process seconds.
 """
 from __future__ import annotations
@@ -18,7 +18,7 @@ COPY_JOBS = ("gather_eval",)     # one shard: `cp`, no stage process, so no job 
 def job_records(run: Path) -> list[dict]:
     """One record per log of ``run/logs``: rule, wildcards, the job lines' fields, and the
     process seconds of its Snakemake benchmark file where there is one."""
-    from fair_calib.cli import JOB_LINE
+    from fair_calib.jobs.job_log import JOB_LINE
 
     records = []
     for path in sorted((run / "logs").rglob("*.log")):

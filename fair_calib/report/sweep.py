@@ -49,14 +49,14 @@ def sweep_points(evals: pd.DataFrame, floors: Mapping[tuple[str, str], float],
 
 def split_seed_frame(path) -> pd.DataFrame:
     """An eval file's rows, the method's ``@s<k>`` split into method and seed."""
-    from fair_calib.io import read_parquet
+    from fair_calib.jobs.io import read_parquet
     from fair_calib.report.tables import split_seed
 
     return split_seed(read_parquet(path)[0])
 
 
 def run_cli(argv: Sequence[str]) -> None:
-    from fair_calib.io import read_parquet
+    from fair_calib.jobs.io import read_parquet
     from fair_calib.report.figures import floor_sweep
 
     ap = argparse.ArgumentParser(prog="fair-calib floor-sweep", description=__doc__.splitlines()[0])

@@ -620,8 +620,8 @@ UNRECORDED_MEASURE = ("not recorded (stats written before the measure was record
 
 def memory_measure_note(kinds: Sequence[str | None]) -> str:
     """The caption's sentence on what the memory cells measure, one clause per measure used
-    (fair_calib.memory.MEASURES; None: an older stats file that did not record it)."""
-    from fair_calib.memory import MEASURES
+    (fair_calib.jobs.memory.MEASURES; None: an older stats file that did not record it)."""
+    from fair_calib.jobs.memory import MEASURES
 
     used = sorted({k for k in kinds if k is not None} & set(MEASURES))
     used += sorted({k for k in kinds if k is not None} - set(MEASURES))
@@ -811,7 +811,7 @@ def load_inputs(paths: Sequence[str | Path]) -> dict[str, pd.DataFrame]:
       (keys ``export_bytes`` and ``fp_bytes``), or a list/table of such records carrying
       model/method/bits; ``*.parquet`` with ``export_bytes``: such a table.
     """
-    from fair_calib.io import read_json, read_parquet
+    from fair_calib.jobs.io import read_json, read_parquet
 
     evals, stats, mems, weights = [], [], [], []
     for p in map(Path, paths):
@@ -840,7 +840,7 @@ def load_inputs(paths: Sequence[str | Path]) -> dict[str, pd.DataFrame]:
         else:
             raise ValueError(f"{p}: not an eval, calibration-stats or export-size file")
 
-    from fair_calib.model_tracking import mixed_weights
+    from fair_calib.jobs.model_tracking import mixed_weights
 
     mixed = mixed_weights(weights)
     if mixed:
@@ -950,7 +950,7 @@ def cells_schema():
 
 
 def run_cli(argv: Sequence[str]) -> None:
-    from fair_calib.io import provenance, write_parquet, write_text
+    from fair_calib.jobs.io import provenance, write_parquet, write_text
 
     ap = argparse.ArgumentParser(prog="fair-calib report")
     ap.add_argument("--settings", required=True, help="JSON (module docstring)")

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from fair_calib.decoding import DecodePolicy, generate, make_policy
-from fair_calib.registry import POLICIES
+from fair_calib.names.registry import POLICIES
 
 from decoding_helpers import MASK_ID
 

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from fair_calib import io
+from fair_calib.jobs import io
 from fair_calib.decoding import (TRAJECTORY_SCHEMA, TrajectoryRecorder, generate, make_policy,
                                  record_trajectory, teacher_force)
 

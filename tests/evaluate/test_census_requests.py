@@ -7,7 +7,7 @@ import pytest
 
 import fair_calib.decoding
 import fair_calib.evaluate.lm as lm_module
-from fair_calib import census
+from fair_calib.budget import census
 from fair_calib.evaluate.run import evaluate
 from tiny_eval_helpers import base_settings, make_loaded
 

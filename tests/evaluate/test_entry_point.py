@@ -1,5 +1,5 @@
 """The `lm_eval.models` entry point pyproject.toml declares (issue 32) resolves to the registered
-class. lm-eval 0.4.13 does not read the group (tests/test_first_contact_4_generate.py)."""
+class. lm-eval 0.4.13 does not read the group (tests/cli/test_generate_cli.py)."""
 from __future__ import annotations
 
 import importlib.metadata as md

@@ -42,7 +42,7 @@ def _lm_eval(args, cwd):
 
 @pytest.mark.parametrize("calibrated", [False, True])
 def test_lm_eval_cli_with_limit_2(tmp_path, synthetic_dir, calibrated):
-    from fair_calib.lm_eval_cli import render_tasks
+    from fair_calib.cli.lm_eval_cli import render_tasks
 
     model_dir = _save(make_loaded(), tmp_path / "model")
     calib = _rtn_calibration(tmp_path) if calibrated else None
@@ -84,7 +84,7 @@ def test_recipe_tasks_render_and_their_model_args_parse(tmp_path, offline_data_d
     lm-eval's own --apply_chat_template --fewshot_as_multiturn)."""
     from fixtures.hub_checkpoints import llada_checkpoint
 
-    from fair_calib.lm_eval_cli import render_tasks
+    from fair_calib.cli.lm_eval_cli import render_tasks
 
     include = render_tasks(tmp_path / "tasks", ["oc_gsm8k_gen"], data_dir=str(offline_data_dir))
     assert (include / "oc_gsm8k_gen.yaml").is_file() and (include / "fc_task_utils.py").is_file()

@@ -5,7 +5,7 @@ import math
 import pandas as pd
 import pytest
 
-from fair_calib import io
+from fair_calib.jobs import io
 from fair_calib.evaluate import run
 from tiny_eval_helpers import base_settings, make_loaded
 

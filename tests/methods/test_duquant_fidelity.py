@@ -459,7 +459,7 @@ def test_a_resumed_run_replays_the_rotation_stream(tmp_path, arithmetic):
     the global RNG's state after it), block 1 recomputed: its rotation input comes through the
     restored quantized block 0 and its draws continue the stream, so its rotations and codes
     are those of the uninterrupted run."""
-    from fair_calib import io
+    from fair_calib.jobs import io
 
     cfg = {"type": "duquant", "block_size": BLOCK, "arithmetic": arithmetic}
     calibrate(tiny_random_loaded("qwen2", layers=2, kv_heads=2), make_method(cfg, 4, 4), IDS,

@@ -113,7 +113,7 @@ def test_the_stage_calibrates_on_the_methods_rows(tmp_path, method):
     n snapshots (seq_len 12: a 9-token rest cut to one 8-token LLaDA block, a 4-token prompt)."""
     import json
 
-    from fair_calib import io
+    from fair_calib.jobs import io
     from fair_calib.calibrate import run_cli
     from test_calibrate import _tiny_model_dir
 

@@ -2,7 +2,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fair_calib import io, registry
+from fair_calib.jobs import io
+from fair_calib.names import registry
 from fair_calib.calibrate import calibrate
 from fair_calib.methods import REGISTRY, load_quantized, make_method
 from fair_calib.quant.gptq import gptq_quantize
@@ -178,11 +179,11 @@ SHAPE_CASES = [
                               for c, _, s, _ in SHAPE_CASES])
 def test_plan_time_shape_check_refuses_exactly_what_the_job_refuses(tmp_path, cfg, bits, shape,
                                                                      refused):
-    """fair_calib.method_shapes (torch-free, before any job) refuses a calibration exactly where
+    """fair_calib.checks.method_shapes (torch-free, before any job) refuses a calibration exactly where
     the calibrate job raises on it (issue 42: a job that refuses its settings has already cost
     its finished outputs)."""
-    from fair_calib.method_shapes import CHECKS
-    from fair_calib.model_widths import Widths
+    from fair_calib.checks.method_shapes import CHECKS
+    from fair_calib.checks.model_widths import Widths
 
     hidden, heads, inter = shape
     w = Widths("toy", hidden, inter, heads, hidden // heads,

@@ -3,7 +3,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from fair_calib import registry
+from fair_calib.names import registry
 from fair_calib.models.adapters import ADAPTERS, LoadedModel, get_adapter, get_module
 
 

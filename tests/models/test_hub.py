@@ -279,10 +279,10 @@ def test_llada_rotary_frequencies_follow_the_model_to_its_device(tmp_path):
 @pytest.mark.parametrize("family, kv_heads, mlp_ratio", [("llada", 4, None), ("llada", 2, None),
                                                          ("llada", 4, 1.5), ("dream", None, None)])
 def test_widths_read_before_any_job_are_the_loaded_models(family, kv_heads, mlp_ratio, tmp_path):
-    """fair_calib.model_widths reads config.json without torch for the plan-time shape checks
-    (fair_calib.method_shapes); its widths are the input widths of the linears the loader
+    """fair_calib.checks.model_widths reads config.json without torch for the plan-time shape checks
+    (fair_calib.checks.method_shapes); its widths are the input widths of the linears the loader
     builds: LLaDA's field names (mlp_ratio x d_model without mlp_hidden_size), GQA, Dream's."""
-    from fair_calib.model_widths import config_json_widths
+    from fair_calib.checks.model_widths import config_json_widths
 
     folder = tmp_path / "ckpt"
     if family == "llada":

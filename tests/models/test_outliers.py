@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from fair_calib.config import ConfigError
+from fair_calib.checks.config import ConfigError
 from fair_calib.models.outliers import SITES, inject_outliers
 from fair_calib.quant.quantizers import ActQuantizer
 
@@ -106,8 +106,8 @@ def test_bad_outlier_settings_are_refused_by_name(kwargs, match):
 
 
 def test_outliers_are_read_only_on_a_converted_model():
-    from fair_calib.config import merged_config
-    from fair_calib.references import check_config
+    from fair_calib.checks.config import merged_config
+    from fair_calib.checks.references import check_config
     from pathlib import Path
 
     repo = Path(__file__).resolve().parents[2]

@@ -1,7 +1,7 @@
 """Tiny-model training reproduces the recorded weights bit for bit (issue 22).
 
 The recorded sha256 values (tests/recorded_hashes.json) were computed in pinned mode
-(fair_calib/numerics.py), per CPU vendor (an AMD EPYC and an Intel Xeon, both AVX-512); pinned
+(fair_calib/jobs/numerics.py), per CPU vendor (an AMD EPYC and an Intel Xeon, both AVX-512); pinned
 mode computes the same bits on any x86-64 CPU with AVX2 of one vendor (docs/benchmarks.md: the
 kernels forced to those of other CPUs gave the same hashes). Training runs in a fresh process through the CLI, as in the pipeline: pinning must
 happen before torch is imported, which pytest has already done here.
@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from fair_calib import numerics
-from fair_calib.io import file_sha256
+from fair_calib.jobs import numerics
+from fair_calib.jobs.io import file_sha256
 
 REPO = Path(__file__).resolve().parents[2]
 RECORD = REPO / numerics.RECORD

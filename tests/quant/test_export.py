@@ -1,6 +1,6 @@
 import torch
 
-from fair_calib import io
+from fair_calib.jobs import io
 from fair_calib.calibrate import calibrate
 from fair_calib.methods import make_method
 from fair_calib.quant.export import fp_bf16_bytes, linear_codes, pack_int4, unpack_int4

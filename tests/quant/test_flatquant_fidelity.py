@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from fair_calib.calibrate import _make_optimizer, _targets_and_stats, _train_block, weighted_mse
-from fair_calib.memory import PeakMemory
+from fair_calib.jobs.memory import PeakMemory
 from fair_calib.methods import make_method
 from fair_calib.quant.blockio import call_block, capture_block_inputs
 from fair_calib.quant.discovery import discover_groups

@@ -85,7 +85,7 @@ def _write_run(tmp_path, method: str, seed: int | None, scores: np.ndarray, task
     import pandas as pd
     import pyarrow as pa
 
-    from fair_calib.io import write_json, write_parquet
+    from fair_calib.jobs.io import write_json, write_parquet
 
     name = method if seed is None else f"{method}@s{seed}"
     d = tmp_path / name
@@ -147,8 +147,8 @@ def test_a_paired_tables_keys_are_checked_before_any_job():
     import copy
     from pathlib import Path
 
-    from fair_calib import config as C
-    from fair_calib.references import ConfigError, check_config
+    from fair_calib.checks import config as C
+    from fair_calib.checks.references import ConfigError, check_config
 
     repo = Path(__file__).parents[2]
     base = C.load_yaml(repo / "config/config.yaml")

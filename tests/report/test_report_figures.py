@@ -10,7 +10,7 @@ import pyarrow as pa
 import pytest
 
 from fair_calib.diagnostics import DIAGNOSTICS_SCHEMA
-from fair_calib.io import write_parquet
+from fair_calib.jobs.io import write_parquet
 from fair_calib.report import figures as F
 
 PRIOR_SCHEMA = pa.schema([("position", pa.int32()), ("w_bar", pa.float64())])

@@ -8,7 +8,7 @@ import sys
 import pandas as pd
 import pytest
 
-from fair_calib.io import write_parquet
+from fair_calib.jobs.io import write_parquet
 from fair_calib.report import summary as S
 from fair_calib.report import tables as T
 

@@ -7,7 +7,7 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 
-from fair_calib.io import write_json, write_parquet
+from fair_calib.jobs.io import write_json, write_parquet
 from fair_calib.report import tables as T
 
 EVAL_SCHEMA = pa.schema([
@@ -346,7 +346,7 @@ def test_missing_stderr_prints_no_pm_and_bolds_on_value():
 
 
 def test_report_cli_writes_cells_parquet(tmp_path):
-    from fair_calib.io import read_parquet
+    from fair_calib.jobs.io import read_parquet
 
     p = tmp_path / "all.parquet"
     write_parquet(eval_df(), p, EVAL_SCHEMA)

@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from fair_calib import io
+from fair_calib.jobs import io
 from fair_calib.evaluate.run import EVAL_SCHEMA
 from fair_calib.prior import PRIOR_SCHEMA
 from fair_calib.report import sweep

@@ -111,7 +111,7 @@ def sbatch(table, rule, attempt):
     from snakemake_executor_plugin_slurm.submit_string import get_submit_command
     from snakemake_executor_plugin_slurm.utils import set_gres_string
 
-    from fair_calib.job_resources import at_attempt, rule_resources
+    from fair_calib.jobs.job_resources import at_attempt, rule_resources
 
     job = _Job(at_attempt(rule_resources(table, rule), attempt))
     params = {"run_uuid": "u", "slurm_logfile": "log", "comment_str": "c", "account": "",
@@ -147,7 +147,7 @@ def test_gpu_type_per_rule_and_retries_move_to_a_bigger_gpu():
 
 
 def test_per_attempt_lists_pass_the_config_schema():
-    from fair_calib.config import validate_config
+    from fair_calib.checks.config import validate_config
 
     cfg = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
     cfg["resources"] = PAPER_LIKE

@@ -243,7 +243,7 @@ def compare_trees(local: Path, slurm: Path) -> list[str]:
     import pandas as pd
     import torch
 
-    from fair_calib import io
+    from fair_calib.jobs import io
 
     problems = []
     rel_files = lambda root: {p.relative_to(root) for p in (root / "results").rglob("*")
@@ -393,7 +393,7 @@ def _calib_paths(repo: Path):
 def _assert_complete(repo: Path):
     import torch
 
-    from fair_calib import io
+    from fair_calib.jobs import io
 
     cdir, blocks, meta_path, _ = _calib_paths(repo)
     meta = json.loads(meta_path.read_text())

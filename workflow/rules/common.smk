@@ -10,9 +10,9 @@ PY = "python -m fair_calib.cli"
 
 
 # ---------------------------------------------------------------- validation (before any job)
-# check_config: the cross-references the schema cannot express (fair_calib/references.py, shared
+# check_config: the cross-references the schema cannot express (fair_calib/checks/references.py, shared
 # with `fair-calib cost`), then labels that would print two rows or columns of one name.
-from fair_calib.references import MEMORY_TABLES, check_config
+from fair_calib.checks.references import MEMORY_TABLES, check_config
 
 
 try:
@@ -20,7 +20,7 @@ try:
 except ValueError as err:  # one line, no traceback: the message names the key
     sys.exit(f"Error: {err}")
 if workflow.is_main_process:
-    from fair_calib.references import config_notes
+    from fair_calib.checks.references import config_notes
 
     # shards beyond the work they split (jobs that do nothing), mc_num where nothing is sampled
     for note in config_notes(config):
@@ -32,7 +32,7 @@ def check_environment():
     before any job: Snakemake deletes a job's previous outputs before running it, so a job
     that fails on it would destroy finished work first. A dry run only says so; a cluster run
     (its jobs run on GPU nodes, not here) is checked by each job's stage CLI instead."""
-    from fair_calib.environment import environment_problem, runs_locally
+    from fair_calib.jobs.environment import environment_problem, runs_locally
 
     if not workflow.is_main_process or "--unlock" in sys.argv or config["device"] == "cpu":
         return
@@ -153,11 +153,11 @@ def model_dir(model):
 
 def model_input(wc):
     """A trained tiny model or its hub-layout copy is a file input (weights changed in place
-    move its timestamp forward, fair_calib/model_tracking.py); a local folder is tracked by the
+    move its timestamp forward, fair_calib/jobs/model_tracking.py); a local folder is tracked by the
     record of its weights' content id; a hub id by name."""
     if trained(wc.model) or converted(wc.model):
         return [model_dir(wc.model)]
-    from fair_calib.model_tracking import record_path
+    from fair_calib.jobs.model_tracking import record_path
 
     record = record_path(wc.model)
     return [str(record)] if record.is_file() else []
@@ -166,7 +166,7 @@ def model_input(wc):
 def local_models():
     """(name, folder, written by the pipeline) of every model in use whose weights are on disk
     here: trained, converted (and what they convert), local folders; not hub ids."""
-    from fair_calib.config import looks_like_local_path
+    from fair_calib.checks.config import looks_like_local_path
 
     names = {m for t in config["tables"].values() for m in t.get("models", []) + [t.get("model")]}
     diag = config.get("diagnostics", {})
@@ -183,11 +183,11 @@ def local_models():
 
 
 def sync_model_content():
-    """Weights changed in place replan the jobs that read them (fair_calib/model_tracking.py);
+    """Weights changed in place replan the jobs that read them (fair_calib/jobs/model_tracking.py);
     not while another run holds the lock (its jobs may be writing a model)."""
     if not workflow.is_main_process or "--unlock" in sys.argv or LOCKED:
         return
-    from fair_calib.model_tracking import sync_models
+    from fair_calib.jobs.model_tracking import sync_models
 
     for change in sync_models(local_models()):
         print(change.note(), file=sys.stderr)
@@ -232,7 +232,7 @@ def evaluated_pairs():
 def check_used_data():
     """The offline files (data_dir) of every probe, calibration set and task the run uses
     exist: a missing folder fails here, before any job, not after minutes of training."""
-    from fair_calib.config import ConfigError, check_data, check_offline_tasks
+    from fair_calib.checks.config import ConfigError, check_data, check_offline_tasks
 
     tasks, methods, probes = used_names()
     calib = {calibration_entry(m)["dataset"] for m in methods if not is_fp(m)}
@@ -243,7 +243,7 @@ def check_used_data():
         check_data(config, [p for p in probes if p in config["probes"]], tasks, calib)
     except ConfigError as err:
         sys.exit(f"Error: {err}")
-    from fair_calib.config import missing_model_folder
+    from fair_calib.checks.config import missing_model_folder
 
     models = {m for t in config["tables"].values() for m in t.get("models", []) + [t.get("model")]}
     diag = config.get("diagnostics", {})
@@ -280,7 +280,7 @@ def prior_of(method):
 #     (`{RUNTIME:q}`), not its value, so editing them reruns nothing;
 #   a model's `decoding` override: read by the diagnostics' trajectories only.
 COMMON_KEYS = ("seed", "dtype")
-from fair_calib.config import ENV_SETTINGS as ENV_KEYS  # device, data_dir, data_source, synthetic_dir
+from fair_calib.checks.config import ENV_SETTINGS as ENV_KEYS  # device, data_dir, data_source, synthetic_dir
 DISPLAY_KEYS = ("label", "latex_label", "group")
 
 
@@ -313,7 +313,7 @@ def model_entry(model, decoding=False):
     if not decoding:
         entry.pop("decoding", None)
     if entry.get("source") == "train":   # resolved: a default written out reruns nothing
-        from fair_calib.method_defaults import resolved_train
+        from fair_calib.checks.method_defaults import resolved_train
 
         entry["train"] = resolved_train(entry.get("train"))
     if "train" in entry:
@@ -328,10 +328,10 @@ def train_threads(model):
 
 def method_entry(method):
     """The method's config under its wildcard name (`fair-calib@s1`: the table splits it into
-    method and seed), with its type's defaults resolved (fair_calib/method_defaults.py: writing
+    method and seed), with its type's defaults resolved (fair_calib/checks/method_defaults.py: writing
     a default explicitly gives the same settings and reruns nothing). `seeds` is left out:
     adding a seed must not rerun the existing runs; `label` too (display only)."""
-    from fair_calib.method_defaults import resolved_method
+    from fair_calib.checks.method_defaults import resolved_method
 
     entry = resolved_method(_without(method_cfg(method), ("seeds",) + DISPLAY_KEYS))
     return {"name": method, **entry}
@@ -357,15 +357,15 @@ def calibration_entry(method, model=None):
 
 # ---------------------------------------------------------------- resources from config
 def _res(rule, key, default=None):
-    from fair_calib.job_resources import setting
+    from fair_calib.jobs.job_resources import setting
 
     return setting(config.get("resources", {}), rule, key, default)
 
 
 def resources_for(rule):
-    """Resource table of a rule (fair_calib/job_resources.py): memory grows with `attempt` on
+    """Resource table of a rule (fair_calib/jobs/job_resources.py): memory grows with `attempt` on
     retry, and a list value (gpu_model, gres, constraint, ...) names one value per attempt."""
-    from fair_calib.job_resources import rule_resources
+    from fair_calib.jobs.job_resources import rule_resources
 
     return rule_resources(config.get("resources", {}), rule)
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fair_calib import io
+from fair_calib.jobs import io
 
 PROMPT_TEMPLATE = "Question: {question}\nAnswer:"
 INSTRUCTION = "Let's think step by step."

@@ -1,6 +1,6 @@
 """The tiny models' training settings where the config's ``models.<name>.train`` leaves one out:
 read by the trainer (``fair_calib.models.tiny.train``) and, without torch, by the config checks
-before any job (a tiny model's widths, ``fair_calib.model_widths``)."""
+before any job (a tiny model's widths, ``fair_calib.checks.model_widths``)."""
 from __future__ import annotations
 
 from typing import Any

@@ -41,7 +41,7 @@ from typing import Any, Mapping
 
 import torch
 
-from fair_calib import io, numerics
+from fair_calib.jobs import io, numerics
 from fair_calib.models.tiny.defaults import DEFAULT_TRAIN
 from fair_calib.models.tiny.tokenizer import BOS, EOS, MASK, PAD, build_tokenizer
 
