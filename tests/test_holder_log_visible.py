@@ -16,7 +16,7 @@ from fair_calib.jobs import job_log
 REPO = Path(__file__).resolve().parents[1]
 HOLDER = """
 import os, sys, time
-from fair_calib import job_lock, job_log
+from fair_calib.jobs import job_lock, job_log
 job_lock.hold("make-data", ["--out", sys.argv[2]], log=sys.argv[1])
 job_log.open_log(sys.argv[1])
 print("[make-data] progress 1", flush=True)
@@ -27,7 +27,7 @@ print("[make-data] progress 2", flush=True)
 """
 WAITER = """
 import sys
-from fair_calib import job_lock
+from fair_calib.jobs import job_lock
 job_lock.hold("make-data", ["--out", sys.argv[2]], log=sys.argv[1])
 """
 

@@ -16,7 +16,7 @@ from fair_calib.cli import main as cli
 from fair_calib.jobs import gpu_slots
 
 REPO = Path(__file__).resolve().parents[2]
-HOLDER = ("import sys; from fair_calib import gpu_slots; gpu_slots.assign_card(); "
+HOLDER = ("import sys; from fair_calib.jobs import gpu_slots; gpu_slots.assign_card(); "
           "import os; print(os.environ['CUDA_VISIBLE_DEVICES'], flush=True); sys.stdin.read()")
 
 

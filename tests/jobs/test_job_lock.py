@@ -90,7 +90,7 @@ def test_second_job_for_one_output_waits_or_refuses_by_name(tmp_path):
 
 def test_a_killed_holder_leaves_no_lock(tmp_path):
     out = tmp_path / "x.parquet"
-    code = ("import sys, time; from fair_calib import job_lock; "
+    code = ("import sys, time; from fair_calib.jobs import job_lock; "
             f"job_lock.hold('prior', ['--out', {str(out)!r}]); print('held', flush=True); "
             "time.sleep(120)")
     holder = subprocess.Popen([sys.executable, "-c", code], env=_env(), stdout=subprocess.PIPE,
@@ -203,7 +203,7 @@ def test_three_runs_never_compute_one_output_at_once(tmp_path):
 # ------------------------------------------------------------------ the job's own log (issue 32)
 OPENER = """
 import os, sys, time
-from fair_calib import job_log
+from fair_calib.jobs import job_log
 job_log.open_log(sys.argv[1], header="---- a new job ----")
 print(sys.argv[2] + " first", flush=True)
 open(sys.argv[3], "w").close()

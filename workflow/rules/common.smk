@@ -4,7 +4,7 @@ import os
 import re
 import sys
 
-from fair_calib import registry
+from fair_calib.names import registry
 
 PY = "python -m fair_calib.cli"
 
