@@ -153,7 +153,8 @@ SHIPPED = {"config": [], "smoke": ["smoke.yaml"], "hub_layout": ["smoke.yaml", "
            "gpu_dag_cpu": ["gpu_dag.yaml", "gpu_dag_cpu.yaml"],
            "gpu_trained": ["gpu_trained.yaml"],
            "gpu_trained_cpu": ["gpu_trained.yaml", "gpu_trained_cpu.yaml"],
-           "bench": ["bench.yaml"], "bench_screen": ["bench.yaml", "bench_screen.yaml"]}
+           "bench": ["bench.yaml"], "bench_screen": ["bench.yaml", "bench_screen.yaml"],
+           "bench_gpu": ["bench.yaml", "bench_gpu.yaml"]}
 FIRST_DOCS = 2
 # config/qdlm.yaml's tasks whose copies the shared data lacks (tests/test_offline_mbpp_math.py
 # costs them over toy copies)
