@@ -29,14 +29,18 @@ def targets(seeds: int, methods=METHODS) -> list[str]:
 
 
 def seed_scores(run: Path, method: str) -> list[list]:
-    """Per seed (in seed order), the task's per-item scores: ``compare``'s ``a[s][t]``."""
-    paths = sorted((run / "results" / "eval" / MODEL).glob(f"{method}@s*"),
-                   key=lambda p: int(p.name.rsplit("@s", 1)[1]))
-    files = [p / BITS / f"{TASK}.parquet" for p in paths]
+    """Per seed (in seed order), the task's per-item scores: ``compare``'s ``a[s][t]``; one
+    run for a method without seeds (FP's evaluation is under ``fp/fp``)."""
+    ev = run / "results" / "eval" / MODEL
+    paths = sorted(ev.glob(f"{method}@s*"), key=lambda p: int(p.name.rsplit("@s", 1)[1]))
+    bits = "fp" if method == "fp" else BITS
+    files = [p / bits / f"{TASK}.parquet" for p in paths or [ev / method]]
     return [[item_scores(f, METRIC)] for f in files if f.is_file()]
 
 
-def report(run: Path, methods) -> list[str]:
+def report(run: Path, methods, reference: str | None = None) -> list[str]:
+    """Each method's mean (sd over seeds), then the paired tests: against ``reference`` only,
+    or every pair."""
     scores = {m: seed_scores(run, m) for m in methods}
     lines = ["| method | seeds | mean (sd) |", "|---|---|---|"]
     for m, runs in scores.items():
@@ -45,7 +49,9 @@ def report(run: Path, methods) -> list[str]:
             if len(acc) > 1 else float("nan")
         lines.append(f"| {m} | {len(acc)} | {sum(acc) / max(len(acc), 1):.2f} ({sd:.2f}) |")
     lines += ["", "| a - b | diff | p | MDE |", "|---|---|---|---|"]
-    for a, b in itertools.combinations(methods, 2):
+    pairs = ([(m, reference) for m in methods if m != reference] if reference
+             else itertools.combinations(methods, 2))
+    for a, b in pairs:
         if scores[a] and scores[b]:
             r = compare(scores[a], scores[b])
             lines.append(f"| {a} - {b} | {r.diff:+.2f} | {r.p:.3f} | {r.mde:.2f} |")
@@ -56,13 +62,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("run", type=Path, nargs="?", help="the run folder (runs/bench-cpu8)")
     ap.add_argument("--methods", nargs="+", default=list(METHODS))
+    ap.add_argument("--reference", help="test every method against this one only")
     ap.add_argument("--targets", type=int, metavar="SEEDS",
                     help="print the evaluations of seeds 0..SEEDS-1 of --methods as targets")
     args = ap.parse_args()
     if args.targets:
         print(" ".join(targets(args.targets, args.methods)))
     elif args.run:
-        print("\n".join(report(args.run, args.methods)))
+        print("\n".join(report(args.run, args.methods, args.reference)))
     else:
         ap.error("give a run folder or --targets SEEDS")
 

@@ -52,6 +52,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
 
 from fair_calib.report.compare import compare_runs, format_rows  # noqa: E402
 from fair_calib.report.jobs import job_records, methods_table, summary_lines  # noqa: E402
@@ -466,22 +467,30 @@ class Runner:
                       f"{CPU_TABLE_SHA[:12]} ({'same' if sha == CPU_TABLE_SHA else 'differs'})")
 
     def bench(self) -> None:
-        """config/bench.yaml with config/bench_gpu.yaml on the card, cold; a later call on the
-        same warm machine resumes the same folder. Its tables, figures (PNG, TXT) and every
-        evaluation's Parquet kept (the paired tests are recomputed from them)."""
+        """config/bench.yaml with config/bench_gpu.yaml on the card, cold, its two tables' cells
+        first; a later call on the same warm machine resumes the same folder. Kept: the tables,
+        the figures (PNG, TXT), and benchmarks/bench_power.py's report of every cell that was
+        evaluated (means, sd over seeds, paired tests against FlatQuant and against uniform
+        weights), so a run the deadline stops still reports what it finished."""
+        from bench_power import report
+
         run = self.base / "bench"
         if not (run / "Snakefile").is_file():
             prepare_run(run)
         work = run / "runs" / "bench-gpu"
         self.snake("bench", run, ["--configfile", "config/bench.yaml", "config/bench_gpu.yaml",
-                                  "--rerun-incomplete"], "(config/bench_gpu.yaml, on cuda)",
-                   work=work)
-        for path in sorted((work / "results").glob("*/**/*")):
-            rel = path.relative_to(work / "results")
-            if path.is_file() and (rel.parts[0] in ("tables", "figures") and path.suffix != ".pdf"
-                                   or rel.parts[0] == "eval" and path.parent.name != "synth_gen"
-                                   and path.suffix == ".parquet"):
-                self.keep(path, f"bench/{rel}")
+                                  "--rerun-incomplete", "--prioritize", "results/tables/main.tex",
+                                  "results/tables/ablation.tex"],
+                   "(config/bench_gpu.yaml, on cuda)", work=work)
+        for path in sorted((work / "results").glob("*/*")):
+            if path.parent.name in ("tables", "figures") and path.suffix != ".pdf":
+                self.keep(path, f"bench/{path.parent.name}/{path.name}")
+        main = ["fp", "rtn", "quarot", "flatquant", "fair-calib", "tmas", "mcs", "qdrop",
+                "qdrop-weighted"]
+        ablation = ["uniform-ptq", "hit-only", "rel-only", "fair-calib", "floor0.01", "floor1"]
+        lines = (report(work, main, "flatquant") + ["", "Ablation:", ""]
+                 + report(work, ablation, "uniform-ptq"))
+        self.note("bench cells:\n" + "\n".join(lines))
 
     def cell_targets(self, methods: list[str]) -> list[str]:
         """The evaluations of ``methods`` (``fp``, a method, or one seed's run ``name@s<k>``)
