@@ -3,7 +3,7 @@ embedded default, trained GPU-width models (real kernels against fake quantizati
 
     python benchmarks/gpu_trained.py wheels    # CPU machine: .whl/, what the lent machine lacks
     python benchmarks/gpu_trained.py data [--src ../shared/data] [--out .gpu_dag_data]   # CPU
-    python benchmarks/gpu_trained.py run [--phases default,wide,fake,cpu,grid] [--out DIR]
+    python benchmarks/gpu_trained.py run [--phases default,wide,fake,cpu,grid,bench] [--out DIR]
     python benchmarks/gpu_trained.py run --cpu-smoke [--phases ...]   # tiny widths on the CPU
     fair-calib compare-runs RUN_A RUN_B; fair-calib jobs RUN   # read a run folder afterwards
 
@@ -12,8 +12,12 @@ questions and HellaSwag items, 2 from each of 3 token-count classes with its sho
 longest; GSM8K train questions for the probes; the start of WikiText-2; ``manifest.json``) are
 never committed: name both in the device tool's ``carry``. Phases of ``run``, each a cold,
 timed Snakemake run in a folder of its own under ``--runs``, started only while ``--deadline``
-leaves it time (one call stays inside 10 minutes); ``grid`` is not in the default list:
+leaves it time (one call stays inside 10 minutes); ``grid`` and ``bench`` are not in the
+default list:
 
+- ``bench``: config/bench.yaml with config/bench_gpu.yaml (W3A3, 8 epochs, fifteen seeds a
+  method) on the card, the tables' cells first; a second call on the same warm machine resumes
+  it; ``benchmarks/bench_power.py``'s report of every finished cell is in the summary.
 - ``grid``: config/gpu_dag.yaml on random weights in the LLaDA / Dream hub layouts at the real
   widths (benchmarks/shapes.py), ``--grid-layers`` blocks, the carried documents' word-level
   tokenizer padded to the model's vocabulary (a word is about a BPE token of English); GPU
