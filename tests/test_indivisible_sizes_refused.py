@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from fixtures.check_config import check_config, one_error_line
+
 REPO = Path(__file__).resolve().parents[1]
 QDLM_TINY = ("config/smoke.yaml", "config/qdlm_tiny.yaml")   # tiny models of widths 64 / 128
 # The issue's two cases over the finished QDLM tiny run: each calibrate job refused them
@@ -28,25 +30,9 @@ def _env():
     return {**os.environ, "PYTHONPATH": str(REPO)}
 
 
-def _check_config(tmp_path, over, *files):
-    (tmp_path / "over.yaml").write_text(yaml.safe_dump(over))
-    return subprocess.run([sys.executable, "-m", "fair_calib.cli", "check-config", *files,
-                           str(tmp_path / "over.yaml")], cwd=REPO, capture_output=True,
-                          text=True, env=_env())
-
-
-def _one_error_line(res) -> str:
-    out = res.stdout + res.stderr
-    assert res.returncode != 0, out[-2000:]
-    assert "Traceback" not in out, out[-3000:]
-    lines = [l for l in out.splitlines() if l.lower().startswith("error:")]
-    assert len(lines) == 1, out[-3000:]
-    return lines[0]
-
-
 @pytest.mark.parametrize("over, key", WIDTH_CASES, ids=["awq-group_size", "duquant-block_size"])
 def test_check_config_refuses_a_size_that_does_not_divide_the_widths(tmp_path, over, key):
-    line = _one_error_line(_check_config(tmp_path, over, *QDLM_TINY))
+    line = one_error_line(check_config(tmp_path, over, QDLM_TINY))
     # the key, the value, the model and the width it does not divide
     assert key in line and "tiny-" in line and "does not divide the 64 input columns" in line, line
     assert "models.tiny-dream.train.hidden" in line and "e.g. 32" in line, line
@@ -54,7 +40,7 @@ def test_check_config_refuses_a_size_that_does_not_divide_the_widths(tmp_path, o
 
 def test_gptq_takes_a_group_size_that_does_not_divide(tmp_path):
     """GPTQ forms a shorter last group (AutoGPTQ): its job runs, so nothing is refused."""
-    res = _check_config(tmp_path, {"methods": {"gptq": {"group_size": 48}}}, *QDLM_TINY)
+    res = check_config(tmp_path, {"methods": {"gptq": {"group_size": 48}}}, QDLM_TINY)
     assert res.returncode == 0, res.stderr[-2000:]
 
 
@@ -87,7 +73,7 @@ def test_snakemake_refuses_it_before_deleting_anything(finished_qdlm_tiny, over,
     cmd = ["snakemake", "--cores", "1", *(["-n"] if dry else []),
            "--configfile", *QDLM_TINY, "over.yaml"]
     res = subprocess.run(cmd, cwd=ws, capture_output=True, text=True, env=_env())
-    line = _one_error_line(res)
+    line = one_error_line(res)
     assert key in line and "does not divide" in line, line
     assert {p: p.read_bytes() for p in done if p.exists()} == before      # nothing deleted
     assert not (ws / "runs/smoke/resources").exists()                      # no job ran

@@ -4,20 +4,11 @@ for entries a table prints, a table key its kind prints nowhere is refused, and 
 reader can tell apart (one line, no stray spaces, two tables never share one)."""
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
-import yaml
-
 
 from fair_calib.checks.label_text import printed_length, text_problem
 
 from fixtures.check_config import check_config, one_error_line
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 def test_a_latex_label_is_held_to_the_column_as_printed(tmp_path):
@@ -45,26 +36,6 @@ def test_a_header_a_main_table_prints_nowhere_is_refused(tmp_path):
 
 
 # the label cases of `fair-calib check-config` (its one error line names the label)
-def _env():
-    return {**os.environ, "PYTHONPATH": str(REPO)}
-
-
-def _check_config(tmp_path, over, *files):
-    (tmp_path / "over.yaml").write_text(yaml.safe_dump(over))
-    return subprocess.run([sys.executable, "-m", "fair_calib.cli", "check-config", *files,
-                           str(tmp_path / "over.yaml")], cwd=REPO, capture_output=True,
-                          text=True, env=_env())
-
-
-def _one_error_line(res) -> str:
-    out = res.stdout + res.stderr
-    assert res.returncode != 0, out[-2000:]
-    assert "Traceback" not in out, out[-3000:]
-    lines = [l for l in out.splitlines() if l.lower().startswith("error:")]
-    assert len(lines) == 1, out[-3000:]
-    return lines[0]
-
-
 @pytest.mark.parametrize("over, needle", [
     ({"methods": {"flatquant": {"label": "FlatQuant "}}},
      "methods.flatquant.label = 'FlatQuant ' has leading or trailing whitespace"),
@@ -87,7 +58,7 @@ def _one_error_line(res) -> str:
 ], ids=["trailing-space", "leading-space", "empty", "double-space", "two-lines", "too-long", "two-tables",
         "table-label-space"])
 def test_labels_a_reader_cannot_tell_apart_are_refused(tmp_path, over, needle):
-    line = _one_error_line(_check_config(tmp_path, over))
+    line = one_error_line(check_config(tmp_path, over))
     assert needle in line, line
 
 
